@@ -1,0 +1,151 @@
+//! `builtin:ratio-split`: Sedna's `trainProb` split.
+//!
+//! Config: `{"trainProb": 0.8, "mode": "ratio"}`.
+//!
+//! - `mode: "ratio"` (the default, Sedna's rule): of each batch of n new samples, the first
+//!   floor(trainProb × n) go to train and the rest to eval. The result depends on where the
+//!   batches begin and end, as in Sedna.
+//! - `mode: "hash"`: each sample goes to train when a stable hash of its line (FNV-1a, 64 bit),
+//!   read as a fraction of 2^64, is below trainProb; otherwise to eval. The same line always
+//!   lands on the same side, whatever the batches, so a split can be reproduced.
+
+use perennial_guest::{Assignment, Batch, Splitter};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Config {
+    train_prob: f64,
+    #[serde(default)]
+    mode: Mode,
+}
+
+#[derive(Deserialize, Default, Clone, Copy, Debug, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Ratio,
+    Hash,
+}
+
+pub struct RatioSplit {
+    train_prob: f64,
+    mode: Mode,
+}
+
+/// Sedna's count of train samples in a batch of `n`: floor(trainProb × n).
+pub fn train_count(train_prob: f64, n: usize) -> usize {
+    ((train_prob * n as f64).floor() as usize).min(n)
+}
+
+/// FNV-1a, 64 bit.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &byte in bytes {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// The hash rule for one line.
+pub fn hash_assignment(train_prob: f64, line: &[u8]) -> Assignment {
+    // The top 53 bits as a fraction in [0, 1).
+    let fraction = (fnv1a(line) >> 11) as f64 / (1u64 << 53) as f64;
+    if fraction < train_prob { Assignment::Train } else { Assignment::Eval }
+}
+
+impl RatioSplit {
+    pub fn new(train_prob: f64, mode: Mode) -> Result<Self, String> {
+        if !(0.0..=1.0).contains(&train_prob) {
+            return Err(format!("trainProb: {train_prob} is outside [0, 1]"));
+        }
+        Ok(RatioSplit { train_prob, mode })
+    }
+}
+
+impl Splitter for RatioSplit {
+    fn configure(config: &str) -> Result<Self, String> {
+        let config: Config = perennial_guest::parse_config(config)?;
+        RatioSplit::new(config.train_prob, config.mode)
+    }
+
+    fn split(&mut self, batch: &Batch) -> Vec<Assignment> {
+        match self.mode {
+            Mode::Ratio => {
+                let n = batch.len();
+                let train = train_count(self.train_prob, n);
+                let mut out = vec![Assignment::Train; n];
+                out[train..].fill(Assignment::Eval);
+                out
+            }
+            Mode::Hash => (0..batch.len()).map(|i| hash_assignment(self.train_prob, batch.bytes(i))).collect(),
+        }
+    }
+}
+
+perennial_guest::export_splitter!(RatioSplit);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Assignment::{Eval, Train};
+
+    fn split(config: &str, lines: &[&str]) -> Vec<Assignment> {
+        RatioSplit::configure(config).unwrap().split(&Batch::from_lines(0, lines))
+    }
+
+    #[test]
+    fn ratio_mode_is_sednas_floor_rule() {
+        // (trainProb, n, train count)
+        let cases: &[(f64, usize, usize)] = &[
+            (0.8, 10, 8),
+            (0.8, 600, 480),
+            (0.8, 1, 0),
+            (0.8, 4, 3),
+            (0.5, 3, 1),
+            (0.0, 5, 0),
+            (1.0, 5, 5),
+            (0.75, 0, 0),
+            (0.29, 100, 28), // floating point, exactly as Sedna computes it
+        ];
+        for &(p, n, train) in cases {
+            let lines: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
+            let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+            let out = split(&format!(r#"{{"trainProb": {p}}}"#), &refs);
+            assert_eq!(out.len(), n);
+            assert!(out[..train].iter().all(|a| *a == Train), "{p} x {n}");
+            assert!(out[train..].iter().all(|a| *a == Eval), "{p} x {n}");
+        }
+    }
+
+    #[test]
+    fn hash_mode_is_independent_of_batch_boundaries() {
+        let lines: Vec<String> = (0..2000).map(|i| format!("images/{i}.jpg label{}", i % 7)).collect();
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let config = r#"{"trainProb": 0.8, "mode": "hash"}"#;
+        let whole = split(config, &refs);
+        let mut pieces = split(config, &refs[..333]);
+        pieces.extend(split(config, &refs[333..1500]));
+        pieces.extend(split(config, &refs[1500..]));
+        assert_eq!(whole, pieces);
+        let train = whole.iter().filter(|a| **a == Train).count();
+        assert!((1500..1700).contains(&train), "about 80% train, got {train} of 2000");
+        assert_eq!(split(r#"{"trainProb": 1, "mode": "hash"}"#, &refs[..50]), vec![Train; 50]);
+        assert_eq!(split(r#"{"trainProb": 0, "mode": "hash"}"#, &refs[..50]), vec![Eval; 50]);
+    }
+
+    #[test]
+    fn configure_rejects_bad_configs() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"trainProb": 1.5}"#, "trainProb: 1.5 is outside [0, 1]"),
+            (r#"{"trainProb": -0.1}"#, "trainProb: -0.1 is outside [0, 1]"),
+            (r#"{}"#, "missing field `trainProb`"),
+            (r#"{"trainProb": 0.5, "mode": "random"}"#, "mode: unknown variant `random`"),
+        ];
+        for (config, expected) in cases {
+            let err = RatioSplit::configure(config).err().unwrap_or_else(|| panic!("{config} accepted"));
+            assert!(err.contains(expected), "{config}: {err}");
+        }
+    }
+}

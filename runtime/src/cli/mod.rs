@@ -1,0 +1,45 @@
+//! The command line: flags with environment fallbacks.
+
+mod plugin;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "perennial", version, about = "Lifelong learning jobs at the edge, with WebAssembly policies")]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "PERENNIAL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tools for policy plugin authors: check, call and benchmark a plugin.
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
+}
+
+pub fn init_tracing(cli: &Cli) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.with_target(false).init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Plugin(command) => plugin::run(command).await,
+    }
+}

@@ -1,0 +1,27 @@
+//! `perennial`: lifelong learning jobs at the edge.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    cli::init_tracing(&args);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("perennial: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line that says what was wrong; user errors exit with 2.
+            eprintln!("perennial: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Storage through OpenDAL: a URL becomes an operator and a path.
+//!
+//! A path without a scheme is the node's filesystem; `s3://bucket/key` is S3 with credentials
+//! in Sedna's format; `https://host/path` is read-only HTTP.
+
+use opendal::{Operator, services};
+
+/// S3 credentials, as Sedna's credential Secret carries them (annotations `s3-endpoint`,
+/// `s3-usehttps`; keys `ACCESS_KEY_ID`, `SECRET_ACCESS_KEY`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct S3Credentials {
+    /// `host[:port]`, no scheme.
+    pub endpoint: String,
+    pub use_https: bool,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    // Never print the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("endpoint", &self.endpoint)
+            .field("use_https", &self.use_https)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl S3Credentials {
+    /// From the environment the way Sedna gives it to workers: `S3_ENDPOINT_URL`
+    /// (`http(s)://host[:port]`), `ACCESS_KEY_ID`, `SECRET_ACCESS_KEY`. `None` when unset.
+    pub fn from_env() -> Option<S3Credentials> {
+        let url = std::env::var("S3_ENDPOINT_URL").ok()?;
+        let (use_https, endpoint) = match url.split_once("://") {
+            Some(("http", rest)) => (false, rest),
+            Some((_, rest)) => (true, rest),
+            None => (true, url.as_str()),
+        };
+        Some(S3Credentials {
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            use_https,
+            access_key_id: std::env::var("ACCESS_KEY_ID").unwrap_or_default(),
+            secret_access_key: std::env::var("SECRET_ACCESS_KEY").unwrap_or_default(),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{url}: unsupported scheme `{scheme}` (use a path, s3:// or https://)")]
+    Scheme { url: String, scheme: String },
+    #[error("{url}: {message}")]
+    Invalid { url: String, message: String },
+    #[error(
+        "{url}: S3 needs credentials (a credential Secret, or S3_ENDPOINT_URL, ACCESS_KEY_ID and SECRET_ACCESS_KEY)"
+    )]
+    NoCredentials { url: String },
+    #[error("{url}: {source}")]
+    Io { url: String, source: opendal::Error },
+}
+
+/// An operator and the path inside it that `url` names.
+pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String), StorageError> {
+    let invalid = |message: &str| StorageError::Invalid { url: url.to_owned(), message: message.to_owned() };
+    let io = |source| StorageError::Io { url: url.to_owned(), source };
+    match url.split_once("://") {
+        None => {
+            let op = Operator::new(services::Fs::default().root("/")).map_err(io)?;
+            Ok((op, url.to_owned()))
+        }
+        Some(("file", path)) => {
+            if !path.starts_with('/') {
+                return Err(invalid("a file:// URL needs an absolute path (file:///path)"));
+            }
+            let op = Operator::new(services::Fs::default().root("/")).map_err(io)?;
+            Ok((op, path.to_owned()))
+        }
+        Some(("s3", rest)) => {
+            let (bucket, key) = rest.split_once('/').ok_or_else(|| invalid("expected s3://bucket/key"))?;
+            if bucket.is_empty() || key.is_empty() {
+                return Err(invalid("expected s3://bucket/key"));
+            }
+            let creds = s3.ok_or_else(|| StorageError::NoCredentials { url: url.to_owned() })?;
+            let scheme = if creds.use_https { "https" } else { "http" };
+            let builder = services::S3::default()
+                .bucket(bucket)
+                .endpoint(&format!("{scheme}://{}", creds.endpoint))
+                .region("us-east-1")
+                .access_key_id(&creds.access_key_id)
+                .secret_access_key(&creds.secret_access_key)
+                .disable_config_load()
+                .disable_ec2_metadata();
+            let op = Operator::new(builder).map_err(io)?;
+            Ok((op, key.to_owned()))
+        }
+        Some(("https", rest)) => {
+            let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+            if host.is_empty() {
+                return Err(invalid("expected https://host/path"));
+            }
+            let op = Operator::new(services::Http::default().endpoint(&format!("https://{host}"))).map_err(io)?;
+            Ok((op, format!("/{path}")))
+        }
+        Some((scheme, _)) => Err(StorageError::Scheme { url: url.to_owned(), scheme: scheme.to_owned() }),
+    }
+}
+
+/// Reads the whole object at `url`.
+pub async fn read(url: &str, s3: Option<&S3Credentials>) -> Result<Vec<u8>, StorageError> {
+    let (op, path) = locate(url, s3)?;
+    let buffer = op.read(&path).await.map_err(|source| StorageError::Io { url: url.to_owned(), source })?;
+    Ok(buffer.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reads_a_local_file_by_path_and_file_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("x.bin");
+        std::fs::write(&file, b"hello").unwrap();
+        let path = file.to_str().unwrap();
+        assert_eq!(read(path, None).await.unwrap(), b"hello");
+        assert_eq!(read(&format!("file://{path}"), None).await.unwrap(), b"hello");
+        let missing = read(&format!("{path}.nope"), None).await.unwrap_err().to_string();
+        assert!(missing.starts_with(&format!("{path}.nope: ")), "{missing}");
+    }
+
+    #[test]
+    fn bad_urls_are_named() {
+        let err = locate("ftp://x/y", None).unwrap_err().to_string();
+        assert_eq!(err, "ftp://x/y: unsupported scheme `ftp` (use a path, s3:// or https://)");
+        assert!(locate("s3://bucket-only", None).unwrap_err().to_string().contains("expected s3://bucket/key"));
+        assert!(locate("s3://b/k", None).unwrap_err().to_string().contains("needs credentials"));
+        assert!(locate("file://relative", None).is_err());
+    }
+
+    #[test]
+    fn credentials_never_print_the_secret() {
+        let creds = S3Credentials {
+            endpoint: "127.0.0.1:9000".into(),
+            use_https: false,
+            access_key_id: "AK".into(),
+            secret_access_key: "very-secret".into(),
+        };
+        assert!(!format!("{creds:?}").contains("very-secret"));
+    }
+}
