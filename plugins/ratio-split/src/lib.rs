@@ -40,10 +40,22 @@ pub fn train_count(train_prob: f64, n: usize) -> usize {
 
 /// FNV-1a, 64 bit.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for &byte in bytes {
+    // Eight bytes per iteration: the same hash, with fewer loop back-edges (each one costs an
+    // interruption check in WebAssembly).
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        for _ in 0..8 {
+            hash ^= word & 0xff;
+            hash = hash.wrapping_mul(PRIME);
+            word >>= 8;
+        }
+    }
+    for &byte in chunks.remainder() {
         hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        hash = hash.wrapping_mul(PRIME);
     }
     hash
 }
@@ -117,6 +129,13 @@ mod tests {
             assert!(out[..train].iter().all(|a| *a == Train), "{p} x {n}");
             assert!(out[train..].iter().all(|a| *a == Eval), "{p} x {n}");
         }
+    }
+
+    #[test]
+    fn fnv1a_matches_the_reference_vectors() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
     }
 
     #[test]

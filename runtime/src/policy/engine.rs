@@ -182,10 +182,7 @@ impl PolicyHost {
             limits: valid.limits,
             on_error: valid.on_error,
         };
-        Policy::start(info, pre, valid.config.clone(), events).map_err(|error| {
-            let step = if matches!(error, PolicyError::Config(_)) { Step::Configure } else { Step::Instantiate };
-            LoadError::new(step, error)
-        })
+        Policy::start(info, pre, valid.config.clone(), events)
     }
 
     /// The compiled component for `digest`: from memory, from disk, or compiled now.

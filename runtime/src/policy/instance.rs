@@ -8,7 +8,7 @@ use wasmtime::{Store, Trap};
 
 use super::bindings::{Kind, SelectorKind, SplitterKind, TriggerKind, splitter};
 use super::engine::{EPOCH_TICK, engine};
-use super::error::PolicyError;
+use super::error::{LoadError, PolicyError, Step};
 use super::reference::{Limits, OnError};
 use super::sandbox::{HostState, PolicyEvents, truncate};
 use super::types::{Assignments, Choice, Decision, ModelInfo, SampleBatch, TriggerStats};
@@ -60,12 +60,10 @@ impl<K: Kind> Policy<K> {
         pre: K::Pre,
         config: String,
         events: Arc<dyn PolicyEvents>,
-    ) -> Result<Self, PolicyError> {
+    ) -> Result<Self, LoadError> {
         let policy = Policy { info, pre, config, events, live: Mutex::new(None) };
-        {
-            let mut live = policy.lock();
-            *live = Some(policy.fresh_instance()?);
-        }
+        let live = policy.fresh_instance().map_err(|(step, error)| LoadError::new(step, error))?;
+        *policy.lock() = Some(live);
         Ok(policy)
     }
 
@@ -96,7 +94,7 @@ impl<K: Kind> Policy<K> {
         store
     }
 
-    fn fresh_instance(&self) -> Result<Live<K>, PolicyError> {
+    fn fresh_instance(&self) -> Result<Live<K>, (Step, PolicyError)> {
         let mut store = self.new_store();
         store.data_mut().begin_call();
         let instance = K::instantiate(&self.pre, &mut store);
@@ -104,15 +102,17 @@ impl<K: Kind> Policy<K> {
             Ok(instance) => instance,
             Err(err) => {
                 let stderr = store.data_mut().end_call();
-                return Err(self.classify(err, &stderr, &store));
+                return Err((Step::Instantiate, self.classify(err, &stderr, &store)));
             }
         };
         let configured = K::configure(&instance, &mut store, &self.config);
         let stderr = store.data_mut().end_call();
         match configured {
             Ok(Ok(())) => Ok(Live { store, instance }),
-            Ok(Err(message)) => Err(PolicyError::Config(truncate(&message, MAX_REASON_BYTES).to_owned())),
-            Err(err) => Err(self.classify(err, &stderr, &store)),
+            Ok(Err(message)) => {
+                Err((Step::Configure, PolicyError::Config(truncate(&message, MAX_REASON_BYTES).to_owned())))
+            }
+            Err(err) => Err((Step::Configure, self.classify(err, &stderr, &store))),
         }
     }
 
@@ -126,7 +126,7 @@ impl<K: Kind> Policy<K> {
     ) -> Result<T, PolicyError> {
         let mut live = self.lock();
         if live.is_none() {
-            *live = Some(self.fresh_instance()?);
+            *live = Some(self.fresh_instance().map_err(|(_, error)| error)?);
         }
         let Some(current) = live.as_mut() else { unreachable!("set above") };
         current.store.set_epoch_deadline(self.deadline_ticks());

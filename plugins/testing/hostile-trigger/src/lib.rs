@@ -1,5 +1,7 @@
 //! A trigger that misbehaves on request, to test the host's sandbox and limits.
-//! Config: `{"behaviour": "...", "address": "127.0.0.1:PORT"}`; see `Behaviour`.
+//! Config: `{"behaviour": "...", "address": "127.0.0.1:PORT", "onlyWhen": N}`; see
+//! `Behaviour`. With `onlyWhen`, `decide` misbehaves only when `pendingTrain` is N and answers
+//! normally otherwise.
 
 use perennial_guest::{Decision, Stats, Trigger};
 use serde::Deserialize;
@@ -30,16 +32,18 @@ enum Behaviour {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct Config {
     behaviour: Behaviour,
     #[serde(default)]
     address: String,
+    only_when: Option<u64>,
 }
 
 pub struct Hostile {
     behaviour: Behaviour,
     address: String,
+    only_when: Option<u64>,
 }
 
 impl Trigger for Hostile {
@@ -48,11 +52,15 @@ impl Trigger for Hostile {
         if config.behaviour == Behaviour::LoopInConfigure {
             spin();
         }
-        Ok(Hostile { behaviour: config.behaviour, address: config.address })
+        Ok(Hostile { behaviour: config.behaviour, address: config.address, only_when: config.only_when })
     }
 
     fn decide(&mut self, stats: &Stats) -> Decision {
-        match self.behaviour {
+        let behaviour = match self.only_when {
+            Some(n) if n != stats.pending_train => Behaviour::Ok,
+            _ => self.behaviour,
+        };
+        match behaviour {
             Behaviour::Ok | Behaviour::LoopInConfigure => {
                 Decision { train: stats.pending_train > 0, reason: "ok".into(), recheck_after_secs: None }
             }
