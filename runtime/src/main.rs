@@ -20,7 +20,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // One line that says what was wrong; user errors exit with 2.
-            eprintln!("perennial: {err:#}");
+            let message = format!("{err:#}");
+            eprintln!("perennial: {}", message.split_whitespace().collect::<Vec<_>>().join(" "));
             ExitCode::from(2)
         }
     }

@@ -14,7 +14,7 @@ use wasmtime::{Config, Engine};
 use super::bindings::{Kind, batch_data, host};
 use super::builtin;
 use super::cache::DiskCache;
-use super::error::{LoadError, PolicyError, Step};
+use super::error::{LoadError, PolicyError, Step, one_line};
 use super::instance::{Policy, PolicyInfo};
 use super::reference::{PolicyRef, Source, ValidRef};
 use super::sandbox::{HostState, PolicyEvents};
@@ -169,7 +169,11 @@ impl PolicyHost {
         let pre = K::pre(inspection.compiled.pre.clone()).map_err(|err| {
             LoadError::new(
                 Step::Instantiate,
-                PolicyError::WrongWorld { plugin: source.clone(), kind: K::NAME, message: format!("{err:#}") },
+                PolicyError::WrongWorld {
+                    plugin: source.clone(),
+                    kind: K::NAME,
+                    message: one_line(&format!("{err:#}")),
+                },
             )
         })?;
         let info = PolicyInfo {
@@ -200,7 +204,7 @@ impl PolicyHost {
                 let component = Component::from_binary(engine, bytes).map_err(|err| {
                     LoadError::new(
                         Step::Compile,
-                        PolicyError::Compile { plugin: source.to_owned(), message: format!("{err:#}") },
+                        PolicyError::Compile { plugin: source.to_owned(), message: one_line(&format!("{err:#}")) },
                     )
                 })?;
                 if let Some(disk) = &self.inner.disk {
@@ -210,7 +214,7 @@ impl PolicyHost {
             }
         };
         let pre = self.inner.linker.instantiate_pre(&component).map_err(|err| {
-            let message = format!("{err:#} (policies may import only perennial:policy and WASI 0.2)");
+            let message = one_line(&format!("{err:#} (policies may import only perennial:policy and WASI 0.2)"));
             LoadError::new(
                 Step::Instantiate,
                 PolicyError::WrongWorld { plugin: source.to_owned(), kind: "policy", message },

@@ -64,3 +64,9 @@ impl LoadError {
         LoadError { step, error }
     }
 }
+
+/// Folds a multi-line message (wasmtime's parse errors print byte arrays over many lines) into
+/// one line.
+pub(crate) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}

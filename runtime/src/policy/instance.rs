@@ -8,7 +8,7 @@ use wasmtime::{Store, Trap};
 
 use super::bindings::{Kind, SelectorKind, SplitterKind, TriggerKind, splitter};
 use super::engine::{EPOCH_TICK, engine};
-use super::error::{LoadError, PolicyError, Step};
+use super::error::{LoadError, PolicyError, Step, one_line};
 use super::reference::{Limits, OnError};
 use super::sandbox::{HostState, PolicyEvents, truncate};
 use super::types::{Assignments, Choice, Decision, ModelInfo, SampleBatch, TriggerStats};
@@ -156,7 +156,7 @@ impl<K: Kind> Policy<K> {
         if let Some(message) = panic_message(stderr) {
             return PolicyError::Panic(message);
         }
-        let mut message = format!("{err:#}");
+        let mut message = one_line(&format!("{err:#}"));
         if let Some(last) = stderr.lines().rev().find(|l| !l.trim().is_empty()) {
             message.push_str(&format!(" (stderr: {})", truncate(last, 512)));
         }
