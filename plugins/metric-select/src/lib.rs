@@ -72,10 +72,10 @@ impl Selector for MetricSelect {
         }
         let mut best: Option<(usize, f64)> = None;
         for (index, candidate) in candidates.iter().enumerate() {
-            if let Some(value) = self.value(candidate) {
-                if best.is_none_or(|(_, best_value)| self.improvement(value, best_value) > 0.0) {
-                    best = Some((index, value));
-                }
+            if let Some(value) = self.value(candidate)
+                && best.is_none_or(|(_, best_value)| self.improvement(value, best_value) > 0.0)
+            {
+                best = Some((index, value));
             }
         }
         let Some((index, value)) = best else {
@@ -117,7 +117,8 @@ mod tests {
         let delta = r#"{"metric": "accuracy", "minDelta": 0.05}"#;
         let lower = r#"{"metric": "accuracy", "better": "lower"}"#;
         // (config, deployed, candidates, expected choice)
-        let cases: Vec<(&str, Option<Model>, Vec<Model>, Option<usize>)> = vec![
+        type Case = (&'static str, Option<Model>, Vec<Model>, Option<usize>);
+        let cases: Vec<Case> = vec![
             (higher, None, vec![], None),
             (higher, None, vec![acc(0.5)], Some(0)),
             (higher, None, vec![acc(0.5), acc(0.9), acc(0.7)], Some(1)),
