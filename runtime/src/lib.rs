@@ -1,7 +1,10 @@
 //! Perennial: lifelong learning jobs at the edge.
 //!
 //! This crate is the host side of the system: the policy host that runs the jobs' WebAssembly
-//! policies ([`policy`]) and storage access through OpenDAL ([`storage`]).
+//! policies ([`policy`]), storage access through OpenDAL ([`storage`]), the edge's SQLite state
+//! ([`store`]) and the edge agent core ([`edge`]).
 
+pub mod edge;
 pub mod policy;
 pub mod storage;
+pub mod store;

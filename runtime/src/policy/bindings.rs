@@ -60,65 +60,32 @@ pub enum TriggerKind {}
 pub enum SplitterKind {}
 pub enum SelectorKind {}
 
-impl Kind for TriggerKind {
-    const NAME: &'static str = "trigger";
-    const EXPORT: &'static str = "perennial:policy/trigger@0.1.0";
-    type Pre = trigger_world::TriggerPolicyPre<HostState>;
-    type Instance = trigger_world::TriggerPolicy;
+/// The three kinds differ only in names; one macro writes their `Kind` impls.
+macro_rules! kind {
+    ($kind:ident, $name:literal, $world:ident, $pre:ident, $bindings:ident, $exports:ident) => {
+        impl Kind for $kind {
+            const NAME: &'static str = $name;
+            const EXPORT: &'static str = concat!("perennial:policy/", $name, "@0.1.0");
+            type Pre = $world::$pre<HostState>;
+            type Instance = $world::$bindings;
 
-    fn pre(pre: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
-        trigger_world::TriggerPolicyPre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self::Instance> {
-        pre.instantiate(store)
-    }
-    fn configure(
-        i: &Self::Instance,
-        store: &mut Store<HostState>,
-        config: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        i.perennial_policy_trigger().call_configure(store, config)
-    }
+            fn pre(pre: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
+                $world::$pre::new(pre)
+            }
+            fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self::Instance> {
+                pre.instantiate(store)
+            }
+            fn configure(
+                instance: &Self::Instance,
+                store: &mut Store<HostState>,
+                config: &str,
+            ) -> wasmtime::Result<Result<(), String>> {
+                instance.$exports().call_configure(store, config)
+            }
+        }
+    };
 }
 
-impl Kind for SplitterKind {
-    const NAME: &'static str = "splitter";
-    const EXPORT: &'static str = "perennial:policy/splitter@0.1.0";
-    type Pre = splitter_world::SplitterPolicyPre<HostState>;
-    type Instance = splitter_world::SplitterPolicy;
-
-    fn pre(pre: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
-        splitter_world::SplitterPolicyPre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self::Instance> {
-        pre.instantiate(store)
-    }
-    fn configure(
-        i: &Self::Instance,
-        store: &mut Store<HostState>,
-        config: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        i.perennial_policy_splitter().call_configure(store, config)
-    }
-}
-
-impl Kind for SelectorKind {
-    const NAME: &'static str = "selector";
-    const EXPORT: &'static str = "perennial:policy/selector@0.1.0";
-    type Pre = selector_world::SelectorPolicyPre<HostState>;
-    type Instance = selector_world::SelectorPolicy;
-
-    fn pre(pre: InstancePre<HostState>) -> wasmtime::Result<Self::Pre> {
-        selector_world::SelectorPolicyPre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self::Instance> {
-        pre.instantiate(store)
-    }
-    fn configure(
-        i: &Self::Instance,
-        store: &mut Store<HostState>,
-        config: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        i.perennial_policy_selector().call_configure(store, config)
-    }
-}
+kind!(TriggerKind, "trigger", trigger_world, TriggerPolicyPre, TriggerPolicy, perennial_policy_trigger);
+kind!(SplitterKind, "splitter", splitter_world, SplitterPolicyPre, SplitterPolicy, perennial_policy_splitter);
+kind!(SelectorKind, "selector", selector_world, SelectorPolicyPre, SelectorPolicy, perennial_policy_selector);

@@ -173,6 +173,20 @@ impl Assignments {
         Ok(Assignments(bytes))
     }
 
+    /// Sedna's `trainProb` rule, computed on the host: the first floor(trainProb × n) to
+    /// train, the rest to eval. The fallback when a job's splitter fails.
+    pub fn sedna_ratio(train_prob: f64, n: usize) -> Self {
+        let train = ((train_prob * n as f64).floor().max(0.0) as usize).min(n);
+        let mut bytes = vec![Assignment::Train as u8; n];
+        bytes[train..].fill(Assignment::Eval as u8);
+        Assignments(bytes)
+    }
+
+    /// The bytes, one per sample (0 train, 1 eval, 2 skip), as stored.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

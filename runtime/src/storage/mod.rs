@@ -63,6 +63,8 @@ pub enum StorageError {
 
 /// An operator and the path inside it that `url` names.
 pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String), StorageError> {
+    // The HTTP transport (reqwest with rustls) that the S3 and HTTP services use.
+    opendal::install_default();
     let invalid = |message: &str| StorageError::Invalid { url: url.to_owned(), message: message.to_owned() };
     let io = |source| StorageError::Io { url: url.to_owned(), source };
     match url.split_once("://") {

@@ -1,0 +1,60 @@
+//! Reading a dataset index that grows: its size and identity, and byte ranges of it.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+/// What a look at the index file found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileStat {
+    pub len: u64,
+    /// Changes when the file is replaced (a new inode), even at the same path.
+    pub id: String,
+}
+
+/// An index file that can be looked at and read from an offset.
+pub trait IndexFile {
+    /// `None` when the file does not exist (yet).
+    fn stat(&mut self) -> std::io::Result<Option<FileStat>>;
+    /// Up to `max` bytes from `offset`.
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>>;
+    /// How to name the file in messages.
+    fn name(&self) -> String;
+}
+
+/// An index file on the node's filesystem.
+pub struct LocalFile {
+    pub path: PathBuf,
+}
+
+impl IndexFile for LocalFile {
+    fn stat(&mut self) -> std::io::Result<Option<FileStat>> {
+        match std::fs::metadata(&self.path) {
+            Ok(meta) => Ok(Some(FileStat { len: meta.len(), id: file_id(&meta) })),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+        let mut file = std::fs::File::open(&self.path)?;
+        file.seek(SeekFrom::Start(offset))?;
+        let mut buf = Vec::with_capacity(max.min(1 << 24));
+        file.take(max as u64).read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+
+    fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+#[cfg(unix)]
+fn file_id(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!("{}:{}", meta.dev(), meta.ino())
+}
+
+#[cfg(not(unix))]
+fn file_id(meta: &std::fs::Metadata) -> String {
+    format!("{:?}", meta.created().ok())
+}

@@ -1,0 +1,11 @@
+//! The edge agent core: tailing a job's dataset index, splitting new samples through the
+//! job's splitter, and keeping it all in the edge's SQLite state.
+
+pub mod index_file;
+pub mod ingest;
+pub mod jobs;
+pub mod lines;
+
+pub use index_file::{FileStat, IndexFile, LocalFile};
+pub use ingest::{FileState, IngestError, IngestLimits, Ingested, Split, ingest};
+pub use jobs::{BatchRow, batches, forget_job, header, register_job};

@@ -1,0 +1,192 @@
+//! The edge's ingest against real files, a real SQLite file and the real Wasm splitter.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use perennial::edge::{self, FileState, IngestError, IngestLimits, LocalFile, Split};
+use perennial::policy::{OnError, PolicyHost, PolicyRef, SplitterKind, SplitterPolicy, TracingEvents, builtin};
+use perennial::store::Store;
+
+const JOB: &str = "default/thermal";
+
+fn splitter(plugin: &str, config: serde_json::Value, on_error: OnError) -> SplitterPolicy {
+    let mut reference = PolicyRef::new(plugin).with_config(config);
+    reference.on_error = on_error;
+    let valid = reference.validate().unwrap();
+    let bytes = match &valid.source {
+        perennial::policy::Source::Builtin(name) => builtin::component(name).unwrap().to_vec(),
+        other => std::fs::read(other.to_string()).unwrap(),
+    };
+    PolicyHost::new(None, None)
+        .unwrap()
+        .load_bytes::<SplitterKind>(&valid, &bytes, Arc::new(TracingEvents { job: JOB.into() }))
+        .unwrap()
+}
+
+fn sedna_split() -> SplitterPolicy {
+    splitter("builtin:ratio-split", serde_json::json!({"trainProb": 0.8}), OnError::Fallback)
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    store: Store,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.db")).unwrap();
+        edge::register_job(&mut store, JOB, "uid-1", "{}").unwrap();
+        Fixture { dir, store }
+    }
+
+    fn index(&self) -> std::path::PathBuf {
+        self.dir.path().join("index.txt")
+    }
+
+    fn append(&self, text: &str) {
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(self.index()).unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+    }
+
+    fn ingest(&mut self, policy: &SplitterPolicy, csv: bool) -> Result<edge::Ingested, IngestError> {
+        let mut file = LocalFile { path: self.index() };
+        let split = Split { policy, train_prob: 0.8 };
+        edge::ingest(&mut self.store, JOB, &mut file, csv, &split, IngestLimits { max_line: 64, batch_bytes: 4096 })
+    }
+
+    fn reopen(self) -> Fixture {
+        let Fixture { dir, store } = self;
+        drop(store);
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        Fixture { dir, store }
+    }
+}
+
+/// Every committed sample sequence number, in order, with its assignment byte.
+fn committed(store: &Store) -> Vec<(u64, u8)> {
+    edge::batches(store, JOB)
+        .unwrap()
+        .iter()
+        .flat_map(|b| b.assignments.iter().enumerate().map(move |(i, a)| (b.first_seq + i as u64, *a)))
+        .collect()
+}
+
+fn lines(n: usize, from: usize) -> String {
+    (from..from + n).map(|i| format!("images/{i}.jpg {}\n", i % 3)).collect()
+}
+
+#[test]
+fn a_missing_index_is_a_waiting_state_until_it_appears() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    let waiting = f.ingest(&policy, false).unwrap();
+    assert_eq!(waiting.state, FileState::Missing);
+    assert_eq!(waiting.samples, 0);
+    f.append(&lines(10, 0));
+    let read = f.ingest(&policy, false).unwrap();
+    assert_eq!((read.state, read.samples, read.batches), (FileState::Present, 10, 1));
+    // Sedna's rule on the batch: 8 train, 2 eval.
+    assert_eq!(committed(&f.store).iter().filter(|(_, a)| *a == 0).count(), 8);
+}
+
+#[test]
+fn partial_lines_wait_crlf_is_handled_and_long_lines_are_refused_by_number() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    f.append("a\r\nb\r\nc");
+    assert_eq!(f.ingest(&policy, false).unwrap().samples, 2);
+    f.append(&format!("\r\n{}\r\nd\n", "x".repeat(100)));
+    let next = f.ingest(&policy, false).unwrap();
+    assert_eq!(next.samples, 2, "c and d");
+    let index = f.index().display().to_string();
+    assert_eq!(next.refused, [format!("{index}: line 4 is 100 bytes, over the limit")]);
+    let refused: i64 = f.store.conn().query_row("SELECT refused FROM jobs", [], |r| r.get(0)).unwrap();
+    assert_eq!(refused, 1, "refused lines are counted");
+    assert_eq!(committed(&f.store).iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
+}
+
+#[test]
+fn the_csv_header_is_kept_and_not_counted() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    f.append("temperature,humidity,label\n21.5,40,1\n22.0,41,0\n");
+    assert_eq!(f.ingest(&policy, true).unwrap().samples, 2);
+    assert_eq!(edge::header(&f.store, JOB).unwrap().as_deref(), Some("temperature,humidity,label"));
+}
+
+#[test]
+fn a_restart_resumes_exactly_where_the_last_commit_left() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    f.append(&lines(500, 0));
+    assert_eq!(f.ingest(&policy, false).unwrap().samples, 500);
+    f.append(&lines(250, 500));
+    f.append("half a li");
+    let mut f = f.reopen();
+    assert_eq!(f.ingest(&policy, false).unwrap().samples, 250);
+    f.append("ne\n");
+    let mut f = f.reopen();
+    assert_eq!(f.ingest(&policy, false).unwrap().samples, 1);
+    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (0..751).collect::<Vec<_>>(), "every sample exactly once, in order");
+    // Batches hold the byte ranges the lines can be read back from.
+    let batches = edge::batches(&f.store, JOB).unwrap();
+    let text = std::fs::read_to_string(f.index()).unwrap();
+    let last = batches.last().unwrap();
+    assert_eq!(&text[last.start as usize..last.end as usize], "half a line");
+}
+
+#[test]
+fn a_shrunk_or_replaced_index_starts_over_and_says_so() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    f.append(&lines(20, 0));
+    f.ingest(&policy, false).unwrap();
+    std::fs::write(f.index(), lines(5, 100)).unwrap();
+    let shrunk = f.ingest(&policy, false).unwrap();
+    assert!(shrunk.restarted.as_deref().unwrap().contains("shrank from"), "{shrunk:?}");
+    assert_eq!(shrunk.samples, 5);
+    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (20..25).collect::<Vec<_>>(), "old batches forgotten, sequence numbers go on");
+
+    // Replaced by another file at the same path, even a longer one.
+    let replacement = f.dir.path().join("new.txt");
+    std::fs::write(&replacement, lines(40, 200)).unwrap();
+    std::fs::rename(&replacement, f.index()).unwrap();
+    let replaced = f.ingest(&policy, false).unwrap();
+    assert!(replaced.restarted.as_deref().unwrap().contains("replaced"), "{replaced:?}");
+    assert_eq!(replaced.samples, 40);
+}
+
+#[test]
+fn a_failing_splitter_falls_back_to_sednas_rule_or_holds() {
+    let hostile = builtin::built_plugin_path("hostile-splitter").unwrap();
+    let mut f = Fixture::new();
+    f.append(&lines(10, 0));
+    let falling_back = splitter(hostile, serde_json::json!({"behaviour": "wrong-length"}), OnError::Fallback);
+    let read = f.ingest(&falling_back, false).unwrap();
+    assert!(read.fell_back.is_some());
+    assert_eq!(committed(&f.store).iter().filter(|(_, a)| *a == 0).count(), 8, "trainProb 0.8 on 10");
+
+    let holding = splitter(hostile, serde_json::json!({"behaviour": "bad-byte"}), OnError::Hold);
+    f.append(&lines(10, 10));
+    let err = f.ingest(&holding, false).unwrap_err();
+    assert!(matches!(err, IngestError::Held(_)), "{err}");
+    assert_eq!(committed(&f.store).len(), 10, "nothing of the held batch was committed");
+    // A healthy splitter then takes the same samples, once.
+    assert_eq!(f.ingest(&sedna_split(), false).unwrap().samples, 10);
+    assert_eq!(committed(&f.store).len(), 20);
+}
+
+#[test]
+fn a_job_recreated_under_the_same_name_starts_fresh() {
+    let mut f = Fixture::new();
+    f.append(&lines(10, 0));
+    f.ingest(&sedna_split(), false).unwrap();
+    edge::register_job(&mut f.store, JOB, "uid-1", r#"{"changed": true}"#).unwrap();
+    assert_eq!(committed(&f.store).len(), 10, "a spec update keeps the state");
+    edge::register_job(&mut f.store, JOB, "uid-2", "{}").unwrap();
+    assert!(committed(&f.store).is_empty());
+    assert_eq!(f.ingest(&sedna_split(), false).unwrap().samples, 10);
+}
