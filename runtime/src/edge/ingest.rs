@@ -160,17 +160,21 @@ pub fn ingest(
                 Err(err) => return Err(IngestError::Held(err)),
             }
         };
+        let (train, eval, _) = assignments.counts();
         let tx = store.write()?;
         if let (Some(first), Some(last)) = (scan.samples.first(), scan.samples.last()) {
             tx.execute(
-                "INSERT INTO batches (job, batch, first_seq, start, end, assignments) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO batches (job, batch, first_seq, start, end, assignments, train_count, eval_count)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     job,
                     state.batches + 1,
                     first.seq as i64,
                     first.start as i64,
                     last.end as i64,
-                    assignments.as_bytes()
+                    assignments.as_bytes(),
+                    train as i64,
+                    eval as i64
                 ],
             )?;
             state.batches += 1;

@@ -5,6 +5,9 @@ pub mod index_file;
 pub mod ingest;
 pub mod jobs;
 pub mod lines;
+pub mod output;
+pub mod report;
+pub mod rounds;
 
 pub use index_file::{FileStat, IndexFile, LocalFile};
 pub use ingest::{FileState, IngestError, IngestLimits, Ingested, Split, ingest};

@@ -39,6 +39,30 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job, batch)
     ) WITHOUT ROWID;
     "#,
+    // 2: the job's stage as the control plane sees it, what the edge already did for it, results
+    // reported by workers, the deployed model, and the outbox of reports to the control plane.
+    r#"
+    ALTER TABLE jobs ADD COLUMN stage TEXT NOT NULL DEFAULT 'Train';
+    ALTER TABLE jobs ADD COLUMN phase TEXT NOT NULL DEFAULT 'Waiting';
+    ALTER TABLE jobs ADD COLUMN round_started_at INTEGER;
+    ALTER TABLE jobs ADD COLUMN acted TEXT;              -- '<round>/<stage>' already reported on
+    ALTER TABLE jobs ADD COLUMN deployed TEXT;           -- JSON of the deployed model
+    ALTER TABLE batches ADD COLUMN train_count INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE batches ADD COLUMN eval_count INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE results (
+        job    TEXT NOT NULL,
+        round  INTEGER NOT NULL,
+        stage  TEXT NOT NULL,                            -- 'train' or 'eval'
+        body   TEXT NOT NULL,                            -- JSON: the worker's models
+        PRIMARY KEY (job, round, stage)
+    ) WITHOUT ROWID;
+    CREATE TABLE outbox (
+        seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+        job     TEXT NOT NULL,
+        body    TEXT NOT NULL,                           -- JSON report
+        created INTEGER NOT NULL
+    );
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,86 @@
+//! Reports from the edge to the control plane, kept in the durable outbox until acknowledged.
+//!
+//! The body is Sedna's upstream message (`phase`, `status`, `input`, `output`, with Sedna's
+//! field names) plus what Perennial adds so that a late or stale report is recognised: the
+//! job's uid and the round.
+
+use rusqlite::params;
+use serde::{Deserialize, Serialize};
+
+use crate::store::Store;
+
+/// A model as workers report it and Sedna passes it on (`format`, `url`, `metrics`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    #[serde(default)]
+    pub format: String,
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<serde_json::Value>,
+}
+
+/// Sedna's `ConditionData.input`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Input {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<Model>,
+    #[serde(rename = "dataURL", default, skip_serializing_if = "Option::is_none")]
+    pub data_url: Option<String>,
+    #[serde(rename = "dataIndexURL", default, skip_serializing_if = "Option::is_none")]
+    pub data_index_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_dir: Option<String>,
+}
+
+/// Sedna's `ConditionData.output`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Output {
+    #[serde(default)]
+    pub models: Vec<Model>,
+}
+
+/// One report about a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub job: String,
+    pub job_uid: String,
+    pub round: i64,
+    /// `Train`, `Eval` or `Deploy`.
+    pub phase: String,
+    /// `Ready`, `Completed` or `Failed`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Input>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Output>,
+    /// Why, for a decision or a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Queues `report` in the outbox, inside the caller's transaction.
+pub fn enqueue(tx: &rusqlite::Transaction<'_>, report: &Report, now: u64) -> Result<(), rusqlite::Error> {
+    let body = serde_json::to_string(report).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![report.job, body, now as i64])?;
+    Ok(())
+}
+
+/// Reports not yet acknowledged, oldest first, with their outbox sequence numbers.
+pub fn pending(store: &Store, limit: usize) -> Result<Vec<(i64, Report)>, rusqlite::Error> {
+    let mut statement = store.conn().prepare("SELECT seq, body FROM outbox ORDER BY seq LIMIT ?1")?;
+    let rows = statement.query_map([limit as i64], |row| {
+        let body: String = row.get(1)?;
+        let report = serde_json::from_str(&body)
+            .map_err(|err| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(err)))?;
+        Ok((row.get(0)?, report))
+    })?;
+    rows.collect()
+}
+
+/// Drops every report up to and including `seq`: the control plane has applied them.
+pub fn acknowledge(store: &mut Store, seq: i64) -> Result<(), rusqlite::Error> {
+    store.conn().execute("DELETE FROM outbox WHERE seq <= ?1", [seq])?;
+    Ok(())
+}
