@@ -36,7 +36,7 @@ impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        edge::register_job(&mut store, JOB, "uid-1", "{}").unwrap();
+        edge::register_job(&mut store, JOB, "uid-1", &edge::JobSpec::default()).unwrap();
         Fixture { dir, store }
     }
 
@@ -184,9 +184,10 @@ fn a_job_recreated_under_the_same_name_starts_fresh() {
     let mut f = Fixture::new();
     f.append(&lines(10, 0));
     f.ingest(&sedna_split(), false).unwrap();
-    edge::register_job(&mut f.store, JOB, "uid-1", r#"{"changed": true}"#).unwrap();
+    edge::register_job(&mut f.store, JOB, "uid-1", &edge::JobSpec { train_prob: 0.5, ..edge::JobSpec::default() })
+        .unwrap();
     assert_eq!(committed(&f.store).len(), 10, "a spec update keeps the state");
-    edge::register_job(&mut f.store, JOB, "uid-2", "{}").unwrap();
+    edge::register_job(&mut f.store, JOB, "uid-2", &edge::JobSpec::default()).unwrap();
     assert!(committed(&f.store).is_empty());
     assert_eq!(f.ingest(&sedna_split(), false).unwrap().samples, 10);
 }

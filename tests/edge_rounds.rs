@@ -49,7 +49,7 @@ impl Edge {
     fn new(output_url: Option<String>, s3: Option<S3Credentials>, rt: tokio::runtime::Handle) -> Edge {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
-        edge::register_job(&mut store, JOB, "uid-1", "{}").unwrap();
+        edge::register_job(&mut store, JOB, "uid-1", &edge::JobSpec::default()).unwrap();
         let output_url = output_url.unwrap_or_else(|| dir.path().join("output").display().to_string());
         let op = {
             let _guard = rt.enter();
@@ -62,7 +62,10 @@ impl Edge {
             op,
             s3,
             splitter: policy("builtin:ratio-split", serde_json::json!({"trainProb": 0.8})),
-            trigger: policy("builtin:threshold-trigger", serde_json::json!({"condition": {"operator": ">=", "threshold": 8}})),
+            trigger: policy(
+                "builtin:threshold-trigger",
+                serde_json::json!({"condition": {"operator": ">=", "threshold": 8}}),
+            ),
             selector: policy("builtin:metric-select", serde_json::json!({"metric": "accuracy"})),
             rt,
             dir,
@@ -137,7 +140,7 @@ impl Edge {
 
 fn reported(outcome: Outcome) -> report::Report {
     match outcome {
-        Outcome::Reported(report) => report,
+        Outcome::Reported(report) => *report,
         Outcome::Waiting(why) => panic!("expected a report, waiting: {why}"),
     }
 }
@@ -213,7 +216,10 @@ fn two_rounds(edge: &mut Edge) {
 
     let all = report::pending(&edge.store, 100).unwrap();
     let phases: Vec<String> = all.iter().map(|(_, r)| format!("{}/{}/{}", r.round, r.phase, r.status)).collect();
-    assert_eq!(phases, ["1/Train/Ready", "1/Eval/Ready", "1/Deploy/Ready", "2/Train/Ready", "2/Eval/Ready", "2/Deploy/Completed"]);
+    assert_eq!(
+        phases,
+        ["1/Train/Ready", "1/Eval/Ready", "1/Deploy/Ready", "2/Train/Ready", "2/Eval/Ready", "2/Deploy/Completed"]
+    );
     assert!(all.iter().all(|(_, r)| r.job_uid == "uid-1"));
     report::acknowledge(&mut edge.store, all[2].0).unwrap();
     assert_eq!(report::pending(&edge.store, 100).unwrap().len(), 3);

@@ -1,7 +1,6 @@
+//! A real S3 protocol server (s3s + s3s-fs) on 127.0.0.1, started by the tests themselves.
 //! Shared by several test binaries; each uses part of it.
 #![allow(dead_code)]
-
-//! A real S3 protocol server (s3s + s3s-fs) on 127.0.0.1, started by the tests themselves.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,12 +1,37 @@
 //! Jobs known to the edge store.
 
 use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
 
 use crate::store::Store;
 
+/// What the edge keeps of a job's spec.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSpec {
+    /// The dataset's index (`Dataset.spec.url`).
+    pub dataset_url: String,
+    /// `txt` or `csv`.
+    pub dataset_format: String,
+    /// `spec.outputDir`.
+    pub output_dir: String,
+    /// `spec.dataset.trainProb`.
+    pub train_prob: f64,
+}
+
+/// The stored spec of `job`.
+pub fn job_spec(store: &Store, job: &str) -> Result<Option<JobSpec>, rusqlite::Error> {
+    let spec: Option<String> =
+        store.conn().query_row("SELECT spec FROM jobs WHERE name = ?1", [job], |row| row.get(0)).optional()?;
+    Ok(spec.and_then(|spec| serde_json::from_str(&spec).ok()))
+}
+
 /// Registers a job, or updates its spec. A job that comes back under the same name with
 /// another uid is a new job: its old state is dropped in the same transaction.
-pub fn register_job(store: &mut Store, name: &str, uid: &str, spec_json: &str) -> Result<(), rusqlite::Error> {
+pub fn register_job(store: &mut Store, name: &str, uid: &str, spec: &JobSpec) -> Result<(), rusqlite::Error> {
+    let spec_json =
+        serde_json::to_string(spec).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    let spec_json = spec_json.as_str();
     let tx = store.write()?;
     let known: Option<String> =
         tx.query_row("SELECT uid FROM jobs WHERE name = ?1", [name], |row| row.get(0)).optional()?;
@@ -15,8 +40,7 @@ pub fn register_job(store: &mut Store, name: &str, uid: &str, spec_json: &str) -
             tx.execute("UPDATE jobs SET spec = ?2 WHERE name = ?1", params![name, spec_json])?;
         }
         Some(_) => {
-            tx.execute("DELETE FROM batches WHERE job = ?1", [name])?;
-            tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;
+            forget(&tx, name)?;
             tx.execute("INSERT INTO jobs (name, uid, spec) VALUES (?1, ?2, ?3)", params![name, uid, spec_json])?;
         }
         None => {
@@ -29,9 +53,16 @@ pub fn register_job(store: &mut Store, name: &str, uid: &str, spec_json: &str) -
 /// Forgets a job and everything the edge kept for it.
 pub fn forget_job(store: &mut Store, name: &str) -> Result<(), rusqlite::Error> {
     let tx = store.write()?;
-    tx.execute("DELETE FROM batches WHERE job = ?1", [name])?;
-    tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;
+    forget(&tx, name)?;
     tx.commit()
+}
+
+fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
+    for table in ["batches", "results", "outbox", "workers"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [name])?;
+    }
+    tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;
+    Ok(())
 }
 
 /// A committed batch: which samples, where in the file, and their assignments.

@@ -8,7 +8,8 @@ pub mod lines;
 pub mod output;
 pub mod report;
 pub mod rounds;
+pub mod worker_api;
 
 pub use index_file::{FileStat, IndexFile, LocalFile};
 pub use ingest::{FileState, IngestError, IngestLimits, Ingested, Split, ingest};
-pub use jobs::{BatchRow, batches, forget_job, header, register_job};
+pub use jobs::{BatchRow, JobSpec, batches, forget_job, header, job_spec, register_job};

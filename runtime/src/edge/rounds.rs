@@ -54,7 +54,7 @@ pub enum Outcome {
     /// Nothing to report yet, and why.
     Waiting(String),
     /// A report was committed to the outbox.
-    Reported(Report),
+    Reported(Box<Report>),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,9 +134,11 @@ pub fn record_result(
 fn result(store: &Store, job: &str, round: i64, stage: &str) -> Result<Option<Vec<Model>>, rusqlite::Error> {
     let body: Option<String> = store
         .conn()
-        .query_row("SELECT body FROM results WHERE job = ?1 AND round = ?2 AND stage = ?3", params![job, round, stage], |r| {
-            r.get(0)
-        })
+        .query_row(
+            "SELECT body FROM results WHERE job = ?1 AND round = ?2 AND stage = ?3",
+            params![job, round, stage],
+            |r| r.get(0),
+        )
         .optional()?;
     Ok(body.and_then(|body| serde_json::from_str(&body).ok()))
 }
@@ -159,7 +161,7 @@ pub fn trigger_stats(store: &Store, job: &str, clock: Clock) -> Result<TriggerSt
         seconds_since_last_round: row.round_started_at.map(|t| clock.now.saturating_sub(t as u64)),
         wall_clock_secs: clock.now,
         utc_offset_secs: clock.utc_offset_secs,
-        deployed_metrics: deployed.as_ref().map(|m| metrics_of(m)).unwrap_or_default(),
+        deployed_metrics: deployed.as_ref().map(metrics_of).unwrap_or_default(),
     })
 }
 
@@ -223,7 +225,7 @@ pub fn train_waiting(
     )?;
     report::enqueue(&tx, &report, clock.now)?;
     tx.commit()?;
-    Ok(Outcome::Reported(report))
+    Ok(Outcome::Reported(Box::new(report)))
 }
 
 /// Eval/Waiting: write the eval set and report Eval Ready with the train result's models.
@@ -246,8 +248,9 @@ pub fn eval_waiting(
         return Ok(Outcome::Waiting(format!("waiting for the train result of round {round}")));
     };
     let recent: Vec<(u64, u64, Vec<u8>)> = {
-        let mut statement =
-            store.conn().prepare("SELECT start, end, assignments FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT ?2")?;
+        let mut statement = store
+            .conn()
+            .prepare("SELECT start, end, assignments FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT ?2")?;
         let mut rows: Vec<(u64, u64, Vec<u8>)> = statement
             .query_map(params![job, EVAL_BATCHES], |r| {
                 Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get(2)?))
@@ -276,7 +279,7 @@ pub fn eval_waiting(
         reason: None,
     };
     commit_report(store, job, &format!("{round}/Eval"), "Eval", &report, None, clock)?;
-    Ok(Outcome::Reported(report))
+    Ok(Outcome::Reported(Box::new(report)))
 }
 
 /// Deploy/Waiting: let the selector choose among the evaluated models, and deploy its choice.
@@ -315,7 +318,7 @@ pub fn deploy_waiting(
     };
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
         commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, None, clock)?;
-        return Ok(Outcome::Reported(report));
+        return Ok(Outcome::Reported(Box::new(report)));
     };
     let deploy_path = "deploy/index.pkl";
     let copied = read_model(&chosen.url).and_then(|bytes| {
@@ -338,7 +341,7 @@ pub fn deploy_waiting(
             commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, None, clock)?;
         }
     }
-    Ok(Outcome::Reported(report))
+    Ok(Outcome::Reported(Box::new(report)))
 }
 
 fn commit_report(
@@ -356,7 +359,8 @@ fn commit_report(
         params![job, acted, stage, report.status],
     )?;
     if let Some(model) = deployed {
-        let body = serde_json::to_string(model).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+        let body =
+            serde_json::to_string(model).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
         tx.execute("UPDATE jobs SET deployed = ?2 WHERE name = ?1", params![job, body])?;
     }
     report::enqueue(&tx, report, clock.now)?;
@@ -446,6 +450,9 @@ fn write_samples<'r>(
         return Ok(None);
     }
     let index_path = path.rsplit_once('/').map(|(dir, _)| format!("{dir}/dataIndex.txt")).unwrap_or_default();
-    output.op.write(&index_path, data_index).map_err(|source| RoundError::Write { path: index_path.clone(), source })?;
+    output
+        .op
+        .write(&index_path, data_index)
+        .map_err(|source| RoundError::Write { path: index_path.clone(), source })?;
     Ok(Some(index_path))
 }

@@ -63,6 +63,15 @@ const MIGRATIONS: &[&str] = &[
         created INTEGER NOT NULL
     );
     "#,
+    // 3: worker names the edge issued, so that only its own workers may report.
+    r#"
+    CREATE TABLE workers (
+        name   TEXT PRIMARY KEY,
+        job    TEXT NOT NULL,
+        round  INTEGER NOT NULL,
+        stage  TEXT NOT NULL                             -- 'train', 'eval' or 'deploy'
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
