@@ -51,7 +51,7 @@ impl Fixture {
 
     fn ingest(&mut self, policy: &SplitterPolicy, csv: bool) -> Result<edge::Ingested, IngestError> {
         let mut file = LocalFile { path: self.index() };
-        let split = Split { policy, train_prob: 0.8 };
+        let split = Split { policy: Some(policy), train_prob: 0.8 };
         edge::ingest(&mut self.store, JOB, &mut file, csv, &split, IngestLimits { max_line: 64, batch_bytes: 4096 })
     }
 

@@ -82,7 +82,7 @@ impl Edge {
             writeln!(file, "images/{i}.jpg").unwrap();
         }
         let mut index = LocalFile { path: self.index_path() };
-        let split = Split { policy: &self.splitter, train_prob: 0.8 };
+        let split = Split { policy: Some(&self.splitter), train_prob: 0.8 };
         edge::ingest(&mut self.store, JOB, &mut index, false, &split, IngestLimits::default()).unwrap();
     }
 

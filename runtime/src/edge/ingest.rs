@@ -65,9 +65,10 @@ pub enum IngestError {
     Store(#[from] rusqlite::Error),
 }
 
-/// How a job splits: its policy, and the `trainProb` of the built-in fallback.
+/// How a job splits: its policy (`None`: Sedna's rule computed natively), and the `trainProb`
+/// of that rule, which is also the fallback when the policy fails.
 pub struct Split<'a> {
-    pub policy: &'a SplitterPolicy,
+    pub policy: Option<&'a SplitterPolicy>,
     pub train_prob: f64,
 }
 
@@ -143,21 +144,23 @@ pub fn ingest(
             return Ok(out); // only a partial line so far
         }
         out.refused.extend(scan.refused.iter().map(|refused| format!("{name}: {refused}")));
-        let assignments = if scan.samples.is_empty() {
-            Assignments::sedna_ratio(0.0, 0)
-        } else {
-            let mut batch = SampleBatch::with_capacity(scan.samples[0].seq, scan.samples.len(), buf.len());
-            for line in &scan.samples {
-                batch.push(line.text).expect("a batch is at most batch_bytes long");
-            }
-            match split.policy.split(batch) {
-                Ok(assignments) => assignments,
-                Err(err) if split.policy.info().on_error == OnError::Fallback => {
-                    let fallback = Assignments::sedna_ratio(split.train_prob, scan.samples.len());
-                    out.fell_back = Some(err);
-                    fallback
+        let n = scan.samples.len();
+        let assignments = match split.policy {
+            _ if n == 0 => Assignments::sedna_ratio(0.0, 0),
+            None => Assignments::sedna_ratio(split.train_prob, n),
+            Some(policy) => {
+                let mut batch = SampleBatch::with_capacity(scan.samples[0].seq, n, buf.len());
+                for line in &scan.samples {
+                    batch.push(line.text).expect("a batch is at most batch_bytes long");
                 }
-                Err(err) => return Err(IngestError::Held(err)),
+                match policy.split(batch) {
+                    Ok(assignments) => assignments,
+                    Err(err) if policy.info().on_error == OnError::Fallback => {
+                        out.fell_back = Some(err);
+                        Assignments::sedna_ratio(split.train_prob, n)
+                    }
+                    Err(err) => return Err(IngestError::Held(err)),
+                }
             }
         };
         let (train, eval, _) = assignments.counts();
