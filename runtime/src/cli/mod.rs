@@ -1,5 +1,6 @@
 //! The command line: flags with environment fallbacks.
 
+mod edge;
 mod plugin;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -26,6 +27,8 @@ enum Command {
     /// Tools for policy plugin authors: check, call and benchmark a plugin.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// The edge agent: runs jobs on this node from its own state, and the worker report API.
+    Edge(edge::EdgeArgs),
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -41,5 +44,6 @@ pub fn init_tracing(cli: &Cli) {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Plugin(command) => plugin::run(command).await,
+        Command::Edge(args) => edge::run(args).await,
     }
 }

@@ -1,6 +1,7 @@
 //! The edge agent core: tailing a job's dataset index, splitting new samples through the
 //! job's splitter, and keeping it all in the edge's SQLite state.
 
+pub mod agent;
 pub mod index_file;
 pub mod ingest;
 pub mod jobs;

@@ -51,10 +51,16 @@ pub struct Clock {
 /// What a step did.
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
-    /// Nothing to report yet, and why.
-    Waiting(String),
+    /// Nothing to report yet, and why; the trigger may ask to be asked again after a while.
+    Waiting { reason: String, recheck_after_secs: Option<u64> },
     /// A report was committed to the outbox.
     Reported(Box<Report>),
+}
+
+impl Outcome {
+    fn wait(reason: impl Into<String>) -> Outcome {
+        Outcome::Waiting { reason: reason.into(), recheck_after_secs: None }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,15 +183,15 @@ pub fn train_waiting(
     let row = job_row(store, job)?;
     let round = row.round + 1;
     if (row.stage.as_str(), row.phase.as_str()) != ("Train", "Waiting") {
-        return Ok(Outcome::Waiting(format!("the job is in {}/{}, not Train/Waiting", row.stage, row.phase)));
+        return Ok(Outcome::wait(format!("the job is in {}/{}, not Train/Waiting", row.stage, row.phase)));
     }
     if row.acted.as_deref() == Some(&format!("{round}/Train")) {
-        return Ok(Outcome::Waiting(format!("round {round} was already started")));
+        return Ok(Outcome::wait(format!("round {round} was already started")));
     }
     let stats = trigger_stats(store, job, clock)?;
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
     if !decision.train {
-        return Ok(Outcome::Waiting(decision.reason));
+        return Ok(Outcome::Waiting { reason: decision.reason, recheck_after_secs: decision.recheck_after_secs });
     }
     let pending: Vec<(i64, u64, u64, Vec<u8>)> = {
         let mut statement = store.conn().prepare(
@@ -239,13 +245,13 @@ pub fn eval_waiting(
     let row = job_row(store, job)?;
     let round = row.round;
     if (row.stage.as_str(), row.phase.as_str()) != ("Eval", "Waiting") {
-        return Ok(Outcome::Waiting(format!("the job is in {}/{}, not Eval/Waiting", row.stage, row.phase)));
+        return Ok(Outcome::wait(format!("the job is in {}/{}, not Eval/Waiting", row.stage, row.phase)));
     }
     if row.acted.as_deref() == Some(&format!("{round}/Eval")) {
-        return Ok(Outcome::Waiting(format!("eval of round {round} was already prepared")));
+        return Ok(Outcome::wait(format!("eval of round {round} was already prepared")));
     }
     let Some(models) = result(store, job, round, "train")?.filter(|models| !models.is_empty()) else {
-        return Ok(Outcome::Waiting(format!("waiting for the train result of round {round}")));
+        return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
     };
     let recent: Vec<(u64, u64, Vec<u8>)> = {
         let mut statement = store
@@ -294,10 +300,10 @@ pub fn deploy_waiting(
     let row = job_row(store, job)?;
     let round = row.round;
     if (row.stage.as_str(), row.phase.as_str()) != ("Deploy", "Waiting") {
-        return Ok(Outcome::Waiting(format!("the job is in {}/{}, not Deploy/Waiting", row.stage, row.phase)));
+        return Ok(Outcome::wait(format!("the job is in {}/{}, not Deploy/Waiting", row.stage, row.phase)));
     }
     if row.acted.as_deref() == Some(&format!("{round}/Deploy")) {
-        return Ok(Outcome::Waiting(format!("deploy of round {round} was already decided")));
+        return Ok(Outcome::wait(format!("deploy of round {round} was already decided")));
     }
     let candidates = result(store, job, round, "eval")?.unwrap_or_default();
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());

@@ -1,0 +1,83 @@
+//! `perennial edge`: the edge agent on one node, standalone. It runs the jobs listed in a file
+//! from its own SQLite state, and serves the worker report API. (The link to the control plane
+//! comes with the cloud-edge link; until then, reports wait in the state's outbox.)
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use perennial::edge::agent::{self, JobConfig, LoopSettings};
+use perennial::edge::{self, worker_api};
+use perennial::policy::PolicyHost;
+use perennial::store::Store;
+
+#[derive(Args)]
+pub struct EdgeArgs {
+    /// Where the agent keeps its state (SQLite) and compile cache.
+    #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = "/var/lib/perennial")]
+    state_dir: PathBuf,
+    /// A JSON file with the jobs to run: a list of {name, uid, spec, splitter?, trigger, selector?}.
+    #[arg(long, value_name = "FILE")]
+    jobs: PathBuf,
+    /// Port of the worker report API (Sedna's `BIND_PORT`).
+    #[arg(long, env = "BIND_PORT", default_value_t = 9100)]
+    bind_port: u16,
+    /// Address of the worker report API.
+    #[arg(long, env = "BIND_ADDRESS", default_value = "0.0.0.0")]
+    bind_address: std::net::IpAddr,
+    /// How often to look at a dataset index when no change notification arrives, in ms.
+    #[arg(long, default_value_t = 2000)]
+    poll_ms: u64,
+}
+
+pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("--state-dir {}: cannot create it", args.state_dir.display()))?;
+    let text = std::fs::read_to_string(&args.jobs).with_context(|| format!("--jobs {}", args.jobs.display()))?;
+    let jobs: Vec<JobConfig> =
+        serde_json::from_str(&text).with_context(|| format!("--jobs {}", args.jobs.display()))?;
+    let mut store = Store::open(&args.state_dir.join("edge.db"))?;
+    for job in &jobs {
+        edge::register_job(&mut store, &job.name, &job.uid, &job.spec)?;
+    }
+    let store = Arc::new(Mutex::new(store));
+    let host = PolicyHost::new(Some(args.state_dir.join("policy-cache")), None)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let settings = LoopSettings { poll: Duration::from_millis(args.poll_ms.max(10)), ..LoopSettings::default() };
+    let mut threads = Vec::new();
+    for job in jobs {
+        let policies = agent::load_policies(&host, &job).await.with_context(|| format!("job {}", job.name))?;
+        let output = edge::output::output_operator(&job.spec.output_dir, None)
+            .with_context(|| format!("job {}: spec.outputDir", job.name))?;
+        let output = opendal::blocking::Operator::new(output)?;
+        let (store, stop) = (store.clone(), stop.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("job {}", job.name))
+                .spawn(move || agent::run_job(&store, &job, &policies, &output, settings, &stop))?,
+        );
+    }
+    let address = SocketAddr::new(args.bind_address, args.bind_port);
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("worker API on {address}"))?;
+    tracing::info!("worker report API on {}", listener.local_addr()?);
+    let api = worker_api::router(store.clone());
+    let shutdown = async {
+        // Ctrl-C, or SIGTERM from systemd or the kubelet.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(term) => { term.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("stopping");
+    };
+    axum::serve(listener, api).with_graceful_shutdown(shutdown).await?;
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        let _ = thread.join();
+    }
+    Ok(())
+}
