@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use perennial::edge::{self, FileState, IngestError, IngestLimits, LocalFile, Split};
+use perennial::edge::{self, FileState, IngestError, IngestLimits, LocalFile, Split, report};
 use perennial::policy::{OnError, PolicyHost, PolicyRef, SplitterKind, SplitterPolicy, TracingEvents, builtin};
 use perennial::store::Store;
 
@@ -190,4 +190,19 @@ fn a_job_recreated_under_the_same_name_starts_fresh() {
     edge::register_job(&mut f.store, JOB, "uid-2", &edge::JobSpec::default()).unwrap();
     assert!(committed(&f.store).is_empty());
     assert_eq!(f.ingest(&sedna_split(), false).unwrap().samples, 10);
+}
+
+#[test]
+fn the_dataset_sample_count_is_kept_for_its_status() {
+    let mut f = Fixture::new();
+    let spec = edge::JobSpec { dataset: "default/thermal-data".into(), ..edge::JobSpec::default() };
+    edge::register_job(&mut f.store, JOB, "uid-1", &spec).unwrap();
+    f.append(&lines(7, 0));
+    f.ingest(&sedna_split(), false).unwrap();
+    assert_eq!(report::dataset_updates(&f.store).unwrap(), [("default/thermal-data".to_owned(), 7)]);
+    report::dataset_reported(&mut f.store, "default/thermal-data", 7).unwrap();
+    assert!(report::dataset_updates(&f.store).unwrap().is_empty());
+    f.append(&lines(3, 7));
+    f.ingest(&sedna_split(), false).unwrap();
+    assert_eq!(report::dataset_updates(&f.store).unwrap(), [("default/thermal-data".to_owned(), 10)]);
 }

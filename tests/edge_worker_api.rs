@@ -23,6 +23,7 @@ async fn start() -> Api {
     let db = dir.path().join("state.db");
     let mut store = Store::open(&db).unwrap();
     let spec = JobSpec {
+        dataset: "default/thermal-data".into(),
         dataset_url: "/data/thermal/index.csv".into(),
         dataset_format: "csv".into(),
         output_dir: "/output".into(),

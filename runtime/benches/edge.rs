@@ -114,7 +114,8 @@ fn trigger_latency() {
     let settings = LoopSettings { poll: Duration::from_secs(10), ..LoopSettings::default() };
     let worker = {
         let (store, stop, job) = (store.clone(), stop.clone(), job.clone());
-        std::thread::spawn(move || agent::run_job(&store, &job, &policies, &op, settings, &stop))
+        let mut file = edge::LocalFile { path: index.clone() };
+        std::thread::spawn(move || agent::run_job(&store, &job, &policies, &mut file, &op, settings, &stop))
     };
     std::thread::sleep(Duration::from_millis(300));
     let mut file = std::fs::OpenOptions::new().append(true).open(&index).unwrap();

@@ -11,8 +11,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use perennial::edge::agent::{self, JobConfig, LoopSettings};
-use perennial::edge::{self, worker_api};
+use perennial::edge::{self, IndexFile, LocalFile, S3Index, worker_api};
 use perennial::policy::PolicyHost;
+use perennial::storage::S3Credentials;
 use perennial::store::Store;
 
 #[derive(Args)]
@@ -29,9 +30,12 @@ pub struct EdgeArgs {
     /// Address of the worker report API.
     #[arg(long, env = "BIND_ADDRESS", default_value = "0.0.0.0")]
     bind_address: std::net::IpAddr,
-    /// How often to look at a dataset index when no change notification arrives, in ms.
+    /// How often to look at a local dataset index when no change notification arrives, in ms.
     #[arg(long, default_value_t = 2000)]
     poll_ms: u64,
+    /// How often to look at a dataset index on S3, in ms.
+    #[arg(long, default_value_t = 5000)]
+    s3_poll_ms: u64,
 }
 
 pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
@@ -54,11 +58,18 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         let output = edge::output::output_operator(&job.spec.output_dir, None)
             .with_context(|| format!("job {}: spec.outputDir", job.name))?;
         let output = opendal::blocking::Operator::new(output)?;
+        let (mut index, settings): (Box<dyn IndexFile + Send>, _) = if job.spec.dataset_url.starts_with("s3://") {
+            let index = S3Index::open(&job.spec.dataset_url, S3Credentials::from_env().as_ref())
+                .with_context(|| format!("job {}: the dataset index", job.name))?;
+            (Box::new(index), LoopSettings { poll: Duration::from_millis(args.s3_poll_ms.max(100)), ..settings })
+        } else {
+            (Box::new(LocalFile { path: job.spec.dataset_url.clone().into() }), settings)
+        };
         let (store, stop) = (store.clone(), stop.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(format!("job {}", job.name))
-                .spawn(move || agent::run_job(&store, &job, &policies, &output, settings, &stop))?,
+                .spawn(move || agent::run_job(&store, &job, &policies, index.as_mut(), &output, settings, &stop))?,
         );
     }
     release_freed_memory();

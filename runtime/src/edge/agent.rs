@@ -2,7 +2,7 @@
 //! index (the `notify` crate), by a slow stat fallback, and by the trigger's recheck time. Each
 //! wake-up ingests what is new, then does what the job's stage asks (rounds.rs).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use notify::{RecursiveMode, Watcher};
 use serde::{Deserialize, Serialize};
 
-use super::index_file::LocalFile;
+use super::index_file::IndexFile;
 use super::ingest::{FileState, IngestLimits, Split, ingest};
 use super::jobs::JobSpec;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
@@ -92,33 +92,34 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Runs the job's loop on the calling thread until `stop` is set. `output` is the blocking
-/// operator over the job's output directory.
+/// Runs the job's loop on the calling thread until `stop` is set. `index` reads the job's
+/// dataset index; `output` is the blocking operator over the job's output directory.
 pub fn run_job(
     store: &Mutex<Store>,
     job: &JobConfig,
     policies: &JobPolicies,
+    index: &mut dyn IndexFile,
     output: &opendal::blocking::Operator,
     settings: LoopSettings,
     stop: &AtomicBool,
 ) {
-    let index_path = PathBuf::from(&job.spec.dataset_url);
     let (wake, woken) = mpsc::channel::<()>();
-    // A watcher on the index's folder: the file may not exist yet, or be replaced.
-    let _watcher = watch(&index_path, wake.clone());
+    // A watcher on a local index's folder (the file may not exist yet, or be replaced); an S3
+    // index is only polled.
+    let _watcher =
+        (!job.spec.dataset_url.contains("://")).then(|| watch(Path::new(&job.spec.dataset_url), wake.clone()));
     let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
     let mut missing_said = false;
     while !stop.load(Ordering::Relaxed) {
         let mut recheck = settings.poll;
         {
             let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let mut file = LocalFile { path: index_path.clone() };
             let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob };
-            match ingest(&mut store, &job.name, &mut file, csv, &split, settings.limits) {
+            match ingest(&mut store, &job.name, index, csv, &split, settings.limits) {
                 Ok(done) => {
                     match (&done.state, missing_said) {
                         (FileState::Missing, false) => {
-                            tracing::warn!(job = job.name, "waiting for the dataset index {}", index_path.display());
+                            tracing::warn!(job = job.name, "waiting for the dataset index {}", index.name());
                             missing_said = true;
                         }
                         (FileState::Present, _) => missing_said = false,
@@ -140,9 +141,7 @@ pub fn run_job(
                 Err(err) => tracing::error!(job = job.name, "ingest: {err}"),
             }
             let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
-            let mut file = LocalFile { path: index_path.clone() };
-            let mut index =
-                Index { file: &mut file, csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
+            let mut index = Index { file: index, csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
             let out = OutputDir { url: &job.spec.output_dir, op: output };
             let stage = stage(&store, &job.name);
             let outcome = match stage.as_ref().map(|(s, p)| (s.as_str(), p.as_str())) {

@@ -58,3 +58,48 @@ fn file_id(meta: &std::fs::Metadata) -> String {
 fn file_id(meta: &std::fs::Metadata) -> String {
     format!("{:?}", meta.created().ok())
 }
+
+/// An index object on S3, read by ranged GETs from the last offset. S3 replaces an object
+/// whole on every write, so its identity cannot tell an append from a replacement: only a
+/// shrink is detected.
+pub struct S3Index {
+    pub op: opendal::blocking::Operator,
+    /// The key inside the operator's bucket.
+    pub key: String,
+    /// `s3://bucket/key`, for messages.
+    pub url: String,
+}
+
+impl S3Index {
+    /// Opens `s3://bucket/key` with `s3`'s credentials. Call within a tokio runtime context.
+    pub fn open(url: &str, s3: Option<&crate::storage::S3Credentials>) -> Result<Self, crate::storage::StorageError> {
+        let (op, key) = crate::storage::locate(url, s3)?;
+        let op = opendal::blocking::Operator::new(op)
+            .map_err(|source| crate::storage::StorageError::Io { url: url.to_owned(), source })?;
+        Ok(S3Index { op, key, url: url.to_owned() })
+    }
+}
+
+impl IndexFile for S3Index {
+    fn stat(&mut self) -> std::io::Result<Option<FileStat>> {
+        match self.op.stat(&self.key) {
+            Ok(meta) => Ok(Some(FileStat { len: meta.content_length(), id: "s3".into() })),
+            Err(err) if err.kind() == opendal::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(std::io::Error::other(err)),
+        }
+    }
+
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+        let options =
+            opendal::options::ReadOptions { range: (offset..offset + max as u64).into(), ..Default::default() };
+        match self.op.read_options(&self.key, options) {
+            Ok(buffer) => Ok(buffer.to_vec()),
+            Err(err) if err.kind() == opendal::ErrorKind::RangeNotSatisfied => Ok(Vec::new()),
+            Err(err) => Err(std::io::Error::other(err)),
+        }
+    }
+
+    fn name(&self) -> String {
+        self.url.clone()
+    }
+}

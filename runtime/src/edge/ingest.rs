@@ -138,7 +138,8 @@ pub fn ingest(
         if state.cursor.offset >= stat.len {
             return Ok(out);
         }
-        let buf = file.read_at(state.cursor.offset, limits.batch_bytes.max(limits.max_line + 2)).map_err(read_error)?;
+        let want = (stat.len - state.cursor.offset).min(limits.batch_bytes.max(limits.max_line + 2) as u64);
+        let buf = file.read_at(state.cursor.offset, want as usize).map_err(read_error)?;
         let scan = lines::scan(&buf, state.cursor, limits.max_line, csv);
         if scan.cursor == state.cursor {
             return Ok(out); // only a partial line so far
@@ -200,6 +201,15 @@ pub fn ingest(
                 scan.refused.len() as i64,
                 state.batches,
             ],
+        )?;
+        // The dataset's count: the furthest any of its jobs has read.
+        tx.execute(
+            "INSERT INTO dataset_status (dataset, samples)
+             SELECT json_extract(spec, '$.dataset'), ?2 FROM jobs
+             WHERE name = ?1 AND COALESCE(json_extract(spec, '$.dataset'), '') != ''
+             ON CONFLICT (dataset) DO UPDATE SET samples = excluded.samples, reported = 0
+             WHERE excluded.samples > dataset_status.samples",
+            params![job, scan.cursor.samples as i64],
         )?;
         tx.commit()?;
         state.cursor = scan.cursor;

@@ -9,6 +9,9 @@ use crate::store::Store;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct JobSpec {
+    /// The dataset, `namespace/name`: its sample count is reported as its status.
+    #[serde(default)]
+    pub dataset: String,
     /// The dataset's index (`Dataset.spec.url`).
     pub dataset_url: String,
     /// `txt` or `csv`.

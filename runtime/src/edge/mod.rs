@@ -11,6 +11,6 @@ pub mod report;
 pub mod rounds;
 pub mod worker_api;
 
-pub use index_file::{FileStat, IndexFile, LocalFile};
+pub use index_file::{FileStat, IndexFile, LocalFile, S3Index};
 pub use ingest::{FileState, IngestError, IngestLimits, Ingested, Split, ingest};
 pub use jobs::{BatchRow, JobSpec, batches, forget_job, header, job_spec, register_job};

@@ -84,3 +84,19 @@ pub fn acknowledge(store: &mut Store, seq: i64) -> Result<(), rusqlite::Error> {
     store.conn().execute("DELETE FROM outbox WHERE seq <= ?1", [seq])?;
     Ok(())
 }
+
+/// Datasets whose sample count changed since it was last reported: (namespace/name, samples).
+pub fn dataset_updates(store: &Store) -> Result<Vec<(String, u64)>, rusqlite::Error> {
+    let mut statement = store.conn().prepare("SELECT dataset, samples FROM dataset_status WHERE reported = 0")?;
+    let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get::<_, i64>(1)? as u64)))?;
+    rows.collect()
+}
+
+/// Notes that `samples` was reported for `dataset` (a later count stays unreported).
+pub fn dataset_reported(store: &mut Store, dataset: &str, samples: u64) -> Result<(), rusqlite::Error> {
+    store.conn().execute(
+        "UPDATE dataset_status SET reported = 1 WHERE dataset = ?1 AND samples = ?2",
+        params![dataset, samples as i64],
+    )?;
+    Ok(())
+}

@@ -72,6 +72,15 @@ const MIGRATIONS: &[&str] = &[
         stage  TEXT NOT NULL                             -- 'train', 'eval' or 'deploy'
     ) WITHOUT ROWID;
     "#,
+    // 4: the samples counted in each dataset (Dataset.status.numberOfSamples), a level that the
+    // control plane is sent when it changes.
+    r#"
+    CREATE TABLE dataset_status (
+        dataset  TEXT PRIMARY KEY,                       -- namespace/name
+        samples  INTEGER NOT NULL,
+        reported INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
