@@ -4,7 +4,7 @@
 //! round numbers went up one by one.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -66,15 +66,46 @@ fn db(dirs: &Dirs) -> Option<Connection> {
     Some(conn)
 }
 
-/// Plays the control plane: a job whose Train Ready was reported goes back to Train/Waiting,
-/// so that the next round can start.
+/// Plays the control plane and the workers: after Train Ready, a train worker "runs" (its model
+/// file and its result), then Eval Ready gets an evaluated model, then Deploy, then the next
+/// round, each stage change as the control plane would make it.
 fn next_round(dirs: &Dirs) {
-    if let Some(conn) = db(dirs) {
+    let Some(conn) = db(dirs) else { return };
+    let Ok((round, stage, phase)) =
+        conn.query_row("SELECT round, stage, phase FROM jobs WHERE name = ?1", [JOB], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?))
+        })
+    else {
+        return;
+    };
+    let model = |stage: &str| {
+        let path = dirs.output.join(format!("{stage}/{round}/index.pkl"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        // Large enough that a torn copy would show.
+        std::fs::write(&path, model_bytes(stage, round)).unwrap();
+        let body = serde_json::json!([{"format": "pkl", "url": path, "metrics": {"accuracy": round}}]).to_string();
         let _ = conn.execute(
-            "UPDATE jobs SET phase = 'Waiting' WHERE name = ?1 AND stage = 'Train' AND phase = 'Ready'",
-            [JOB],
+            "INSERT OR REPLACE INTO results (job, round, stage, body) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![JOB, round, stage, body],
         );
-    }
+    };
+    let next = match (stage.as_str(), phase.as_str()) {
+        ("Train", "Ready") => {
+            model("train");
+            "Eval"
+        }
+        ("Eval", "Ready") => {
+            model("eval");
+            "Deploy"
+        }
+        ("Deploy", "Ready" | "Completed" | "Failed") => "Train",
+        _ => return,
+    };
+    let _ = conn.execute("UPDATE jobs SET stage = ?2, phase = 'Waiting' WHERE name = ?1", rusqlite::params![JOB, next]);
+}
+
+fn model_bytes(stage: &str, round: i64) -> Vec<u8> {
+    format!("{stage}-model-{round}|").repeat(20_000 + round as usize).into_bytes()
 }
 
 fn seeded(seed: &mut u64) -> u64 {
@@ -199,14 +230,37 @@ fn verify(dirs: &Dirs, total: i64) {
         assert!(file.ends_with('\n'), "round {r}: whole");
         assert_eq!(file.lines().collect::<Vec<_>>(), *expected, "round {r}");
     }
-    assert!(!Path::new(&dirs.output.join(format!("data/train/{}", round + 1))).exists(), "no round beyond the last");
 
-    // Train Ready reported once per round, in order.
+    // Each stage reported once per round, in order: Train, Eval, Deploy, Train, ...
     let mut statement = conn.prepare("SELECT body FROM outbox ORDER BY seq").unwrap();
-    let rounds: Vec<i64> = statement
+    let reports: Vec<(i64, String)> = statement
         .query_map([], |r| r.get::<_, String>(0))
         .unwrap()
-        .map(|body| serde_json::from_str::<serde_json::Value>(&body.unwrap()).unwrap()["round"].as_i64().unwrap())
+        .map(|body| {
+            let report: serde_json::Value = serde_json::from_str(&body.unwrap()).unwrap();
+            (
+                report["round"].as_i64().unwrap(),
+                format!("{}/{}", report["phase"].as_str().unwrap(), report["status"].as_str().unwrap()),
+            )
+        })
         .collect();
-    assert_eq!(rounds, (1..=round).collect::<Vec<_>>());
+    let expected: Vec<(i64, String)> = (1..=round)
+        .flat_map(|r| [(r, "Train/Ready"), (r, "Eval/Ready"), (r, "Deploy/Ready")])
+        .map(|(r, s)| (r, s.to_owned()))
+        .take(reports.len())
+        .collect();
+    assert_eq!(reports, expected, "reports once each, in order");
+    assert!(reports.iter().filter(|(_, s)| s == "Train/Ready").count() as i64 == round);
+
+    // The deployed model is whole: exactly the model of the last committed deploy, or of a
+    // deploy whose copy finished just before the last kill and was not committed yet.
+    let deployed = reports.iter().filter(|(_, s)| s == "Deploy/Ready").map(|(r, _)| *r).max();
+    if let Some(r) = deployed {
+        let bytes = std::fs::read(dirs.output.join("deploy/index.pkl")).unwrap();
+        assert!(
+            bytes == model_bytes("eval", r) || bytes == model_bytes("eval", r + 1),
+            "deploy/index.pkl is a whole model"
+        );
+    }
+    assert!(deployed.unwrap_or(0) >= 2, "several deploys happened");
 }
