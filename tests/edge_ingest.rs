@@ -52,7 +52,14 @@ impl Fixture {
     fn ingest(&mut self, policy: &SplitterPolicy, csv: bool) -> Result<edge::Ingested, IngestError> {
         let mut file = LocalFile { path: self.index() };
         let split = Split { policy: Some(policy), train_prob: 0.8 };
-        edge::ingest(&mut self.store, JOB, &mut file, csv, &split, IngestLimits { max_line: 64, batch_bytes: 4096 })
+        edge::ingest(
+            &mut self.store,
+            JOB,
+            &mut file,
+            csv,
+            &split,
+            IngestLimits { max_line: 64, batch_bytes: 4096, ..IngestLimits::default() },
+        )
     }
 
     fn reopen(self) -> Fixture {

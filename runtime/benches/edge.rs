@@ -114,8 +114,9 @@ fn trigger_latency() {
     let settings = LoopSettings { poll: Duration::from_secs(10), ..LoopSettings::default() };
     let worker = {
         let (store, stop, job) = (store.clone(), stop.clone(), job.clone());
-        let mut file = edge::LocalFile { path: index.clone() };
-        std::thread::spawn(move || agent::run_job(&store, &job, &policies, &mut file, &op, settings, &stop))
+        let index = Box::new(edge::LocalFile { path: index.clone() });
+        let mut runners = [agent::JobRunner { job, policies, index, output: op, settings }];
+        std::thread::spawn(move || agent::run_jobs(&store, &mut runners, &stop))
     };
     std::thread::sleep(Duration::from_millis(300));
     let mut file = std::fs::OpenOptions::new().append(true).open(&index).unwrap();

@@ -52,26 +52,28 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let host = PolicyHost::new(Some(args.state_dir.join("policy-cache")), None)?;
     let stop = Arc::new(AtomicBool::new(false));
     let settings = LoopSettings { poll: Duration::from_millis(args.poll_ms.max(10)), ..LoopSettings::default() };
-    let mut threads = Vec::new();
+    let mut runners = Vec::new();
     for job in jobs {
         let policies = agent::load_policies(&host, &job).await.with_context(|| format!("job {}", job.name))?;
         let output = edge::output::output_operator(&job.spec.output_dir, None)
             .with_context(|| format!("job {}: spec.outputDir", job.name))?;
         let output = opendal::blocking::Operator::new(output)?;
-        let (mut index, settings): (Box<dyn IndexFile + Send>, _) = if job.spec.dataset_url.starts_with("s3://") {
+        let (index, settings): (Box<dyn IndexFile + Send>, _) = if job.spec.dataset_url.starts_with("s3://") {
             let index = S3Index::open(&job.spec.dataset_url, S3Credentials::from_env().as_ref())
                 .with_context(|| format!("job {}: the dataset index", job.name))?;
             (Box::new(index), LoopSettings { poll: Duration::from_millis(args.s3_poll_ms.max(100)), ..settings })
         } else {
             (Box::new(LocalFile { path: job.spec.dataset_url.clone().into() }), settings)
         };
-        let (store, stop) = (store.clone(), stop.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("job {}", job.name))
-                .spawn(move || agent::run_job(&store, &job, &policies, index.as_mut(), &output, settings, &stop))?,
-        );
+        // Loading proved the config; the instances come back when the job next runs.
+        policies.release();
+        runners.push(agent::JobRunner { job, policies, index, output, settings });
     }
+    release_freed_memory();
+    let jobs_thread = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::Builder::new().name("jobs".into()).spawn(move || agent::run_jobs(&store, &mut runners, &stop))?
+    };
     release_freed_memory();
     let address = SocketAddr::new(args.bind_address, args.bind_port);
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("worker API on {address}"))?;
@@ -88,9 +90,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     };
     axum::serve(listener, api).with_graceful_shutdown(shutdown).await?;
     stop.store(true, Ordering::Relaxed);
-    for thread in threads {
-        let _ = thread.join();
-    }
+    let _ = jobs_thread.join();
     Ok(())
 }
 

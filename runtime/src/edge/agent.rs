@@ -1,12 +1,13 @@
-//! The edge agent's job loop: one thread per job, woken by a change notification on the dataset
-//! index (the `notify` crate), by a slow stat fallback, and by the trigger's recheck time. Each
-//! wake-up ingests what is new, then does what the job's stage asks (rounds.rs).
+//! The edge agent's job loop: one thread for all jobs, a job woken by a change notification on
+//! its dataset index (the `notify` crate), by a slow stat fallback, and by its trigger's recheck
+//! time. Each turn ingests a batch of what is new, then does what the job's stage asks
+//! (rounds.rs).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use notify::{RecursiveMode, Watcher};
 use serde::{Deserialize, Serialize};
@@ -92,88 +93,118 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Runs the job's loop on the calling thread until `stop` is set. `index` reads the job's
-/// dataset index; `output` is the blocking operator over the job's output directory.
-pub fn run_job(
-    store: &Mutex<Store>,
-    job: &JobConfig,
-    policies: &JobPolicies,
-    index: &mut dyn IndexFile,
-    output: &opendal::blocking::Operator,
-    settings: LoopSettings,
-    stop: &AtomicBool,
-) {
-    let (wake, woken) = mpsc::channel::<()>();
-    // A watcher on a local index's folder (the file may not exist yet, or be replaced); an S3
-    // index is only polled.
-    let _watcher =
-        (!job.spec.dataset_url.contains("://")).then(|| watch(Path::new(&job.spec.dataset_url), wake.clone()));
-    let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
-    let mut missing_said = false;
+/// Everything one job needs to run on this node.
+pub struct JobRunner {
+    pub job: JobConfig,
+    pub policies: JobPolicies,
+    /// The job's dataset index (local or S3).
+    pub index: Box<dyn IndexFile + Send>,
+    /// The job's output directory.
+    pub output: opendal::blocking::Operator,
+    pub settings: LoopSettings,
+}
+
+/// Longest wait between two looks at `stop`.
+const STOP_CHECK: Duration = Duration::from_millis(500);
+
+/// Runs every job on the calling thread until `stop` is set: one thread and one change watcher
+/// for all jobs, so that a hundred idle jobs cost little. A job runs when its index changes,
+/// when its trigger's recheck time or its stat-fallback time comes, and again right away while
+/// it has a backlog (one batch per turn, so that no job holds up the others).
+pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool) {
+    let (wake, woken) = mpsc::channel::<usize>();
+    let local: Vec<(usize, PathBuf)> = jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, runner)| !runner.job.spec.dataset_url.contains("://"))
+        .map(|(i, runner)| (i, PathBuf::from(&runner.job.spec.dataset_url)))
+        .collect();
+    let _watcher = watch(&local, wake);
+    let mut due = vec![Instant::now(); jobs.len()];
+    let mut missing_said = vec![false; jobs.len()];
     while !stop.load(Ordering::Relaxed) {
-        let mut recheck = settings.poll;
-        {
-            let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob };
-            match ingest(&mut store, &job.name, index, csv, &split, settings.limits) {
-                Ok(done) => {
-                    match (&done.state, missing_said) {
-                        (FileState::Missing, false) => {
-                            tracing::warn!(job = job.name, "waiting for the dataset index {}", index.name());
-                            missing_said = true;
-                        }
-                        (FileState::Present, _) => missing_said = false,
-                        _ => {}
-                    }
-                    for refused in &done.refused {
-                        tracing::warn!(job = job.name, "refused: {refused}");
-                    }
-                    if let Some(why) = &done.restarted {
-                        tracing::warn!(job = job.name, "{why}");
-                    }
-                    if let Some(err) = &done.fell_back {
-                        tracing::warn!(job = job.name, "splitter failed, Sedna's rule decided: {err}");
-                    }
-                    if done.samples > 0 {
-                        tracing::debug!(job = job.name, samples = done.samples, "ingested");
-                    }
-                }
-                Err(err) => tracing::error!(job = job.name, "ingest: {err}"),
+        for (i, runner) in jobs.iter_mut().enumerate() {
+            if due[i] > Instant::now() || stop.load(Ordering::Relaxed) {
+                continue;
             }
-            let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
-            let mut index = Index { file: index, csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
-            let out = OutputDir { url: &job.spec.output_dir, op: output };
-            let stage = stage(&store, &job.name);
-            let outcome = match stage.as_ref().map(|(s, p)| (s.as_str(), p.as_str())) {
-                Some(("Train", "Waiting")) => {
-                    rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock)
-                }
-                Some(("Eval", "Waiting")) => rounds::eval_waiting(&mut store, &job.name, &mut index, &out, clock),
-                Some(("Deploy", "Waiting")) => {
-                    let read = |url: &str| read_local(url);
-                    rounds::deploy_waiting(&mut store, &job.name, &out, &read, &policies.selector, clock)
-                }
-                _ => Ok(Outcome::Waiting { reason: "no edge step in this stage".into(), recheck_after_secs: None }),
-            };
-            match outcome {
-                Ok(Outcome::Reported(report)) => {
-                    tracing::info!(job = job.name, round = report.round, "{} {}", report.phase, report.status);
-                }
-                Ok(Outcome::Waiting { recheck_after_secs: Some(secs), .. }) => {
-                    recheck = recheck.min(Duration::from_secs(secs));
-                }
-                Ok(Outcome::Waiting { .. }) => {}
-                Err(err) => tracing::error!(job = job.name, "{err}"),
+            let (recheck, more) = turn(store, runner, &mut missing_said[i]);
+            due[i] = if more { Instant::now() } else { Instant::now() + recheck };
+            if !more {
+                runner.policies.release();
             }
         }
-        policies.release();
-        match woken.recv_timeout(recheck) {
-            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(recheck),
+        let next = due.iter().min().copied().unwrap_or_else(|| Instant::now() + STOP_CHECK);
+        let wait = next.saturating_duration_since(Instant::now()).min(STOP_CHECK);
+        match woken.recv_timeout(wait) {
+            Ok(i) => due[i] = Instant::now(),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
         }
-        // Coalesce a burst of events into one pass.
-        while woken.try_recv().is_ok() {}
+        // Coalesce a burst of events.
+        while let Ok(i) = woken.try_recv() {
+            due[i] = Instant::now();
+        }
     }
+}
+
+/// One turn of a job: ingest one batch, then the edge's step for the job's stage. Returns when
+/// to come back, and whether a backlog remains.
+fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -> (Duration, bool) {
+    let JobRunner { job, policies, index, output, settings } = runner;
+    let mut recheck = settings.poll;
+    let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
+    let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
+    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob };
+    let mut more = false;
+    match ingest(&mut store, &job.name, index.as_mut(), csv, &split, limits) {
+        Ok(done) => {
+            more = done.batches > 0;
+            match (&done.state, *missing_said) {
+                (FileState::Missing, false) => {
+                    tracing::warn!(job = job.name, "waiting for the dataset index {}", index.name());
+                    *missing_said = true;
+                }
+                (FileState::Present, _) => *missing_said = false,
+                _ => {}
+            }
+            for refused in &done.refused {
+                tracing::warn!(job = job.name, "refused: {refused}");
+            }
+            if let Some(why) = &done.restarted {
+                tracing::warn!(job = job.name, "{why}");
+            }
+            if let Some(err) = &done.fell_back {
+                tracing::warn!(job = job.name, "splitter failed, Sedna's rule decided: {err}");
+            }
+        }
+        Err(err) => tracing::error!(job = job.name, "ingest: {err}"),
+    }
+    let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
+    let mut index = Index { file: index.as_mut(), csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
+    let out = OutputDir { url: &job.spec.output_dir, op: output };
+    let outcome = match stage(&store, &job.name).as_ref().map(|(s, p)| (s.as_str(), p.as_str())) {
+        Some(("Train", "Waiting")) => {
+            rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock)
+        }
+        Some(("Eval", "Waiting")) => rounds::eval_waiting(&mut store, &job.name, &mut index, &out, clock),
+        Some(("Deploy", "Waiting")) => {
+            let read = |url: &str| read_local(url);
+            rounds::deploy_waiting(&mut store, &job.name, &out, &read, &policies.selector, clock)
+        }
+        _ => Ok(Outcome::Waiting { reason: "no edge step in this stage".into(), recheck_after_secs: None }),
+    };
+    match outcome {
+        Ok(Outcome::Reported(report)) => {
+            tracing::info!(job = job.name, round = report.round, "{} {}", report.phase, report.status);
+        }
+        Ok(Outcome::Waiting { recheck_after_secs: Some(secs), .. }) => {
+            recheck = recheck.min(Duration::from_secs(secs));
+        }
+        Ok(Outcome::Waiting { .. }) => {}
+        Err(err) => tracing::error!(job = job.name, "{err}"),
+    }
+    (recheck, more)
 }
 
 fn stage(store: &Store, job: &str) -> Option<(String, String)> {
@@ -184,23 +215,35 @@ fn read_local(url: &str) -> Result<Vec<u8>, String> {
     std::fs::read(url).map_err(|err| format!("{url}: {err}"))
 }
 
-fn watch(index: &Path, wake: mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
-    let folder = index.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = index.file_name().map(|n| n.to_os_string());
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if let Ok(event) = event
-            && event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-        {
-            let _ = wake.send(());
-        }
-    })
-    .ok()?;
-    match watcher.watch(folder, RecursiveMode::NonRecursive) {
-        Ok(()) => Some(watcher),
-        Err(err) => {
+/// One watcher for the folders of all local indexes; an event on an index wakes its job.
+fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<usize>) -> Option<notify::RecommendedWatcher> {
+    if indexes.is_empty() {
+        return None;
+    }
+    let by_path = indexes.to_vec();
+    let mut watcher =
+        notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let Ok(event) = event else { return };
+            for (job, index) in &by_path {
+                if event.paths.iter().any(|path| {
+                    path == index || path.file_name() == index.file_name() && path.parent() == index.parent()
+                }) {
+                    let _ = wake.send(*job);
+                }
+            }
+        })
+        .ok()?;
+    let mut folders: Vec<&Path> = indexes
+        .iter()
+        .map(|(_, index)| index.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+        .collect();
+    folders.sort();
+    folders.dedup();
+    for folder in folders {
+        if let Err(err) = watcher.watch(folder, RecursiveMode::NonRecursive) {
             // The stat fallback still sees the file grow.
-            tracing::warn!("cannot watch {}: {err}; polling instead", folder.display());
-            None
+            tracing::warn!("cannot watch {}: {err}; polling it instead", folder.display());
         }
     }
+    Some(watcher)
 }

@@ -22,11 +22,14 @@ pub struct IngestLimits {
     pub max_line: usize,
     /// Bytes read and split per batch (default 4 MiB).
     pub batch_bytes: usize,
+    /// Batches committed per call before returning (default: all there are), so that the caller
+    /// can ask the trigger after each one.
+    pub batches_per_call: u32,
 }
 
 impl Default for IngestLimits {
     fn default() -> Self {
-        IngestLimits { max_line: 1 << 20, batch_bytes: 4 << 20 }
+        IngestLimits { max_line: 1 << 20, batch_bytes: 4 << 20, batches_per_call: u32::MAX }
     }
 }
 
@@ -213,6 +216,9 @@ pub fn ingest(
         )?;
         tx.commit()?;
         state.cursor = scan.cursor;
+        if out.batches >= limits.batches_per_call {
+            return Ok(out);
+        }
     }
 }
 
