@@ -55,11 +55,12 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let mut runners = Vec::new();
     for job in jobs {
         let policies = agent::load_policies(&host, &job).await.with_context(|| format!("job {}", job.name))?;
-        let output = edge::output::output_operator(&job.spec.output_dir, None)
+        let s3 = S3Credentials::from_env();
+        let output = edge::output::output_operator(&job.spec.output_dir, s3.as_ref())
             .with_context(|| format!("job {}: spec.outputDir", job.name))?;
         let output = opendal::blocking::Operator::new(output)?;
         let (index, settings): (Box<dyn IndexFile + Send>, _) = if job.spec.dataset_url.starts_with("s3://") {
-            let index = S3Index::open(&job.spec.dataset_url, S3Credentials::from_env().as_ref())
+            let index = S3Index::open(&job.spec.dataset_url, s3.as_ref())
                 .with_context(|| format!("job {}: the dataset index", job.name))?;
             (Box::new(index), LoopSettings { poll: Duration::from_millis(args.s3_poll_ms.max(100)), ..settings })
         } else {
@@ -67,7 +68,8 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         };
         // Loading proved the config; the instances come back when the job next runs.
         policies.release();
-        runners.push(agent::JobRunner { job, policies, index, output, settings });
+        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3);
+        runners.push(agent::JobRunner { job, policies, index, output, read_model, settings });
     }
     release_freed_memory();
     let jobs_thread = {

@@ -101,6 +101,8 @@ pub struct JobRunner {
     pub index: Box<dyn IndexFile + Send>,
     /// The job's output directory.
     pub output: opendal::blocking::Operator,
+    /// Reads a model a worker reported (a path or an `s3://` URL), to deploy it.
+    pub read_model: Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send>,
     pub settings: LoopSettings,
 }
 
@@ -150,7 +152,7 @@ pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool)
 /// One turn of a job: ingest one batch, then the edge's step for the job's stage. Returns when
 /// to come back, and whether a backlog remains.
 fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -> (Duration, bool) {
-    let JobRunner { job, policies, index, output, settings } = runner;
+    let JobRunner { job, policies, index, output, read_model, settings } = runner;
     let mut recheck = settings.poll;
     let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
     let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
@@ -189,8 +191,7 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
         }
         Some(("Eval", "Waiting")) => rounds::eval_waiting(&mut store, &job.name, &mut index, &out, clock),
         Some(("Deploy", "Waiting")) => {
-            let read = |url: &str| read_local(url);
-            rounds::deploy_waiting(&mut store, &job.name, &out, &read, &policies.selector, clock)
+            rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock)
         }
         _ => Ok(Outcome::Waiting { reason: "no edge step in this stage".into(), recheck_after_secs: None }),
     };
@@ -209,10 +210,6 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
 
 fn stage(store: &Store, job: &str) -> Option<(String, String)> {
     store.conn().query_row("SELECT stage, phase FROM jobs WHERE name = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?))).ok()
-}
-
-fn read_local(url: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(url).map_err(|err| format!("{url}: {err}"))
 }
 
 /// One watcher for the folders of all local indexes; an event on an index wakes its job.
@@ -246,4 +243,13 @@ fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<usize>) -> Option<noti
         }
     }
     Some(watcher)
+}
+
+/// Reads a reported model through OpenDAL (a path or `s3://`), from a thread outside the async
+/// runtime.
+pub fn model_reader(
+    runtime: tokio::runtime::Handle,
+    s3: Option<crate::storage::S3Credentials>,
+) -> Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send> {
+    Box::new(move |url: &str| runtime.block_on(crate::storage::read(url, s3.as_ref())).map_err(|err| err.to_string()))
 }

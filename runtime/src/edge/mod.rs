@@ -1,5 +1,16 @@
-//! The edge agent core: tailing a job's dataset index, splitting new samples through the
-//! job's splitter, and keeping it all in the edge's SQLite state.
+//! The edge agent core: tailing a job's dataset index, splitting new samples through the job's
+//! splitter, starting rounds with its trigger, writing round files, deploying what its selector
+//! chooses, and taking the workers' reports, all in the edge's SQLite state.
+//!
+//! The rest of the system meets it through one small interface, the same for the embedded mode
+//! and the cloud link:
+//!
+//! - in: [`register_job`] / [`forget_job`] (job and dataset updates), [`rounds::set_stage`] (the
+//!   stage the control plane moved the job to), [`worker_api::issue_worker_name`] (a worker the
+//!   control plane is about to start);
+//! - out: [`report::pending`] / [`report::acknowledge`] (the durable outbox of reports, each
+//!   with the job's uid and round), [`report::dataset_updates`] (sample counts for
+//!   `Dataset.status`).
 
 pub mod agent;
 pub mod index_file;
