@@ -93,6 +93,9 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// Reads a model a worker reported, by URL.
+pub type ModelReader = Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send>;
+
 /// Everything one job needs to run on this node.
 pub struct JobRunner {
     pub job: JobConfig,
@@ -102,7 +105,7 @@ pub struct JobRunner {
     /// The job's output directory.
     pub output: opendal::blocking::Operator,
     /// Reads a model a worker reported (a path or an `s3://` URL), to deploy it.
-    pub read_model: Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send>,
+    pub read_model: ModelReader,
     pub settings: LoopSettings,
 }
 
@@ -247,9 +250,6 @@ fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<usize>) -> Option<noti
 
 /// Reads a reported model through OpenDAL (a path or `s3://`), from a thread outside the async
 /// runtime.
-pub fn model_reader(
-    runtime: tokio::runtime::Handle,
-    s3: Option<crate::storage::S3Credentials>,
-) -> Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send> {
+pub fn model_reader(runtime: tokio::runtime::Handle, s3: Option<crate::storage::S3Credentials>) -> ModelReader {
     Box::new(move |url: &str| runtime.block_on(crate::storage::read(url, s3.as_ref())).map_err(|err| err.to_string()))
 }
