@@ -14,19 +14,7 @@ pub fn output_operator(output_dir: &str, s3: Option<&S3Credentials>) -> Result<O
     let io = |source| StorageError::Io { url: output_dir.to_owned(), source };
     if let Some(rest) = output_dir.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let creds = s3.ok_or_else(|| StorageError::NoCredentials { url: output_dir.to_owned() })?;
-        let scheme = if creds.use_https { "https" } else { "http" };
-        opendal::install_default();
-        let builder = services::S3::default()
-            .bucket(bucket)
-            .root(&format!("/{prefix}"))
-            .endpoint(&format!("{scheme}://{}", creds.endpoint))
-            .region("us-east-1")
-            .access_key_id(&creds.access_key_id)
-            .secret_access_key(&creds.secret_access_key)
-            .disable_config_load()
-            .disable_ec2_metadata();
-        return Operator::new(builder).map_err(io);
+        return crate::storage::s3_operator(output_dir, bucket, &format!("/{prefix}"), s3);
     }
     if output_dir.contains("://") {
         return Err(StorageError::Invalid {

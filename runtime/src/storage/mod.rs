@@ -84,18 +84,7 @@ pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String
             if bucket.is_empty() || key.is_empty() {
                 return Err(invalid("expected s3://bucket/key"));
             }
-            let creds = s3.ok_or_else(|| StorageError::NoCredentials { url: url.to_owned() })?;
-            let scheme = if creds.use_https { "https" } else { "http" };
-            let builder = services::S3::default()
-                .bucket(bucket)
-                .endpoint(&format!("{scheme}://{}", creds.endpoint))
-                .region("us-east-1")
-                .access_key_id(&creds.access_key_id)
-                .secret_access_key(&creds.secret_access_key)
-                .disable_config_load()
-                .disable_ec2_metadata();
-            let op = Operator::new(builder).map_err(io)?;
-            Ok((op, key.to_owned()))
+            Ok((s3_operator(url, bucket, "/", s3)?, key.to_owned()))
         }
         Some(("https", rest)) => {
             let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
@@ -107,6 +96,25 @@ pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String
         }
         Some((scheme, _)) => Err(StorageError::Scheme { url: url.to_owned(), scheme: scheme.to_owned() }),
     }
+}
+
+/// An operator on `bucket` of the S3 endpoint in `s3`, rooted at `root` (a key prefix). `url` is
+/// only for messages. Credentials come from Sedna's Secret format, never from the environment
+/// of the process or instance metadata.
+pub fn s3_operator(url: &str, bucket: &str, root: &str, s3: Option<&S3Credentials>) -> Result<Operator, StorageError> {
+    opendal::install_default();
+    let creds = s3.ok_or_else(|| StorageError::NoCredentials { url: url.to_owned() })?;
+    let scheme = if creds.use_https { "https" } else { "http" };
+    let builder = services::S3::default()
+        .bucket(bucket)
+        .root(root)
+        .endpoint(&format!("{scheme}://{}", creds.endpoint))
+        .region("us-east-1")
+        .access_key_id(&creds.access_key_id)
+        .secret_access_key(&creds.secret_access_key)
+        .disable_config_load()
+        .disable_ec2_metadata();
+    Operator::new(builder).map_err(|source| StorageError::Io { url: url.to_owned(), source })
 }
 
 /// Reads the whole object at `url`.
