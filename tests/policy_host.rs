@@ -174,6 +174,16 @@ fn an_infinite_loop_is_stopped_at_its_deadline() {
 }
 
 #[test]
+fn a_plugin_that_waits_on_the_host_is_stopped_not_hung() {
+    let (policy, _) = hostile(serde_json::json!({"behaviour": "sleep", "onlyWhen": 13}));
+    let started = Instant::now();
+    let err = policy.decide(&stats(13)).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(matches!(&err, PolicyError::Trap(m) if m.contains("policies may not wait")), "{err}");
+    assert_recovers(&policy);
+}
+
+#[test]
 fn a_loop_in_configure_fails_the_load_at_configure() {
     let events = Arc::new(Events::default());
     let mut r = reference(&plugin_path("hostile-trigger"), serde_json::json!({"behaviour": "loop-in-configure"}));

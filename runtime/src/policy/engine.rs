@@ -83,6 +83,7 @@ impl PolicyHost {
         let engine = engine();
         let mut linker = Linker::new(engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(std::io::Error::other)?;
+        forbid_waiting(&mut linker).map_err(std::io::Error::other)?;
         host::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         batch_data::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         let disk = cache_dir.map(|dir| DiskCache::new(dir, engine)).transpose()?;
@@ -238,6 +239,24 @@ impl PolicyHost {
     pub fn disk_cache_path(&self, digest: &str) -> Option<PathBuf> {
         self.inner.disk.as_ref().map(|disk| disk.path(digest))
     }
+}
+
+/// A policy may not wait: `wasi:io/poll` would block the host thread, where no epoch deadline
+/// can stop it (a `sleep` in a plugin would hang the job). Both ways of waiting trap instead.
+fn forbid_waiting(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    const WHY: &str = "policies may not wait (wasi:io/poll is not available to them)";
+    linker.allow_shadowing(true);
+    let mut poll = linker.instance("wasi:io/poll@0.2.12")?;
+    poll.func_wrap("poll", |_, (_,): (Vec<Resource<DynPollable>>,)| -> wasmtime::Result<(Vec<u32>,)> {
+        Err(wasmtime::format_err!(WHY))
+    })?;
+    poll.func_wrap("[method]pollable.block", |_, (_,): (Resource<DynPollable>,)| -> wasmtime::Result<()> {
+        Err(wasmtime::format_err!(WHY))
+    })?;
+    linker.allow_shadowing(false);
+    Ok(())
 }
 
 /// The interfaces a component exports, e.g. `perennial:policy/trigger@0.1.0`.

@@ -29,6 +29,8 @@ enum Behaviour {
     LogFlood,
     /// Prints to stdout and stderr.
     Print,
+    /// Sleeps for an hour (waits on the host, out of reach of the epoch deadline).
+    Sleep,
 }
 
 #[derive(Deserialize)]
@@ -94,6 +96,10 @@ impl Trigger for Hostile {
                     perennial_guest::log::info(format!("line {i}"));
                 }
                 Decision::wait("flooded")
+            }
+            Behaviour::Sleep => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                Decision::wait("slept")
             }
             Behaviour::Print => {
                 println!("hello from stdout");
