@@ -263,3 +263,36 @@ fn a_failed_copy_reports_deploy_failed_with_the_cause() {
     assert!(failed.reason.as_deref().unwrap().contains("missing.pkl"), "{failed:?}");
     assert!(edge.op.read("deploy/index.pkl").is_err(), "nothing half-deployed");
 }
+
+#[test]
+fn an_index_overwritten_in_place_is_caught_before_it_reaches_a_round_file() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut edge = Edge::new(None, None, rt.handle().clone());
+    edge.append(0, 20);
+    // Same length, same inode, other bytes: nothing tells but the content.
+    let text = std::fs::read_to_string(edge.index_path()).unwrap().replace("images/", "picture");
+    std::fs::write(edge.index_path(), text).unwrap();
+    let (mut file, url) = edge.index();
+    let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
+    let output = OutputDir { url: &edge.output_url, op: &edge.op };
+    let err = rounds::train_waiting(&mut edge.store, JOB, &mut index, &output, &edge.trigger, CLOCK).unwrap_err();
+    assert!(err.to_string().contains("changed since they were read"), "{err}");
+    assert!(edge.op.read("data/train/1/data.txt").is_err(), "no round file was published");
+    assert!(report::pending(&edge.store, 10).unwrap().is_empty(), "no round was reported");
+}
+
+#[test]
+fn a_model_that_resolves_outside_the_job_is_not_deployed() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("output");
+    std::fs::create_dir_all(output.join("eval/1")).unwrap();
+    std::fs::write(output.join("eval/1/index.pkl"), b"model").unwrap();
+    let secret = dir.path().join("secret.db");
+    std::fs::write(&secret, b"not for workers").unwrap();
+    std::os::unix::fs::symlink(&secret, output.join("eval/1/link.pkl")).unwrap();
+    let read = perennial::edge::agent::model_reader(rt.handle().clone(), None, vec![output.display().to_string()]);
+    assert_eq!(read(&output.join("eval/1/index.pkl").display().to_string()).unwrap(), b"model");
+    let err = read(&output.join("eval/1/link.pkl").display().to_string()).unwrap_err();
+    assert!(err.contains("outside the job's output and dataset"), "{err}");
+}

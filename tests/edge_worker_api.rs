@@ -148,3 +148,23 @@ async fn a_failure_report_is_relayed_as_failed() {
     let relayed = api.outbox();
     assert_eq!((relayed[0].phase.as_str(), relayed[0].status.as_str(), relayed[0].round), ("Eval", "Failed", 2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_are_relayed_once_and_a_completed_report_needs_a_model() {
+    let api = start().await;
+    let worker = api.issue(1, "train");
+    let mut empty = sedna_body(&worker, "train", "/output/train/1/index.pkl");
+    empty["results"] = json!([]);
+    let (status, reply) = api.post(&worker, empty).await;
+    assert_eq!((status, reply.message.as_str()), (400, "results: a completed train report needs at least one model"));
+
+    let mut failed = sedna_body(&worker, "train", "/output/train/1/index.pkl");
+    failed["status"] = json!("failed");
+    assert_eq!(api.post(&worker, failed.clone()).await.0, 200);
+    assert_eq!(api.post(&worker, failed).await.0, 200);
+    assert_eq!(api.outbox().len(), 1, "a repeated failure is relayed once");
+    // A different report from the same worker (completed after failed) is relayed.
+    assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await.0, 200);
+    let statuses: Vec<String> = api.outbox().iter().map(|r| r.status.clone()).collect();
+    assert_eq!(statuses, ["Failed", "Completed"]);
+}

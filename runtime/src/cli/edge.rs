@@ -68,7 +68,9 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         };
         // Loading proved the config; the instances come back when the job next runs.
         policies.release();
-        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3);
+        let dataset_dir = std::path::Path::new(&job.spec.dataset_url).parent().map(|p| p.display().to_string());
+        let roots = [Some(job.spec.output_dir.clone()), dataset_dir].into_iter().flatten().collect();
+        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3, roots);
         runners.push(agent::JobRunner { job, policies, index, output, read_model, settings });
     }
     release_freed_memory();

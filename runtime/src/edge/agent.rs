@@ -203,7 +203,8 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
             tracing::info!(job = job.name, round = report.round, "{} {}", report.phase, report.status);
         }
         Ok(Outcome::Waiting { recheck_after_secs: Some(secs), .. }) => {
-            recheck = recheck.min(Duration::from_secs(secs));
+            // At least a second: a trigger that asks for 0 must not spin the loop.
+            recheck = recheck.min(Duration::from_secs(secs.max(1)));
         }
         Ok(Outcome::Waiting { .. }) => {}
         Err(err) => tracing::error!(job = job.name, "{err}"),
@@ -248,8 +249,33 @@ fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<usize>) -> Option<noti
     Some(watcher)
 }
 
+/// Largest model the agent copies when deploying.
+pub const MAX_MODEL_BYTES: u64 = 4 << 30;
+
 /// Reads a reported model through OpenDAL (a path or `s3://`), from a thread outside the async
-/// runtime.
-pub fn model_reader(runtime: tokio::runtime::Handle, s3: Option<crate::storage::S3Credentials>) -> ModelReader {
-    Box::new(move |url: &str| runtime.block_on(crate::storage::read(url, s3.as_ref())).map_err(|err| err.to_string()))
+/// runtime. A local model must resolve, symlinks followed, inside one of `roots` (the job's
+/// output directory and dataset folder): a worker cannot make the agent deploy any other file.
+pub fn model_reader(
+    runtime: tokio::runtime::Handle,
+    s3: Option<crate::storage::S3Credentials>,
+    roots: Vec<String>,
+) -> ModelReader {
+    Box::new(move |url: &str| {
+        if !url.contains("://") {
+            let real = std::fs::canonicalize(url).map_err(|err| format!("{url}: {err}"))?;
+            let inside = roots
+                .iter()
+                .filter(|root| !root.is_empty() && !root.contains("://"))
+                .filter_map(|root| std::fs::canonicalize(root).ok())
+                .any(|root| real.starts_with(root));
+            if !inside {
+                return Err(format!("{url} resolves to {}, outside the job's output and dataset", real.display()));
+            }
+            let size = std::fs::metadata(&real).map_err(|err| format!("{url}: {err}"))?.len();
+            if size > MAX_MODEL_BYTES {
+                return Err(format!("{url} is {size} bytes, over the {MAX_MODEL_BYTES}-byte limit"));
+            }
+        }
+        runtime.block_on(crate::storage::read(url, s3.as_ref())).map_err(|err| err.to_string())
+    })
 }

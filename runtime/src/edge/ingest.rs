@@ -171,8 +171,8 @@ pub fn ingest(
         let tx = store.write()?;
         if let (Some(first), Some(last)) = (scan.samples.first(), scan.samples.last()) {
             tx.execute(
-                "INSERT INTO batches (job, batch, first_seq, start, end, assignments, train_count, eval_count)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO batches (job, batch, first_seq, start, end, assignments, train_count, eval_count, checksum)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     job,
                     state.batches + 1,
@@ -181,7 +181,8 @@ pub fn ingest(
                     last.end as i64,
                     assignments.as_bytes(),
                     train as i64,
-                    eval as i64
+                    eval as i64,
+                    batch_checksum(&buf[(first.start - state.cursor.offset) as usize..(last.end - state.cursor.offset) as usize])
                 ],
             )?;
             state.batches += 1;
@@ -220,6 +221,11 @@ pub fn ingest(
             return Ok(out);
         }
     }
+}
+
+/// The checksum of a batch's bytes, checked when round files read them back.
+pub fn batch_checksum(bytes: &[u8]) -> Vec<u8> {
+    xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes().to_vec()
 }
 
 /// Why the file is not the one the cursor points into, if it is not.

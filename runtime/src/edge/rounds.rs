@@ -193,18 +193,17 @@ pub fn train_waiting(
     if !decision.train {
         return Ok(Outcome::Waiting { reason: decision.reason, recheck_after_secs: decision.recheck_after_secs });
     }
-    let pending: Vec<(i64, u64, u64, Vec<u8>)> = {
+    let pending: Vec<(i64, Stored)> = {
         let mut statement = store.conn().prepare(
-            "SELECT batch, start, end, assignments FROM batches WHERE job = ?1 AND train_round IS NULL ORDER BY batch",
+            "SELECT batch, start, end, assignments, checksum FROM batches
+             WHERE job = ?1 AND train_round IS NULL ORDER BY batch",
         )?;
-        statement
-            .query_map([job], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64, r.get(3)?)))?
-            .collect::<Result<_, _>>()?
+        statement.query_map([job], |r| Ok((r.get(0)?, stored(r, 1)?)))?.collect::<Result<_, _>>()?
     };
     let extension = if index.csv { "csv" } else { "txt" };
     let data_path = format!("data/train/{round}/data.{extension}");
-    let ranges = pending.iter().map(|(_, start, end, assignments)| (*start, *end, assignments.as_slice()));
-    let data_index = write_samples(index, output, &data_path, row.header.as_deref(), ranges, 0)?;
+    let data_index =
+        write_samples(index, output, &data_path, row.header.as_deref(), pending.iter().map(|(_, b)| b), 0)?;
     let input = Input {
         models: Vec::new(),
         data_url: Some(super::output::url_in(output.url, &data_path)),
@@ -253,22 +252,18 @@ pub fn eval_waiting(
     let Some(models) = result(store, job, round, "train")?.filter(|models| !models.is_empty()) else {
         return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
     };
-    let recent: Vec<(u64, u64, Vec<u8>)> = {
-        let mut statement = store
-            .conn()
-            .prepare("SELECT start, end, assignments FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT ?2")?;
-        let mut rows: Vec<(u64, u64, Vec<u8>)> = statement
-            .query_map(params![job, EVAL_BATCHES], |r| {
-                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get(2)?))
-            })?
-            .collect::<Result<_, _>>()?;
+    let recent: Vec<Stored> = {
+        let mut statement = store.conn().prepare(
+            "SELECT start, end, assignments, checksum FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT ?2",
+        )?;
+        let mut rows: Vec<Stored> =
+            statement.query_map(params![job, EVAL_BATCHES], |r| stored(r, 0))?.collect::<Result<_, _>>()?;
         rows.reverse();
         rows
     };
     let extension = if index.csv { "csv" } else { "txt" };
     let data_path = format!("data/eval/{round}/data.{extension}");
-    let ranges = recent.iter().map(|(start, end, assignments)| (*start, *end, assignments.as_slice()));
-    let data_index = write_samples(index, output, &data_path, row.header.as_deref(), ranges, 1)?;
+    let data_index = write_samples(index, output, &data_path, row.header.as_deref(), recent.iter(), 1)?;
     let report = Report {
         job: job.to_owned(),
         job_uid: row.uid,
@@ -398,6 +393,24 @@ pub fn metrics_of(model: &Model) -> Metrics {
     metrics
 }
 
+/// A committed batch as round files need it: its byte range, assignments and checksum.
+struct Stored {
+    start: u64,
+    end: u64,
+    assignments: Vec<u8>,
+    checksum: Option<Vec<u8>>,
+}
+
+/// Reads a `Stored` from the columns start, end, assignments, checksum, from column `first` on.
+fn stored(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Stored> {
+    Ok(Stored {
+        start: row.get::<_, i64>(first)? as u64,
+        end: row.get::<_, i64>(first + 1)? as u64,
+        assignments: row.get(first + 2)?,
+        checksum: row.get(first + 3)?,
+    })
+}
+
 /// Writes the samples with assignment `wanted` from the given batches (byte ranges of the index
 /// and their assignments) to `path` in the output directory, header first for csv. For a txt
 /// dataset on S3, also writes `dataIndex.txt` (the dataset's base URL, then each sample's file
@@ -407,7 +420,7 @@ fn write_samples<'r>(
     output: &OutputDir<'_>,
     path: &str,
     header: Option<&str>,
-    batches: impl Iterator<Item = (u64, u64, &'r [u8])>,
+    batches: impl Iterator<Item = &'r Stored>,
     wanted: u8,
 ) -> Result<Option<String>, RoundError> {
     let write_error = |source| RoundError::Write { path: super::output::url_in(output.url, path), source };
@@ -423,12 +436,22 @@ fn write_samples<'r>(
     if let (true, Some(header)) = (index.csv, header) {
         writer.write(format!("{header}\n")).map_err(write_error)?;
     }
-    for (start, end, assignments) in batches {
+    for Stored { start, end, assignments, checksum } in batches {
+        let (start, end) = (*start, *end);
         // The range ends at the last sample's text; its line end follows (at most "\r\n").
         let bytes = index
             .file
             .read_at(start, (end - start) as usize + 2)
             .map_err(|err| RoundError::Index { file: name.clone(), message: err.to_string() })?;
+        let range = &bytes[..((end - start) as usize).min(bytes.len())];
+        if checksum.as_ref().is_some_and(|sum| *sum != super::ingest::batch_checksum(range)) {
+            return Err(RoundError::Index {
+                file: name.clone(),
+                message: format!(
+                    "bytes {start}..{end} changed since they were read (was the index overwritten in place?)"
+                ),
+            });
+        }
         let scan = lines::scan(&bytes, Cursor { offset: start, ..Cursor::default() }, index.max_line, false);
         if scan.samples.len() != assignments.len() {
             return Err(RoundError::Index {

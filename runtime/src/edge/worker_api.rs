@@ -134,6 +134,9 @@ fn check_shape(path_name: &str, report: WorkerReport) -> Result<Accepted, String
         }
         models.push(model);
     }
+    if status == "completed" && stage != "deploy" && models.is_empty() {
+        return Err(format!("results: a completed {stage} report needs at least one model"));
+    }
     Ok(Accepted { job: format!("{namespace}/{owner}"), stage, status, models })
 }
 
@@ -174,20 +177,18 @@ fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (Stat
     let uid: String =
         store.conn().query_row("SELECT uid FROM jobs WHERE name = ?1", [&job], |r| r.get(0)).map_err(db)?;
     let tx = store.write().map_err(db)?;
-    let previous: Option<String> = tx
-        .query_row(
-            "SELECT body FROM results WHERE job = ?1 AND round = ?2 AND stage = ?3",
-            params![job, round, stage],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(db)?;
+    // A repeat of the worker's last report (same status, same results) is not relayed again.
     let body = serde_json::to_string(&report.models).unwrap_or_default();
-    let repeated = previous.as_deref() == Some(body.as_str());
-    if report.status == "completed" {
-        record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
-    }
-    if !repeated {
+    let fingerprint = format!("{}|{body}", report.status);
+    let last: Option<String> = tx
+        .query_row("SELECT last_report FROM workers WHERE name = ?1", [worker], |r| r.get(0))
+        .optional()
+        .map_err(db)?
+        .flatten();
+    if last.as_deref() != Some(fingerprint.as_str()) {
+        if report.status == "completed" {
+            record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
+        }
         let phase = if stage == "train" { "Train" } else { "Eval" };
         let relayed = Report {
             job: job.clone(),
@@ -201,6 +202,7 @@ fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (Stat
         };
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         report::enqueue(&tx, &relayed, now).map_err(db)?;
+        tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
     }
     tx.commit().map_err(db)?;
     Ok(())

@@ -77,9 +77,13 @@ impl<K: Kind> Policy<K> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Live<K>>> {
-        // A panic while holding the lock can only come from the host; the instance is then
-        // dropped below, so the poisoned state is safe to reuse.
-        self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        // A panic in the host while a call held the lock leaves an instance in an unknown
+        // state: drop it, so the next call gets a fresh one.
+        self.live.lock().unwrap_or_else(|poisoned| {
+            let mut live = poisoned.into_inner();
+            *live = None;
+            live
+        })
     }
 
     fn deadline_ticks(&self) -> u64 {

@@ -161,9 +161,13 @@ pub fn truncate(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-/// Caps an instance's linear memory; growing past the cap traps with a message naming it.
+/// Caps the linear memory of a policy instance, all its memories together; growing past the
+/// cap traps with a message naming it. Also bounds how many instances, tables and memories a
+/// component may create.
 pub struct MemoryLimiter {
     max_bytes: usize,
+    /// Bytes of linear memory in use across the instance's memories.
+    used: usize,
     pub(super) mib: u64,
     /// Set when the cap stopped a growth during the current call.
     pub(super) exceeded: bool,
@@ -171,25 +175,43 @@ pub struct MemoryLimiter {
 
 impl MemoryLimiter {
     fn new(mib: u64) -> Self {
-        MemoryLimiter { max_bytes: usize::try_from(mib << 20).unwrap_or(usize::MAX), mib, exceeded: false }
+        MemoryLimiter { max_bytes: usize::try_from(mib << 20).unwrap_or(usize::MAX), used: 0, mib, exceeded: false }
     }
 }
 
+/// Core instances, tables and memories a policy component may create (a Rust component uses a
+/// handful).
+const MAX_PARTS: usize = 64;
+
 impl wasmtime::ResourceLimiter for MemoryLimiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.max_bytes {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let total = self.used.saturating_sub(current).saturating_add(desired);
+        if total > self.max_bytes {
             self.exceeded = true;
             return Err(wasmtime::format_err!(
                 "policy memory limit of {} MiB exceeded (growing to {} bytes)",
                 self.mib,
-                desired
+                total
             ));
         }
+        self.used = total;
         Ok(true)
     }
 
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        MAX_PARTS
+    }
+
+    fn tables(&self) -> usize {
+        MAX_PARTS
+    }
+
+    fn memories(&self) -> usize {
+        MAX_PARTS
     }
 }
 

@@ -81,6 +81,12 @@ const MIGRATIONS: &[&str] = &[
         reported INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID;
     "#,
+    // 5: a worker's last relayed report (status and results), so that only a repeat is
+    // dropped; each batch's checksum, so that round files never take bytes that changed.
+    r#"
+    ALTER TABLE workers ADD COLUMN last_report TEXT;
+    ALTER TABLE batches ADD COLUMN checksum BLOB;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
