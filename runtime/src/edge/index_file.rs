@@ -17,6 +17,10 @@ pub trait IndexFile {
     fn stat(&mut self) -> std::io::Result<Option<FileStat>>;
     /// Up to `max` bytes from `offset`.
     fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>>;
+    /// Like `read_at`, from the same file as `expected` describes, or an error.
+    fn read_at_checked(&mut self, offset: u64, max: usize, _expected: &FileStat) -> std::io::Result<Vec<u8>> {
+        self.read_at(offset, max)
+    }
     /// How to name the file in messages.
     fn name(&self) -> String;
 }
@@ -24,6 +28,12 @@ pub trait IndexFile {
 /// An index file on the node's filesystem.
 pub struct LocalFile {
     pub path: PathBuf,
+}
+
+impl LocalFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        LocalFile { path: path.into() }
+    }
 }
 
 impl IndexFile for LocalFile {
@@ -36,16 +46,29 @@ impl IndexFile for LocalFile {
     }
 
     fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
-        let mut file = std::fs::File::open(&self.path)?;
-        file.seek(SeekFrom::Start(offset))?;
-        let mut buf = Vec::with_capacity(max.min(1 << 24));
-        file.take(max as u64).read_to_end(&mut buf)?;
-        Ok(buf)
+        read_from(std::fs::File::open(&self.path)?, offset, max)
+    }
+
+    fn read_at_checked(&mut self, offset: u64, max: usize, expected: &FileStat) -> std::io::Result<Vec<u8>> {
+        // The file that is read must be the file that was looked at: a rename in between
+        // would commit the new file's bytes under the old one's identity.
+        let file = std::fs::File::open(&self.path)?;
+        if file_id(&file.metadata()?) != expected.id {
+            return Err(std::io::Error::other("the index was replaced while it was being read"));
+        }
+        read_from(file, offset, max)
     }
 
     fn name(&self) -> String {
         self.path.display().to_string()
     }
+}
+
+fn read_from(mut file: std::fs::File, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+    file.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::with_capacity(max.min(1 << 24));
+    file.take(max as u64).read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 #[cfg(unix)]

@@ -142,7 +142,7 @@ pub fn ingest(
             return Ok(out);
         }
         let want = (stat.len - state.cursor.offset).min(limits.batch_bytes.max(limits.max_line + 2) as u64);
-        let buf = file.read_at(state.cursor.offset, want as usize).map_err(read_error)?;
+        let buf = file.read_at_checked(state.cursor.offset, want as usize, &stat).map_err(read_error)?;
         let scan = lines::scan(&buf, state.cursor, limits.max_line, csv);
         if scan.cursor == state.cursor {
             return Ok(out); // only a partial line so far
