@@ -114,6 +114,20 @@ fn job_row(store: &Store, job: &str) -> Result<JobRow, RoundError> {
         .ok_or_else(|| RoundError::UnknownJob(job.to_owned()))
 }
 
+/// The job and the round to act on, if it waits in `stage` and the edge has not yet done that
+/// stage's step for the round (Train acts for the next round); otherwise why it waits.
+fn due(store: &Store, job: &str, stage: &str) -> Result<Result<(JobRow, i64), Outcome>, RoundError> {
+    let row = job_row(store, job)?;
+    let round = if stage == "Train" { row.round + 1 } else { row.round };
+    if (row.stage.as_str(), row.phase.as_str()) != (stage, "Waiting") {
+        return Ok(Err(Outcome::wait(format!("the job is in {}/{}, not {stage}/Waiting", row.stage, row.phase))));
+    }
+    if row.acted.as_deref() == Some(&format!("{round}/{stage}")) {
+        return Ok(Err(Outcome::wait(format!("the {stage} step of round {round} was already done"))));
+    }
+    Ok(Ok((row, round)))
+}
+
 /// Records the stage the control plane says the job is in.
 pub fn set_stage(store: &mut Store, job: &str, stage: &str, phase: &str) -> Result<(), rusqlite::Error> {
     store.conn().execute("UPDATE jobs SET stage = ?2, phase = ?3 WHERE name = ?1", params![job, stage, phase])?;
@@ -180,14 +194,10 @@ pub fn train_waiting(
     trigger: &TriggerPolicy,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let row = job_row(store, job)?;
-    let round = row.round + 1;
-    if (row.stage.as_str(), row.phase.as_str()) != ("Train", "Waiting") {
-        return Ok(Outcome::wait(format!("the job is in {}/{}, not Train/Waiting", row.stage, row.phase)));
-    }
-    if row.acted.as_deref() == Some(&format!("{round}/Train")) {
-        return Ok(Outcome::wait(format!("round {round} was already started")));
-    }
+    let (row, round) = match due(store, job, "Train")? {
+        Ok(due) => due,
+        Err(wait) => return Ok(wait),
+    };
     let stats = trigger_stats(store, job, clock)?;
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
     if !decision.train {
@@ -241,14 +251,10 @@ pub fn eval_waiting(
     output: &OutputDir<'_>,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let row = job_row(store, job)?;
-    let round = row.round;
-    if (row.stage.as_str(), row.phase.as_str()) != ("Eval", "Waiting") {
-        return Ok(Outcome::wait(format!("the job is in {}/{}, not Eval/Waiting", row.stage, row.phase)));
-    }
-    if row.acted.as_deref() == Some(&format!("{round}/Eval")) {
-        return Ok(Outcome::wait(format!("eval of round {round} was already prepared")));
-    }
+    let (row, round) = match due(store, job, "Eval")? {
+        Ok(due) => due,
+        Err(wait) => return Ok(wait),
+    };
     let Some(models) = result(store, job, round, "train")?.filter(|models| !models.is_empty()) else {
         return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
     };
@@ -292,14 +298,10 @@ pub fn deploy_waiting(
     selector: &SelectorPolicy,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let row = job_row(store, job)?;
-    let round = row.round;
-    if (row.stage.as_str(), row.phase.as_str()) != ("Deploy", "Waiting") {
-        return Ok(Outcome::wait(format!("the job is in {}/{}, not Deploy/Waiting", row.stage, row.phase)));
-    }
-    if row.acted.as_deref() == Some(&format!("{round}/Deploy")) {
-        return Ok(Outcome::wait(format!("deploy of round {round} was already decided")));
-    }
+    let (row, round) = match due(store, job, "Deploy")? {
+        Ok(due) => due,
+        Err(wait) => return Ok(wait),
+    };
     let candidates = result(store, job, round, "eval")?.unwrap_or_default();
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
     let as_info = |m: &Model| ModelInfo { url: m.url.clone(), format: m.format.clone(), metrics: metrics_of(m) };

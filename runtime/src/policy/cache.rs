@@ -43,9 +43,10 @@ impl DiskCache {
         let bytes = std::fs::read(&path).ok()?;
         let payload = verified_payload(&bytes, digest);
         let component = payload.and_then(|payload| {
-            // SAFETY: the payload is byte for byte what `store` wrote from
-            // `Component::serialize` with this engine's settings (checksum verified above), and
-            // wasmtime checks its version and settings again before using it.
+            // SAFETY: the checksum shows the payload is intact as `store` wrote it from
+            // `Component::serialize`, and wasmtime checks its version and settings again. The
+            // checksum is no signature: whoever can write the cache directory can plant code, so
+            // the directory must belong to the agent alone.
             unsafe { Component::deserialize(engine, payload) }.ok()
         });
         if component.is_none() {
