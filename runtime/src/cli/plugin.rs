@@ -153,14 +153,20 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
     let origin = if inspection.from_cache { "from cache" } else { "compiled" };
     println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
     if args.config.is_some() {
-        match world {
-            "trigger-policy" => drop(load::<TriggerKind>(&host, &valid, &bytes)?),
-            "splitter-policy" => drop(load::<SplitterKind>(&host, &valid, &bytes)?),
-            _ => drop(load::<SelectorKind>(&host, &valid, &bytes)?),
-        }
+        load_as(world, &host, &valid, &bytes)?;
         println!("config:   accepted");
     } else {
         println!("config:   not checked (pass --config)");
+    }
+    Ok(())
+}
+
+/// Loads (instantiates and configures) a plugin as the kind its world names, then drops it.
+fn load_as(world: &str, host: &PolicyHost, valid: &ValidRef, bytes: &[u8]) -> anyhow::Result<()> {
+    match world {
+        "trigger-policy" => drop(load::<TriggerKind>(host, valid, bytes)?),
+        "splitter-policy" => drop(load::<SplitterKind>(host, valid, bytes)?),
+        _ => drop(load::<SelectorKind>(host, valid, bytes)?),
     }
     Ok(())
 }
@@ -229,11 +235,7 @@ async fn bench(args: &PluginArgs, iterations: u32, batch: usize) -> anyhow::Resu
     cached_host.inspect(&valid, &bytes)?;
     cached_host.clear_memory_cache();
     let started = Instant::now();
-    match world {
-        "trigger-policy" => drop(load::<TriggerKind>(&cached_host, &valid, &bytes)?),
-        "splitter-policy" => drop(load::<SplitterKind>(&cached_host, &valid, &bytes)?),
-        _ => drop(load::<SelectorKind>(&cached_host, &valid, &bytes)?),
-    }
+    load_as(world, &cached_host, &valid, &bytes)?;
     println!("load from disk cache + configure: {:>5.3} ms", ms(started.elapsed()));
 
     let times = match world {
