@@ -4,7 +4,9 @@
 //! policies ([`policy`]), storage access through OpenDAL ([`storage`]), the edge's SQLite state
 //! ([`store`]) and the edge agent core ([`edge`]).
 
+pub mod api;
 pub mod edge;
+pub mod lifecycle;
 pub mod policy;
 pub mod storage;
 pub mod store;

@@ -9,36 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::Store;
 
-/// A model as workers report it and Sedna passes it on (`format`, `url`, `metrics`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Model {
-    #[serde(default)]
-    pub format: String,
-    pub url: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metrics: Option<serde_json::Value>,
-}
-
-/// Sedna's `ConditionData.input`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Input {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub models: Vec<Model>,
-    #[serde(rename = "dataURL", default, skip_serializing_if = "Option::is_none")]
-    pub data_url: Option<String>,
-    #[serde(rename = "dataIndexURL", default, skip_serializing_if = "Option::is_none")]
-    pub data_index_url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_dir: Option<String>,
-}
-
-/// Sedna's `ConditionData.output`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Output {
-    #[serde(default)]
-    pub models: Vec<Model>,
-}
+pub use crate::api::{Input, Model, Output};
 
 /// One report about a job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

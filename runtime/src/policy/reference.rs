@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::builtin;
 
 /// A job's reference to a policy plugin.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyRef {
     /// `builtin:NAME`, `file:///path`, a plain path, `https://...` or `s3://bucket/key`.
@@ -33,7 +33,7 @@ pub struct PolicyRef {
 }
 
 /// What a call may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     /// Wall-clock time per call, in milliseconds.
@@ -58,7 +58,7 @@ impl Default for Limits {
 }
 
 /// What the job does when the policy fails a call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum OnError {
     /// Decide with the built-in rule for that decision, and say so on the job.

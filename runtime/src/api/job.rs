@@ -1,0 +1,138 @@
+//! `LifelongLearningJob` (Sedna's `lifelonglearningjob_types.go`), with Perennial's optional
+//! fields: `spec.dataset.splitPolicy`, `spec.trainSpec.trigger.policy`,
+//! `spec.deploySpec.selectPolicy`, and `timeoutSeconds` per stage.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::status::LifelongLearningJobStatus;
+use crate::policy::PolicyRef;
+
+/// Sedna's LifelongLearningJob spec.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "sedna.io",
+    version = "v1alpha1",
+    kind = "LifelongLearningJob",
+    plural = "lifelonglearningjobs",
+    shortname = "ll",
+    namespaced,
+    status = "LifelongLearningJobStatus"
+)]
+#[kube(printcolumn = r#"{"name":"Stage","type":"string","jsonPath":".status.stage"}"#)]
+#[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
+#[kube(printcolumn = r#"{"name":"Round","type":"integer","jsonPath":".status.round"}"#)]
+#[kube(printcolumn = r#"{"name":"Deployed","type":"string","jsonPath":".status.deployed.url"}"#)]
+#[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]
+#[serde(rename_all = "camelCase")]
+pub struct LifelongLearningJobSpec {
+    pub dataset: DatasetRef,
+    pub train_spec: TrainSpec,
+    pub eval_spec: EvalSpec,
+    pub deploy_spec: DeploySpec,
+    /// A Secret with S3 credentials for `outputDir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_name: Option<String>,
+    /// A path on the nodes, or `s3://bucket/prefix`.
+    pub output_dir: String,
+}
+
+/// `spec.dataset`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatasetRef {
+    /// A Dataset in the job's namespace.
+    pub name: String,
+    /// The share of new samples that goes to training, in [0, 1].
+    pub train_prob: f64,
+    /// Perennial: the splitter policy. Absent: Sedna's `trainProb` rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_policy: Option<PolicyRef>,
+}
+
+/// `spec.trainSpec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainSpec {
+    pub template: PodTemplateSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<Trigger>,
+    /// Perennial: fail the stage when its worker runs longer than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `spec.evalSpec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvalSpec {
+    pub template: PodTemplateSpec,
+    /// Perennial: fail the stage when its worker runs longer than this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `spec.deploySpec`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploySpec {
+    pub template: PodTemplateSpec,
+    /// Perennial: the selector policy. Absent: Sedna's rule (the first evaluated model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select_policy: Option<PolicyRef>,
+    /// Perennial: fail the deploy when the inference worker is not running after this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `spec.trainSpec.trigger`: Sedna's condition and daily window, or a policy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Trigger {
+    /// How often to ask the trigger when no sample arrives (Sedna ignores it; Perennial does not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_period_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer: Option<Timer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<TriggerCondition>,
+    /// Perennial: the trigger policy. Absent: the built-in `threshold-trigger` with this object
+    /// as its config (Sedna's rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyRef>,
+}
+
+/// `trigger.timer`: a daily window `[start, end)` in `HH:MM`, node-local time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Timer {
+    pub start: String,
+    pub end: String,
+}
+
+/// `trigger.condition`: `metric operator threshold`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TriggerCondition {
+    pub operator: String,
+    pub threshold: f64,
+    pub metric: String,
+}
+
+/// The built-in rules the absent policy fields mean.
+impl LifelongLearningJobSpec {
+    /// The trigger: `trigger.policy`, or Sedna's rule over the trigger object.
+    pub fn trigger_policy(&self) -> PolicyRef {
+        let trigger = self.train_spec.trigger.clone().unwrap_or_default();
+        if let Some(policy) = trigger.policy {
+            return policy;
+        }
+        let config = serde_json::to_value(Trigger { policy: None, ..trigger }).unwrap_or_default();
+        PolicyRef::new("builtin:threshold-trigger").with_config(config)
+    }
+
+    /// The selector: `deploySpec.selectPolicy`, or Sedna's rule.
+    pub fn select_policy(&self) -> PolicyRef {
+        self.deploy_spec.select_policy.clone().unwrap_or_else(|| PolicyRef::new("builtin:first-select"))
+    }
+}

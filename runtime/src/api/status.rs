@@ -1,0 +1,262 @@
+//! The job's status: Sedna's (`conditions`, `knowledgeBase`, `startTime`, `completionTime`),
+//! with the conditions capped, plus what Perennial adds so that a reader sees where the job is
+//! without replaying the conditions: the stage and phase, the round, the retries, the worker,
+//! the deployed model and each policy's health.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Time;
+
+/// Sedna's list grows forever (13 entries a round); Perennial keeps the newest this many.
+pub const MAX_CONDITIONS: usize = 30;
+
+/// A stage of a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub enum Stage {
+    Train,
+    Eval,
+    Deploy,
+}
+
+impl Stage {
+    /// The stage after this one: Train → Eval → Deploy → Train.
+    pub fn next(self) -> Stage {
+        match self {
+            Stage::Train => Stage::Eval,
+            Stage::Eval => Stage::Deploy,
+            Stage::Deploy => Stage::Train,
+        }
+    }
+
+    /// Sedna's lower-case name: the worker report's `kind` and the worker-type label.
+    pub fn worker_kind(self) -> &'static str {
+        match self {
+            Stage::Train => "train",
+            Stage::Eval => "eval",
+            Stage::Deploy => "inference",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Stage> {
+        match text.to_ascii_lowercase().as_str() {
+            "train" => Some(Stage::Train),
+            "eval" => Some(Stage::Eval),
+            "deploy" | "inference" => Some(Stage::Deploy),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Where a stage is: Sedna's condition types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum Phase {
+    Waiting,
+    Ready,
+    Starting,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl Phase {
+    pub fn parse(text: &str) -> Option<Phase> {
+        match text.to_ascii_lowercase().as_str() {
+            "waiting" => Some(Phase::Waiting),
+            "ready" => Some(Phase::Ready),
+            "starting" => Some(Phase::Starting),
+            "running" => Some(Phase::Running),
+            "completed" => Some(Phase::Completed),
+            "failed" => Some(Phase::Failed),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Sedna's condition: `(stage, type)` with its JSON `data` as a string.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobCondition {
+    #[serde(rename = "type")]
+    pub type_: Phase,
+    /// Always `"True"`, as in Sedna.
+    pub status: String,
+    pub stage: Stage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// JSON of [`ConditionData`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+}
+
+/// A model as workers report it (Sedna's `format`, `url`, `metrics`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Model {
+    #[serde(default)]
+    pub format: String,
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<serde_json::Value>,
+}
+
+/// Sedna's `ConditionData.input`: what a stage's worker is started with.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Input {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<Model>,
+    #[serde(rename = "dataURL", default, skip_serializing_if = "Option::is_none")]
+    pub data_url: Option<String>,
+    #[serde(rename = "dataIndexURL", default, skip_serializing_if = "Option::is_none")]
+    pub data_index_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_dir: Option<String>,
+}
+
+/// Sedna's `ConditionData.output`: what a stage's worker produced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Output {
+    #[serde(default)]
+    pub models: Vec<Model>,
+}
+
+/// Sedna's `ConditionData`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConditionData {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Input>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Output>,
+}
+
+/// The model serving now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeployedModel {
+    pub round: u64,
+    /// Where the inference worker reads it (`<outputDir>/deploy/index.pkl`).
+    pub url: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub format: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+}
+
+/// The worker of the current stage.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerRef {
+    /// The worker's name (the pod, or the local process's `WORKER_NAME`).
+    pub name: String,
+    pub stage: Option<Stage>,
+    pub round: u64,
+    /// Times it was restarted or recreated in this stage.
+    #[serde(default)]
+    pub restarts: u32,
+    /// The node it runs on, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// When it was first started in this stage (a stage timeout counts from here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+}
+
+/// A policy's health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum PolicyHealth {
+    /// Loaded and answering.
+    #[default]
+    Serving,
+    /// Its last call failed; the job fell back to the built-in rule or holds (see `message`).
+    Failing,
+    /// It could not be loaded; the previous one (or the built-in rule) serves.
+    LoadFailed,
+}
+
+/// One policy as the job runs it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    pub plugin: String,
+    /// SHA-256 of the component serving.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    #[serde(default)]
+    pub health: PolicyHealth,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Sedna's status, and Perennial's summary of the job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LifelongLearningJobStatus {
+    /// The newest [`MAX_CONDITIONS`] conditions, oldest first.
+    #[serde(default)]
+    pub conditions: Vec<JobCondition>,
+    /// Sedna's knowledge-base summary, kept as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub knowledge_base: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+
+    /// The current stage and where it is (the newest condition's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<Stage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The current round, counted from 1; 0 before the first.
+    #[serde(default)]
+    pub round: u64,
+    /// When the current (stage, phase) began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_since: Option<Time>,
+    /// What the current stage was started with, and what it produced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<ConditionData>,
+    /// The current stage's worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerRef>,
+    /// Failed rounds in a row; reset when a round completes.
+    #[serde(default)]
+    pub retries: u32,
+    /// After a failure, when the job goes back to Train.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<Time>,
+    /// Rounds that went through Deploy.
+    #[serde(default)]
+    pub rounds_completed: u64,
+    /// The newest train result: the next train worker's `CLOUD_KB_INDEX`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_trained: Option<Model>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployed: Option<DeployedModel>,
+    /// The trigger, splitter and selector, by kind.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub policies: std::collections::BTreeMap<String, PolicyStatus>,
+    /// Why the job is where it is (the last decision, refusal or failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
