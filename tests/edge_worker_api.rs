@@ -33,7 +33,7 @@ async fn start() -> Api {
     let store = Arc::new(Mutex::new(store));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let router = worker_api::router(store.clone());
+    let router = worker_api::router(store.clone(), std::sync::Arc::new(|| {}));
     tokio::spawn(async move { axum::serve(listener, router).await });
     Api { base, store, db, _dir: dir }
 }

@@ -23,20 +23,22 @@ def work():
     if not urls:
         raise sw.WorkerError("MODEL_URLS names no model")
     X, y, skipped = sw.load_samples(data)
-    if not X:
-        raise sw.WorkerError(f"{data}: no samples")
     results = []
     for i, url in enumerate(urls):
         model = sw.load_model(url)
-        metrics = sw.evaluate(model, X, y)
-        model["eval"] = {**metrics, "dataset": data, "source": url}
         path = os.path.join(output, "model.json" if i == 0 else f"model-{i + 1}.json")
+        if X:
+            metrics = sw.evaluate(model, X, y)
+            reported = {k: metrics[k] for k in ("accuracy", "samples", "f1Macro")}
+            said = f"accuracy {metrics['accuracy']:.3f}, macro F1 {metrics['f1Macro']:.3f} on {len(y)} samples"
+        else:
+            # No eval samples (e.g. trainProb 1): no accuracy to report. first-select still
+            # deploys the model; metric-select does not (a missing metric is never deployed).
+            metrics = reported = {"samples": 0}
+            said = "no eval samples, no accuracy"
+        model["eval"] = {**metrics, "dataset": data, "source": url}
         sw.save_json(path, model)
-        sw.log(
-            f"round {model.get('round')}: accuracy {metrics['accuracy']:.3f}, macro F1 "
-            f"{metrics['f1Macro']:.3f} on {len(y)} samples ({skipped} skipped) -> {path}"
-        )
-        reported = {k: metrics[k] for k in ("accuracy", "samples", "f1Macro")}
+        sw.log(f"round {model.get('round')}: {said} ({skipped} rows skipped) -> {path}")
         results.append({"format": "json", "url": sw.model_url(path), "metrics": reported})
     return results
 

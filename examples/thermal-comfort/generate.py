@@ -14,7 +14,7 @@ comfortable temperature also follows a "season" that advances with the row numbe
 every SEASON_ROWS rows), so later bursts are labelled differently from earlier ones. About
 LABEL_NOISE of the labels are flipped to another class.
 
-Env (defaults): INDEX_FILE (required), BURST_SIZE (100), BURST_INTERVAL_SECONDS (1.0), SEED (20),
+Env (defaults): INDEX_FILE (required), BURST_SIZE (100), BURST_INTERVAL_SECONDS (1.0), SEED (55),
 MAX_ROWS (0: no limit; stop with exit 0 once the file holds that many rows), SEASON_ROWS (12000),
 LABEL_NOISE (0.08), BUILDINGS (24).
 """
@@ -151,7 +151,7 @@ def main():
         sys.exit("generate: INDEX_FILE is not set")
     burst = env_num("BURST_SIZE", 100, int)
     interval = env_num("BURST_INTERVAL_SECONDS", 1.0)
-    seed = env_num("SEED", 20, int)
+    seed = env_num("SEED", 55, int)
     max_rows = env_num("MAX_ROWS", 0, int)
     season_rows = env_num("SEASON_ROWS", 12000, int)
     noise = env_num("LABEL_NOISE", 0.08)

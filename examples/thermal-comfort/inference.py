@@ -7,7 +7,7 @@ OUTPUT_URL/inference/predictions.csv. It polls the model file's mtime every seco
 it when it changes. Exits 0 on SIGTERM or SIGINT. It never reports.
 
 Env: MODEL_URLS, OUTPUT_URL, plus the common ones (see README.md). Tunables: READINGS_PER_SECOND
-(5); SEED (20), SEASON_ROWS (12000), LABEL_NOISE (0.08), BUILDINGS (24): set them as the
+(5); SEED (55), SEASON_ROWS (12000), LABEL_NOISE (0.08), BUILDINGS (24): set them as the
 generator's, so the live readings come from the same buildings and rule (time steps continue
 from the last one the model was trained on, with their own draws).
 """
@@ -40,7 +40,7 @@ def main():
         model_path = sw.local_path(sw.env("MODEL_URLS", required=True).split(";")[0].strip())
         output = sw.local_path(sw.env("OUTPUT_URL", required=True))
         per_second = sw.env_num("READINGS_PER_SECOND", 5, int)
-        seed = sw.env_num("SEED", 20, int)
+        seed = sw.env_num("SEED", 55, int)
         season_rows = sw.env_num("SEASON_ROWS", 12000, int)
         label_noise = sw.env_num("LABEL_NOISE", 0.08)
         buildings = sw.env_num("BUILDINGS", 24, int)
@@ -48,7 +48,7 @@ def main():
         print(f"inference: {err}", file=sys.stderr)
         return 1
 
-    model, mtime = None, None
+    model, mtime, warned, said_waiting = None, None, None, False
     predictions = os.path.join(output, "inference", "predictions.csv")
     os.makedirs(os.path.dirname(predictions), exist_ok=True)
     if not os.path.exists(predictions) or os.path.getsize(predictions) == 0:
@@ -65,16 +65,18 @@ def main():
             try:
                 loaded = sw.load_model(model_path)
             except (OSError, ValueError, sw.WorkerError) as err:
-                # Half-written or not a model yet: keep serving the old one, look again.
-                print(f"inference: cannot load {model_path} yet: {err}", file=sys.stderr, flush=True)
+                # Half-written or not a model: keep serving the old one, try again next second.
+                if warned != current:
+                    print(f"inference: cannot load {model_path}: {err}", file=sys.stderr, flush=True)
+                    warned = current
             else:
                 verb = "serving" if model is None else "reloaded, now serving"
                 model, mtime = loaded, current
                 step = max(step, int(model.get("lastTimeStep") or 0))
                 sw.log(f"{verb} the {describe(model)} from {model_path}")
-        elif current is None and model is None and mtime is None:
+        elif current is None and model is None and not said_waiting:
             sw.log(f"waiting for {model_path}")
-            mtime = 0
+            said_waiting = True
         if model is not None:
             lines = []
             for _ in range(per_second):

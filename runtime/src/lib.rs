@@ -6,7 +6,9 @@
 
 pub mod api;
 pub mod edge;
+pub mod embedded;
 pub mod lifecycle;
 pub mod policy;
 pub mod storage;
 pub mod store;
+pub mod workers;

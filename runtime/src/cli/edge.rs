@@ -76,13 +76,15 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     release_freed_memory();
     let jobs_thread = {
         let (store, stop) = (store.clone(), stop.clone());
-        std::thread::Builder::new().name("jobs".into()).spawn(move || agent::run_jobs(&store, &mut runners, &stop))?
+        std::thread::Builder::new()
+            .name("jobs".into())
+            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}))?
     };
     release_freed_memory();
     let address = SocketAddr::new(args.bind_address, args.bind_port);
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("worker API on {address}"))?;
     tracing::info!("worker report API on {}", listener.local_addr()?);
-    let api = worker_api::router(store.clone());
+    let api = worker_api::router(store.clone(), Arc::new(|| {}));
     let shutdown = async {
         // Ctrl-C, or SIGTERM from systemd or the kubelet.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

@@ -2,6 +2,8 @@
 
 mod edge;
 mod plugin;
+mod run;
+mod status;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -27,6 +29,10 @@ enum Command {
     /// Tools for policy plugin authors: check, call and benchmark a plugin.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Runs lifelong learning jobs on this machine, no cluster: manifests in, rounds out.
+    Run(run::RunArgs),
+    /// Each job's stage, round, samples, deployed model and policies (from a run's state dir).
+    Status(status::StatusArgs),
     /// The edge agent: runs jobs on this node from its own state, and the worker report API.
     Edge(edge::EdgeArgs),
 }
@@ -36,7 +42,9 @@ pub fn init_tracing(cli: &Cli) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match cli.log_format {
-        LogFormat::Text => builder.with_target(false).init(),
+        LogFormat::Text => {
+            builder.with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init()
+        }
         LogFormat::Json => builder.json().init(),
     }
 }
@@ -45,5 +53,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Plugin(command) => plugin::run(command).await,
         Command::Edge(args) => edge::run(args).await,
+        Command::Run(args) => run::run(args).await,
+        Command::Status(args) => status::run(args),
     }
 }

@@ -116,8 +116,8 @@ const STOP_CHECK: Duration = Duration::from_millis(500);
 /// for all jobs, so that a hundred idle jobs cost little. A job runs when its index changes,
 /// when its trigger's recheck time or its stat-fallback time comes, and again right away while
 /// it has a backlog (one batch per turn, so that no job holds up the others).
-pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool) {
-    let (wake, woken) = mpsc::channel::<usize>();
+pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool, wakes: Wakes, reported: &dyn Fn()) {
+    let Wakes { sender: wake, receiver: woken } = wakes;
     let local: Vec<(usize, PathBuf)> = jobs
         .iter()
         .enumerate()
@@ -132,7 +132,10 @@ pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool)
             if due[i] > Instant::now() || stop.load(Ordering::Relaxed) {
                 continue;
             }
-            let (recheck, more) = turn(store, runner, &mut missing_said[i]);
+            let (recheck, more, report) = turn(store, runner, &mut missing_said[i]);
+            if report {
+                reported();
+            }
             due[i] = if more { Instant::now() } else { Instant::now() + recheck };
             if !more {
                 runner.policies.release();
@@ -152,9 +155,28 @@ pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool)
     }
 }
 
+/// Wakes a job of the loop by its index in the list given to [`run_jobs`]: a change of its index
+/// file, or a stage notice from the control plane.
+pub struct Wakes {
+    sender: mpsc::Sender<usize>,
+    receiver: mpsc::Receiver<usize>,
+}
+
+impl Wakes {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        let (sender, receiver) = mpsc::channel();
+        Wakes { sender, receiver }
+    }
+
+    pub fn sender(&self) -> mpsc::Sender<usize> {
+        self.sender.clone()
+    }
+}
+
 /// One turn of a job: ingest one batch, then the edge's step for the job's stage. Returns when
-/// to come back, and whether a backlog remains.
-fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -> (Duration, bool) {
+/// to come back, whether a backlog remains, and whether a report was queued.
+fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -> (Duration, bool, bool) {
     let JobRunner { job, policies, index, output, read_model, settings } = runner;
     let mut recheck = settings.poll;
     let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
@@ -198,9 +220,11 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
         }
         _ => Ok(Outcome::Waiting { reason: "no edge step in this stage".into(), recheck_after_secs: None }),
     };
+    let mut reported = false;
     match outcome {
         Ok(Outcome::Reported(report)) => {
             tracing::info!(job = job.name, round = report.round, "{} {}", report.phase, report.status);
+            reported = true;
         }
         Ok(Outcome::Waiting { recheck_after_secs: Some(secs), .. }) => {
             // At least a second: a trigger that asks for 0 must not spin the loop.
@@ -209,7 +233,7 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
         Ok(Outcome::Waiting { .. }) => {}
         Err(err) => tracing::error!(job = job.name, "{err}"),
     }
-    (recheck, more)
+    (recheck, more, reported)
 }
 
 fn stage(store: &Store, job: &str) -> Option<(String, String)> {

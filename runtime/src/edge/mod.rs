@@ -5,8 +5,8 @@
 //! The rest of the system meets it through one small interface, the same for the embedded mode
 //! and the cloud link:
 //!
-//! - in: [`register_job`] / [`forget_job`] (job and dataset updates), [`rounds::set_stage`] (the
-//!   stage the control plane moved the job to), [`worker_api::issue_worker_name`] (a worker the
+//! - in: [`register_job`] / [`forget_job`] (job and dataset updates), [`rounds::apply_notice`] (the
+//!   stage the control plane moved the job to, with its round), [`worker_api::issue_worker_name`] (a worker the
 //!   control plane is about to start);
 //! - out: [`report::pending`] / [`report::acknowledge`] (the durable outbox of reports, each
 //!   with the job's uid and round), [`report::dataset_updates`] (sample counts for

@@ -134,6 +134,37 @@ pub fn set_stage(store: &mut Store, job: &str, stage: &str, phase: &str) -> Resu
     Ok(())
 }
 
+/// Applies the control plane's word that the job waits in `stage` for `round`'s step (Train:
+/// `round` is the last round, done or failed; the edge starts `round + 1`). A notice older than
+/// what the edge already did is ignored, so that a resent notice never makes the edge step back.
+/// When `failed`, the failed round's train samples return to the pending ones, for the next
+/// round. Returns whether the notice was applied.
+pub fn apply_notice(
+    store: &mut Store,
+    job: &str,
+    stage: &str,
+    round: i64,
+    failed: bool,
+) -> Result<bool, rusqlite::Error> {
+    let tx = store.write()?;
+    let edge_round: Option<i64> =
+        tx.query_row("SELECT round FROM jobs WHERE name = ?1", [job], |r| r.get(0)).optional()?;
+    let Some(edge_round) = edge_round else { return Ok(false) };
+    // The edge may be ahead (it started the next round and its report is on the way), never behind.
+    if round < edge_round {
+        return Ok(false);
+    }
+    if failed && stage == "Train" {
+        tx.execute("UPDATE batches SET train_round = NULL WHERE job = ?1 AND train_round = ?2", params![job, round])?;
+    }
+    tx.execute(
+        "UPDATE jobs SET stage = ?2, phase = 'Waiting', round = MAX(round, ?3) WHERE name = ?1",
+        params![job, stage, round],
+    )?;
+    tx.commit()?;
+    Ok(true)
+}
+
 /// Records a worker's result for a round and stage (`train` or `eval`); a repeat replaces it.
 pub fn record_result(
     tx: &rusqlite::Transaction<'_>,

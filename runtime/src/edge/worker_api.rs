@@ -75,13 +75,23 @@ struct Accepted {
     models: Vec<Model>,
 }
 
+/// Called after a report was committed to the outbox (the embedded mode wakes its control
+/// plane with it).
+pub type OnReport = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+struct ApiState {
+    store: Arc<Mutex<Store>>,
+    on_report: OnReport,
+}
+
 /// The router, over the edge's store.
-pub fn router(store: Arc<Mutex<Store>>) -> axum::Router {
-    axum::Router::new().route("/sedna/workers/{name}/info", post(receive)).with_state(store)
+pub fn router(store: Arc<Mutex<Store>>, on_report: OnReport) -> axum::Router {
+    axum::Router::new().route("/sedna/workers/{name}/info", post(receive)).with_state(ApiState { store, on_report })
 }
 
 async fn receive(
-    State(store): State<Arc<Mutex<Store>>>,
+    State(ApiState { store, on_report }): State<ApiState>,
     UrlPath(name): UrlPath<String>,
     body: axum::body::Bytes,
 ) -> Answer {
@@ -100,7 +110,10 @@ async fn receive(
     })
     .await;
     match outcome {
-        Ok(Ok(())) => answer(StatusCode::OK, "OK"),
+        Ok(Ok(())) => {
+            on_report();
+            answer(StatusCode::OK, "OK")
+        }
         Ok(Err((status, message))) => answer(status, message),
         Err(join) => answer(StatusCode::INTERNAL_SERVER_ERROR, format!("the report was not stored: {join}")),
     }

@@ -45,6 +45,17 @@ impl S3Credentials {
             secret_access_key: std::env::var("SECRET_ACCESS_KEY").unwrap_or_default(),
         })
     }
+
+    /// The env Sedna gives a worker that reads or writes S3 (`S3_ENDPOINT_URL`, `ACCESS_KEY_ID`,
+    /// `SECRET_ACCESS_KEY`).
+    pub fn worker_env(&self) -> Vec<(String, String)> {
+        let scheme = if self.use_https { "https" } else { "http" };
+        vec![
+            ("S3_ENDPOINT_URL".into(), format!("{scheme}://{}", self.endpoint)),
+            ("ACCESS_KEY_ID".into(), self.access_key_id.clone()),
+            ("SECRET_ACCESS_KEY".into(), self.secret_access_key.clone()),
+        ]
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -104,8 +104,13 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) the state database at `path` and migrates it.
+    /// Opens (creating if needed) the edge's state database at `path` and migrates it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, MIGRATIONS)
+    }
+
+    /// Opens (creating if needed) a state database with its own schema, and migrates it.
+    pub fn open_with(path: &Path, migrations: &'static [&'static str]) -> Result<Store, StoreError> {
         let shown = path.display().to_string();
         let open_error = |source| StoreError::Open { path: shown.clone(), source };
         let conn = Connection::open(path).map_err(open_error)?;
@@ -114,17 +119,17 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
         let mut store = Store { conn };
-        store.migrate(&shown)?;
+        store.migrate(&shown, migrations)?;
         Ok(store)
     }
 
-    fn migrate(&mut self, path: &str) -> Result<(), StoreError> {
-        let known = MIGRATIONS.len() as i64;
+    fn migrate(&mut self, path: &str, migrations: &[&str]) -> Result<(), StoreError> {
+        let known = migrations.len() as i64;
         let found: i64 = self.conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
         if found > known {
             return Err(StoreError::TooNew { path: path.to_owned(), found, known });
         }
-        for (index, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        for (index, migration) in migrations.iter().enumerate().skip(found as usize) {
             let tx = self.write()?;
             tx.execute_batch(migration)?;
             tx.pragma_update(None, "user_version", index as i64 + 1)?;
