@@ -1458,7 +1458,7 @@ fn manifest_errors_name_file_document_and_field() {
             "a policy with an unknown field",
             job_text("{name: d, trainProb: 0.5, splitPolicy: {plugin: 'builtin:ratio-split', sha: x}}", ""),
             1,
-            vec!["spec.dataset.splitPolicy", "unknown field `sha`"],
+            vec!["spec.dataset.splitPolicy.sha: unknown field `sha`, expected one of `plugin`, `sha256`"],
         ),
         (
             "env value a number",
@@ -1492,8 +1492,18 @@ fn manifest_errors_name_file_document_and_field() {
             1,
             vec!["status.conditions[0].data: invalid type: map, expected a string"],
         ),
-        ("YAML syntax error", "apiVersion: sedna.io/v1alpha1\nkind: [Dataset\n".into(), 1, vec![]),
-        ("YAML syntax error, tab indent", "apiVersion: v1\n\tkind: Pod\n".into(), 1, vec![]),
+        (
+            "YAML syntax error",
+            "apiVersion: sedna.io/v1alpha1\nkind: [Dataset\n".into(),
+            1,
+            vec!["did not find expected ',' or ']' at line 3 column 1"],
+        ),
+        (
+            "YAML syntax error, tab indent",
+            "apiVersion: v1\n\tkind: Pod\n".into(),
+            1,
+            vec!["found a tab character that violates indentation at line 2 column 1"],
+        ),
         ("a list, not an object", "- apiVersion: v1\n  kind: Pod\n".into(), 1, vec!["apiVersion: missing"]),
     ];
     for (i, (case, text, document, reasons)) in cases.into_iter().enumerate() {
@@ -1518,7 +1528,7 @@ fn a_yaml_syntax_error_names_its_document() {
     let text = format!("{DATASET}---\napiVersion: v1\nkind: [Pod\n");
     let (_, document, message, _) = document_error(dir.path(), "broken.yaml", &text);
     assert_eq!(document, 2, "{message}");
-    assert!(message.contains("line") || message.contains("column"), "the position: {message}");
+    assert!(message.contains("at line 8 column 1"), "the position, counted in the file: {message}");
 }
 
 #[test]

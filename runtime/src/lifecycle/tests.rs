@@ -1,1613 +1,1193 @@
-//! The resources against Sedna's own manifests (`tests/fixtures/sedna/`, reconstructions of
-//! Sedna's samples): they load unchanged, every Sedna field lands where it should, they
-//! validate, and they serialize back under Sedna's names without Perennial's absent fields.
-//! Then Perennial's optional fields, the built-in rules they default to, one case per
-//! validation rule, and the manifest loader's errors.
+//! Table tests for the stage machine. Each table is a list of cases (a status, what was
+//! observed, the time) with the expected (stage, phase, round), the conditions appended, the
+//! actions and the recheck. One table covers the rows of Sedna's state machine
+//! (`reference/sedna.md` §2.2); the others cover the faults of §6.1 that the machine fixes.
 
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::{Value, json};
+use k8s_openapi::jiff::Timestamp;
 
-use super::manifest::{self, Manifest, ManifestError, Object};
-use super::*;
-use crate::policy::{Limits, OnError, PolicyHost, PolicyRef, Source, TracingEvents, TriggerKind, builtin};
+use super::machine::backoff;
+use super::{
+    Action, EdgeNotice, JobView, Observations, Report, Settings, Step, WorkerObservation, WorkerPhase, WorkerSpec, step,
+};
+use crate::api::{
+    ConditionData, DeployedModel, Input, JobCondition, LifelongLearningJobStatus, MAX_CONDITIONS, Model, Output, Phase,
+    Stage, Time, WorkerRef,
+};
+
+use Phase::{Completed, Failed, Ready, Running, Starting, Waiting};
+use Stage::{Deploy, Eval, Train};
+
+const UID: &str = "7d3f-job-uid";
 
 // ---------------------------------------------------------------------------------------------
-// Helpers
+// Fixtures
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sedna")
+/// `secs` seconds after a fixed instant; most cases run at `at(0)`.
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
 }
 
-fn fixture(name: &str) -> PathBuf {
-    fixtures().join(name)
+fn time(secs: i64) -> Option<Time> {
+    Some(Time(at(secs)))
 }
 
-/// Every object of one fixture file, through `manifest::load`.
-fn load_fixture(name: &str) -> Vec<Manifest> {
-    manifest::load(&[fixture(name)]).unwrap_or_else(|err| panic!("{name}: {err}"))
+fn later(t: Timestamp, secs: u64) -> Timestamp {
+    Timestamp::from_second(t.as_second() + i64::try_from(secs).unwrap()).unwrap()
 }
 
-fn job(manifest: &Manifest) -> &LifelongLearningJob {
-    match &manifest.object {
-        Object::Job(job) => job,
-        other => panic!("{}: expected a LifelongLearningJob, got {other:?}", manifest.origin()),
+fn model(name: &str) -> Model {
+    Model { format: "pkl".into(), url: format!("s3://kb/{name}/index.pkl"), metrics: None }
+}
+
+/// The input each stage's Ready carries.
+fn input(stage: Stage) -> Input {
+    match stage {
+        Train => Input {
+            data_url: Some("s3://kb/data/train.txt".into()),
+            output_dir: Some("s3://kb/out".into()),
+            ..Input::default()
+        },
+        Eval => Input {
+            models: vec![model("trained")],
+            data_url: Some("s3://kb/data/eval.txt".into()),
+            output_dir: Some("s3://kb/out".into()),
+            ..Input::default()
+        },
+        Deploy => Input { models: vec![model("selected")], ..Input::default() },
     }
 }
 
-fn dataset(manifest: &Manifest) -> &Dataset {
-    match &manifest.object {
-        Object::Dataset(dataset) => dataset,
-        other => panic!("{}: expected a Dataset, got {other:?}", manifest.origin()),
+fn spec(stage: Stage, round: u64, previous_model: Option<Model>) -> WorkerSpec {
+    WorkerSpec { stage, round, input: input(stage), previous_model }
+}
+
+fn worker_name(stage: Stage, round: u64) -> String {
+    format!("job-{}-{round}", stage.worker_kind())
+}
+
+fn condition(stage: Stage, phase: Phase, when: i64) -> JobCondition {
+    JobCondition {
+        type_: phase,
+        status: "True".into(),
+        stage,
+        last_heartbeat_time: time(when),
+        last_transition_time: time(when),
+        reason: None,
+        message: None,
+        data: None,
     }
 }
 
-/// The atcii job, the base of the validation cases.
-fn atcii_job() -> LifelongLearningJob {
-    job(&load_fixture("lifelonglearningjob-atcii.yaml")[0]).clone()
-}
-
-fn atcii_dataset() -> Dataset {
-    dataset(&load_fixture("dataset-atcii.yaml")[0]).clone()
-}
-
-/// A `dataset_exists` answering for these `namespace/name` keys.
-fn datasets(keys: &[&str]) -> impl Fn(&str) -> bool {
-    let keys: BTreeSet<String> = keys.iter().map(|key| (*key).to_owned()).collect();
-    move |key: &str| keys.contains(key)
-}
-
-/// The template's only container.
-fn container(template: &PodTemplateSpec) -> &Container {
-    let containers = &template.spec.as_ref().expect("template.spec").containers;
-    assert_eq!(containers.len(), 1, "{containers:?}");
-    &containers[0]
-}
-
-fn env(container: &Container) -> Vec<(&str, &str)> {
-    container
-        .env
-        .iter()
-        .flatten()
-        .map(|var| (var.name.as_str(), var.value.as_deref().expect("a literal value")))
-        .collect()
-}
-
-fn args(container: &Container) -> Vec<&str> {
-    container.args.iter().flatten().map(String::as_str).collect()
-}
-
-fn node_name(template: &PodTemplateSpec) -> Option<&str> {
-    template.spec.as_ref()?.node_name.as_deref()
-}
-
-fn quantity(text: &str) -> Quantity {
-    Quantity(text.to_owned())
-}
-
-fn time(text: &str) -> Time {
-    Time(text.parse().unwrap_or_else(|err| panic!("{text}: {err}")))
-}
-
-fn keys(value: &Value) -> BTreeSet<&str> {
-    value.as_object().unwrap_or_else(|| panic!("not an object: {value}")).keys().map(String::as_str).collect()
-}
-
-fn set<'a>(items: &[&'a str]) -> BTreeSet<&'a str> {
-    items.iter().copied().collect()
-}
-
-/// Every key of `value`, at any depth.
-fn all_keys(value: &Value, out: &mut BTreeSet<String>) {
-    match value {
-        Value::Object(map) => {
-            for (key, child) in map {
-                out.insert(key.clone());
-                all_keys(child, out);
-            }
-        }
-        Value::Array(items) => items.iter().for_each(|item| all_keys(item, out)),
-        _ => {}
+/// A status in (stage, phase) of `round` as the machine leaves it: the matching newest
+/// condition, the stage's input from Ready on, and from Starting on the worker, started 60 s ago
+/// (its node known once Running).
+fn status(stage: Stage, phase: Phase, round: u64) -> LifelongLearningJobStatus {
+    let worker = matches!(phase, Starting | Running).then(|| WorkerRef {
+        name: worker_name(stage, round),
+        stage: Some(stage),
+        round,
+        restarts: 0,
+        node: (phase == Running).then(|| "edge-1".into()),
+        started_at: time(-60),
+    });
+    let data = (phase != Waiting).then(|| ConditionData { input: Some(input(stage)), output: None });
+    LifelongLearningJobStatus {
+        conditions: vec![condition(stage, phase, -60)],
+        start_time: time(-3600),
+        stage: Some(stage),
+        phase: Some(phase),
+        round,
+        phase_since: time(-60),
+        data,
+        worker,
+        ..LifelongLearningJobStatus::default()
     }
 }
 
-/// The documents of a file as plain JSON values, by document number (from 1; empty ones too).
-fn raw_documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|document| serde::Deserialize::deserialize(document).unwrap_or_else(|err| panic!("{path:?}: {err}")))
-        .collect()
+/// The model an earlier round deployed.
+fn deployed(round: u64) -> DeployedModel {
+    DeployedModel { round, url: model("old").url, format: "pkl".into(), metrics: None, since: time(-7200) }
 }
 
-/// Checks that everything in `original` (the document as written) is in `written` (the object
-/// serialized back) at the same path, and returns where the two differ in form only: a number
-/// that comes back as the same number of another type (`500` → `500.0`), a number that comes
-/// back as a quantity string (`cpu: 6` → `"6"`), a null that is left out.
-fn kept(path: &str, original: &Value, written: Option<&Value>, changes: &mut Vec<String>) {
-    match (original, written) {
-        (Value::Null, None) => changes.push(format!("{path}: null left out")),
-        (Value::Object(original), Some(Value::Object(written))) => {
-            for (key, value) in original {
-                kept(&format!("{path}.{key}"), value, written.get(key), changes);
-            }
-        }
-        (Value::Array(original), Some(Value::Array(written))) => {
-            assert_eq!(original.len(), written.len(), "{path}: {original:?} came back as {written:?}");
-            for (i, (original, written)) in original.iter().zip(written).enumerate() {
-                kept(&format!("{path}[{i}]"), original, Some(written), changes);
-            }
-        }
-        (Value::Number(a), Some(Value::Number(b))) => {
-            assert_eq!(a.as_f64(), b.as_f64(), "{path}: {a} came back as {b}");
-            if a.to_string() != b.to_string() {
-                changes.push(format!("{path}: {a} -> {b}"));
-            }
-        }
-        (Value::Number(a), Some(Value::String(b))) if a.to_string() == *b => {
-            changes.push(format!("{path}: {a} -> {b:?}"));
-        }
-        (original, written) => assert_eq!(Some(original), written, "{path}"),
+fn report(stage: Stage, round: u64, kind: Phase) -> Report {
+    Report { job_uid: UID.into(), round, stage: Some(stage), status: Some(kind), ..Report::default() }
+}
+
+fn ready(stage: Stage, round: u64) -> Report {
+    Report { data: ConditionData { input: Some(input(stage)), output: None }, ..report(stage, round, Ready) }
+}
+
+fn completed(stage: Stage, round: u64, models: &[&str]) -> Report {
+    let output = Output { models: models.iter().map(|m| model(m)).collect() };
+    Report { data: ConditionData { input: None, output: Some(output) }, ..report(stage, round, Completed) }
+}
+
+fn failed(stage: Stage, round: u64, why: &str) -> Report {
+    Report { reason: Some(why.into()), ..report(stage, round, Failed) }
+}
+
+/// The worker of (stage, round) on `edge-1`; it exited 5 s ago if Succeeded or Failed.
+fn worker(stage: Stage, round: u64, phase: WorkerPhase) -> WorkerObservation {
+    let exited = matches!(phase, WorkerPhase::Succeeded | WorkerPhase::Failed);
+    WorkerObservation {
+        name: worker_name(stage, round),
+        stage,
+        round,
+        phase,
+        restarts: 0,
+        node: Some("edge-1".into()),
+        finished_at: exited.then(|| at(-5)),
+        detail: (phase == WorkerPhase::Failed).then(|| "exit code 1".into()),
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sedna's manifests load unchanged, every field where it belongs
+// The case and its runner
+
+type ActionCheck = Box<dyn Fn(&[Action]) -> bool>;
+type StepCheck = Box<dyn Fn(&Case, &Step)>;
+
+struct Case {
+    name: String,
+    job: JobView,
+    settings: Settings,
+    status: LifelongLearningJobStatus,
+    observed: Observations,
+    now: Timestamp,
+    expect: (Stage, Phase, u64),
+    /// (stage, type) of the conditions the step appends, in order.
+    appended: Vec<(Stage, Phase)>,
+    actions: ActionCheck,
+    recheck: Option<Duration>,
+    /// Anything else about the new status.
+    check: StepCheck,
+}
+
+/// A case at `at(0)` that expects nothing to happen: same (stage, phase, round), no condition,
+/// no action, no recheck.
+fn case(name: impl Into<String>, status: LifelongLearningJobStatus) -> Case {
+    let expect = (status.stage.unwrap_or(Train), status.phase.unwrap_or(Waiting), status.round);
+    Case {
+        name: name.into(),
+        job: JobView { uid: UID.into(), timeouts: [None; 3] },
+        settings: Settings::default(),
+        status,
+        observed: Observations::default(),
+        now: at(0),
+        expect,
+        appended: Vec::new(),
+        actions: Box::new(<[Action]>::is_empty),
+        recheck: None,
+        check: Box::new(|_, _| {}),
+    }
+}
+
+impl Case {
+    fn report(mut self, report: Report) -> Self {
+        self.observed.reports.push(report);
+        self
+    }
+
+    fn worker(mut self, worker: WorkerObservation) -> Self {
+        self.observed.worker = Some(worker);
+        self
+    }
+
+    fn now(mut self, secs: i64) -> Self {
+        self.now = at(secs);
+        self
+    }
+
+    fn timeout(mut self, stage: Stage, secs: u64) -> Self {
+        self.job.timeouts[stage as usize] = Some(Duration::from_secs(secs));
+        self
+    }
+
+    fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    fn expect(mut self, stage: Stage, phase: Phase, round: u64) -> Self {
+        self.expect = (stage, phase, round);
+        self
+    }
+
+    fn appended(mut self, conditions: &[(Stage, Phase)]) -> Self {
+        self.appended = conditions.to_vec();
+        self
+    }
+
+    fn actions(mut self, check: impl Fn(&[Action]) -> bool + 'static) -> Self {
+        self.actions = Box::new(check);
+        self
+    }
+
+    fn recheck(mut self, secs: u64) -> Self {
+        self.recheck = Some(Duration::from_secs(secs));
+        self
+    }
+
+    fn check(mut self, check: impl Fn(&Case, &Step) + 'static) -> Self {
+        self.check = Box::new(check);
+        self
+    }
+}
+
+fn run_case(c: &Case) -> Step {
+    let name = &c.name;
+    let out = step(&c.job, &c.status, &c.observed, c.now, &c.settings);
+    let s = &out.status;
+    assert_eq!(
+        (s.stage, s.phase, s.round),
+        (Some(c.expect.0), Some(c.expect.1), c.expect.2),
+        "{name}: (stage, phase, round)"
+    );
+    assert!((c.actions)(&out.actions), "{name}: unexpected actions {:#?}", out.actions);
+    assert_eq!(out.recheck_after, c.recheck, "{name}: recheck_after");
+
+    // The conditions: the old ones kept (the oldest dropped past the cap), the new ones appended.
+    let (before, after, k) = (&c.status.conditions, &s.conditions, c.appended.len());
+    assert_eq!(after.len(), (before.len() + k).min(MAX_CONDITIONS), "{name}: number of conditions");
+    let (kept, new) = after.split_at(after.len() - k);
+    assert_eq!(kept, &before[before.len() - kept.len()..], "{name}: the older conditions are kept as they were");
+    let types: Vec<_> = new.iter().map(|n| (n.stage, n.type_)).collect();
+    assert_eq!(types, c.appended, "{name}: conditions appended");
+    for n in new {
+        assert_eq!(n.status, "True", "{name}: condition status");
+        assert_eq!(n.last_transition_time, Some(Time(c.now)), "{name}: condition time");
+        let message = if n.type_ == Failed { s.message.clone() } else { None };
+        assert_eq!(n.message, message, "{name}: a Failed condition says why, the others say nothing");
+    }
+    if let Some(newest) = after.last() {
+        assert_eq!((Some(newest.stage), Some(newest.type_)), (s.stage, s.phase), "{name}: status = newest condition");
+    }
+    (c.check)(c, &out);
+    out
+}
+
+fn run(table: Vec<Case>) {
+    let mut names = std::collections::HashSet::new();
+    for c in &table {
+        assert!(names.insert(c.name.clone()), "{}: duplicate case name", c.name);
+        run_case(c);
+    }
+}
+
+/// Runs the cases in turn, each on the status the previous one left; returns the last status.
+fn run_chain(table: Vec<Case>) -> LifelongLearningJobStatus {
+    let mut status = LifelongLearningJobStatus::default();
+    for mut c in table {
+        c.status = status;
+        status = run_case(&c).status;
+    }
+    status
+}
+
+// Action patterns.
+
+fn stale(a: &[Action]) -> bool {
+    matches!(a, [Action::Event { warning: true, reason: "StaleReport", .. }])
+}
+
+fn ignored(a: &[Action]) -> bool {
+    matches!(a, [Action::Event { warning: true, reason: "ReportIgnored", .. }])
+}
+
+fn edge(stage: Stage, round: u64, failed: bool) -> impl Fn(&[Action]) -> bool {
+    move |a| matches!(a, [Action::Edge(n)] if *n == EdgeNotice { stage, round, failed })
+}
+
+fn starts(expected: WorkerSpec) -> impl Fn(&[Action]) -> bool {
+    move |a| matches!(a, [Action::StartWorker(s)] if *s == expected)
+}
+
+/// Deploy replaces the inference worker: stop the old ones, then start the new one.
+fn replaces(expected: WorkerSpec) -> impl Fn(&[Action]) -> bool {
+    move |a| matches!(a, [Action::StopWorkers { stage: Deploy }, Action::StartWorker(s)] if *s == expected)
+}
+
+fn restarts(expected: WorkerSpec) -> impl Fn(&[Action]) -> bool {
+    move |a| matches!(a, [Action::Event { warning: true, reason: "WorkerVanished", .. }, Action::StartWorker(s)] if *s == expected)
+}
+
+/// A failed stage: its workers stopped, a warning.
+fn stops(stage: Stage) -> impl Fn(&[Action]) -> bool {
+    move |a| matches!(a, [Action::StopWorkers { stage: s }, Action::Event { warning: true, reason: "StageFailed", .. }] if *s == stage)
+}
+
+// Status checks.
+
+fn unchanged(c: &Case, out: &Step) {
+    assert_eq!(out.status, c.status, "{}: the status must not change", c.name);
+}
+
+/// Failed: `retries` in a row, back to Train `wait` seconds from now, the message says `why`.
+fn backs_off(retries: u32, wait: u64, why: &'static str) -> impl Fn(&Case, &Step) {
+    move |c, out| {
+        let s = &out.status;
+        assert_eq!(s.retries, retries, "{}: retries", c.name);
+        assert_eq!(s.retry_at, Some(Time(later(c.now, wait))), "{}: retry_at", c.name);
+        let message = s.message.as_deref().unwrap_or_default();
+        assert!(message.contains(why), "{}: message {message:?} should contain {why:?}", c.name);
+    }
+}
+
+fn worker_ref(out: &Step) -> &WorkerRef {
+    out.status.worker.as_ref().expect("status.worker")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sedna's table, row by row (§2.2)
 
 #[test]
-fn atcii_job_loads_with_every_sedna_field() {
-    let manifests = load_fixture("lifelonglearningjob-atcii.yaml");
-    assert_eq!(manifests.len(), 1);
-    assert_eq!(manifests[0].document, 1);
-    assert_eq!(manifests[0].file, fixture("lifelonglearningjob-atcii.yaml"));
-    let job = job(&manifests[0]);
-    assert_eq!(job.metadata.name.as_deref(), Some("atcii-classifier-demo"));
-    assert_eq!(job.metadata.namespace, None);
-    assert_eq!(key(&job.metadata), "default/atcii-classifier-demo");
-    let spec = &job.spec;
-
-    assert_eq!(spec.dataset.name, "lifelong-dataset");
-    assert_eq!(spec.dataset.train_prob, 0.8);
-    assert_eq!(spec.dataset.split_policy, None);
-
-    // `start: 02:00` and `end: 24:00` are unquoted in Sedna's sample: they must stay strings.
-    let trigger = spec.train_spec.trigger.as_ref().expect("trigger");
-    assert_eq!(
-        trigger,
-        &Trigger {
-            check_period_seconds: Some(60),
-            timer: Some(Timer { start: "02:00".into(), end: "24:00".into() }),
-            condition: Some(TriggerCondition {
-                operator: ">".into(),
-                threshold: 500.0,
-                metric: "num_of_samples".into()
+fn sedna_rows() {
+    run(vec![
+        // (no condition) → (Train, Waiting)
+        case("(none) → Train Waiting, edge told", LifelongLearningJobStatus::default())
+            .expect(Train, Waiting, 0)
+            .appended(&[(Train, Waiting)])
+            .actions(edge(Train, 0, false))
+            .check(|c, out| assert_eq!(out.status.start_time, Some(Time(c.now)), "{}: startTime", c.name)),
+        // (S, Waiting), no report → nothing: the edge acts
+        case("Train Waiting, no report → nothing", status(Train, Waiting, 1)).check(unchanged),
+        case("Eval Waiting, no report → nothing", status(Eval, Waiting, 1)).check(unchanged),
+        case("Deploy Waiting, no report → nothing", status(Deploy, Waiting, 1)).check(unchanged),
+        // (Train|Eval, Ready), no worker → create it from the Ready input
+        case("Train Ready, no worker → StartWorker(Train)", status(Train, Ready, 1))
+            .expect(Train, Starting, 1)
+            .appended(&[(Train, Starting)])
+            .actions(starts(spec(Train, 1, None)))
+            .check(|c, out| {
+                let w = worker_ref(out);
+                let got = (w.stage, w.round, w.restarts, w.started_at.clone());
+                assert_eq!(got, (Some(Train), 1, 0, Some(Time(c.now))), "{}: status.worker", c.name);
             }),
-            policy: None,
-        }
-    );
-
-    let image = "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0";
-    let stages = [
-        ("train", &spec.train_spec.template, "train-worker", vec!["train.py"]),
-        ("eval", &spec.eval_spec.template, "eval-worker", vec!["eval.py"]),
-        ("deploy", &spec.deploy_spec.template, "infer-worker", vec!["inference.py"]),
-    ];
-    for (stage, template, name, expected_args) in stages {
-        assert_eq!(node_name(template), Some("edge-node"), "{stage}");
-        let container = container(template);
-        assert_eq!(container.name, name, "{stage}");
-        assert_eq!(container.image.as_deref(), Some(image), "{stage}");
-        assert_eq!(container.image_pull_policy.as_deref(), Some("IfNotPresent"), "{stage}");
-        assert_eq!(args(container), expected_args, "{stage}");
-    }
-    assert_eq!(
-        env(container(&spec.train_spec.template)),
-        [("early_stopping_rounds", "100"), ("metric_name", "mlogloss")]
-    );
-    assert_eq!(
-        env(container(&spec.eval_spec.template)),
-        [
-            ("metrics", "precision_score"),
-            ("metric_param", "{'average': 'micro'}"),
-            ("operator", "<"),
-            ("model_threshold", "0.01")
-        ]
-    );
-    let infer = container(&spec.deploy_spec.template);
-    assert_eq!(env(infer), [("UT_SAVED_URL", "/ut_saved_url"), ("infer_dataset_url", "/data/testData.csv")]);
-    let mounts: Vec<(&str, &str)> =
-        infer.volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str())).collect();
-    assert_eq!(mounts, [("utdir", "/ut_saved_url"), ("inferdata", "/data/")]);
-    let limits = infer.resources.as_ref().and_then(|r| r.limits.as_ref()).expect("limits");
-    assert_eq!(limits.get("memory"), Some(&quantity("2Gi")));
-    let volumes: Vec<(&str, &str, Option<&str>)> = spec
-        .deploy_spec
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .volumes
-        .as_ref()
-        .unwrap()
-        .iter()
-        .map(|v| {
-            let host_path = v.host_path.as_ref().expect("hostPath");
-            (v.name.as_str(), host_path.path.as_str(), host_path.type_.as_deref())
+        case(
+            "Eval Ready, no worker → StartWorker(Eval), no previous model",
+            LifelongLearningJobStatus { last_trained: Some(model("train-1")), ..status(Eval, Ready, 1) },
+        )
+        .expect(Eval, Starting, 1)
+        .appended(&[(Eval, Starting)])
+        .actions(starts(spec(Eval, 1, None))),
+        case(
+            "Train Ready with a last_trained model → previous_model",
+            LifelongLearningJobStatus { last_trained: Some(model("train-1")), ..status(Train, Ready, 2) },
+        )
+        .expect(Train, Starting, 2)
+        .appended(&[(Train, Starting)])
+        .actions(starts(spec(Train, 2, Some(model("train-1"))))),
+        case("Train Ready, only the previous round's worker → StartWorker", status(Train, Ready, 2))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .expect(Train, Starting, 2)
+            .appended(&[(Train, Starting)])
+            .actions(starts(spec(Train, 2, None))),
+        // (Train|Eval, Ready), the worker exists → no second one
+        case("Train Ready, worker Pending → no second StartWorker", status(Train, Ready, 1))
+            .worker(worker(Train, 1, WorkerPhase::Pending))
+            .expect(Train, Starting, 1)
+            .appended(&[(Train, Starting)])
+            .check(|c, out| assert_eq!(worker_ref(out).name, worker_name(Train, 1), "{}: worker name", c.name)),
+        case("Eval Ready, worker Pending → no second StartWorker", status(Eval, Ready, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Pending))
+            .expect(Eval, Starting, 1)
+            .appended(&[(Eval, Starting)]),
+        // Sedna appends one condition per sync; ours goes on to Running in the same step.
+        case("Eval Ready, worker Running → Starting and Running at once", status(Eval, Ready, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Running))
+            .expect(Eval, Running, 1)
+            .appended(&[(Eval, Starting), (Eval, Running)]),
+        // (Deploy, Ready) → replace the inference worker; Starting, not Completed (fault 8)
+        case("Deploy Ready → StopWorkers, StartWorker(Deploy), Deploy Starting", status(Deploy, Ready, 1))
+            .expect(Deploy, Starting, 1)
+            .appended(&[(Deploy, Starting)])
+            .actions(replaces(spec(Deploy, 1, None)))
+            .check(|c, out| {
+                assert_eq!(out.status.deployed, None, "{}: nothing deployed yet", c.name);
+                assert_eq!(out.status.rounds_completed, 0, "{}: rounds_completed", c.name);
+            }),
+        case(
+            "Deploy Ready, the previous round's inference worker Running → replaced",
+            LifelongLearningJobStatus { deployed: Some(deployed(1)), ..status(Deploy, Ready, 2) },
+        )
+        .worker(worker(Deploy, 1, WorkerPhase::Running))
+        .expect(Deploy, Starting, 2)
+        .appended(&[(Deploy, Starting)])
+        .actions(replaces(spec(Deploy, 2, None)))
+        .check(|c, out| assert_eq!(out.status.deployed, Some(deployed(1)), "{}: deployed", c.name)),
+        // (S, Starting|Running) + Running → (S, Running), the node recorded
+        case("Train Starting + worker Running → Running, node recorded", status(Train, Starting, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .expect(Train, Running, 1)
+            .appended(&[(Train, Running)])
+            .check(|c, out| assert_eq!(worker_ref(out).node.as_deref(), Some("edge-1"), "{}: node", c.name)),
+        case("Eval Starting + worker Running → Running, node recorded", status(Eval, Starting, 1))
+            .worker(WorkerObservation { node: Some("edge-7".into()), ..worker(Eval, 1, WorkerPhase::Running) })
+            .expect(Eval, Running, 1)
+            .appended(&[(Eval, Running)])
+            .check(|c, out| assert_eq!(worker_ref(out).node.as_deref(), Some("edge-7"), "{}: node", c.name)),
+        case("Train Running + worker Running → nothing", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .check(unchanged),
+        case("Train Starting + worker Pending → nothing", status(Train, Starting, 1))
+            .worker(WorkerObservation { node: None, ..worker(Train, 1, WorkerPhase::Pending) })
+            .check(unchanged),
+        // (S, Starting|Running) + Succeeded: wait for the result, then fail; never an empty
+        // Completed (fault 4)
+        case("Train Running + Succeeded, no result yet → waits for it", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Succeeded))
+            .recheck(25),
+        case("Eval Starting + Succeeded, no result yet → waits for it", status(Eval, Starting, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Succeeded))
+            .recheck(25),
+        case("Train Running + Succeeded, grace over → Failed", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Succeeded))
+            .now(25)
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10)
+            .check(backs_off(1, 10, "exited without reporting a result")),
+        case("Eval Running + Succeeded long ago → Failed", status(Eval, Running, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Succeeded))
+            .now(600)
+            .expect(Eval, Failed, 1)
+            .appended(&[(Eval, Failed)])
+            .actions(stops(Eval))
+            .recheck(10)
+            .check(backs_off(1, 10, "exited without reporting a result")),
+        // (S, Starting|Running) + Failed → (S, Failed), backing off (fault 7)
+        case("Train Running + worker Failed → Failed", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Failed))
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10)
+            .check(backs_off(1, 10, "exit code 1")),
+        case("Eval Starting + worker Failed → Failed", status(Eval, Starting, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Failed))
+            .expect(Eval, Failed, 1)
+            .appended(&[(Eval, Failed)])
+            .actions(stops(Eval))
+            .recheck(10)
+            .check(backs_off(1, 10, "exit code 1")),
+        case("Deploy Starting + worker Failed → Failed", status(Deploy, Starting, 1))
+            .worker(worker(Deploy, 1, WorkerPhase::Failed))
+            .expect(Deploy, Failed, 1)
+            .appended(&[(Deploy, Failed)])
+            .actions(stops(Deploy))
+            .recheck(10)
+            .check(backs_off(1, 10, "exit code 1")),
+        // (S, Starting|Running) + missing → started again, counted; past the limit Failed.
+        // Sedna stays stuck forever (fault 6).
+        case("Train Running, worker missing → StartWorker again", status(Train, Running, 1))
+            .actions(restarts(spec(Train, 1, None)))
+            .check(|c, out| assert_eq!(worker_ref(out).restarts, 1, "{}: restarts", c.name)),
+        case("Deploy Starting, worker missing → StartWorker again", status(Deploy, Starting, 1))
+            .actions(restarts(spec(Deploy, 1, None)))
+            .check(|c, out| assert_eq!(worker_ref(out).restarts, 1, "{}: restarts", c.name)),
+        case("Eval Starting, worker missing a 4th time (limit 3) → Failed", {
+            let mut s = status(Eval, Starting, 1);
+            s.worker.as_mut().unwrap().restarts = 3;
+            s
         })
-        .collect();
-    assert_eq!(
-        volumes,
-        [
-            ("utdir", "/lifelong/unseen_task/", Some("DirectoryOrCreate")),
-            ("inferdata", "/data/", Some("DirectoryOrCreate"))
-        ]
-    );
-
-    assert_eq!(spec.output_dir, "/output");
-    assert_eq!(spec.credential_name, None);
-    assert_eq!(
-        (spec.train_spec.timeout_seconds, spec.eval_spec.timeout_seconds, spec.deploy_spec.timeout_seconds),
-        (None, None, None)
-    );
-    assert_eq!(spec.deploy_spec.select_policy, None);
-    assert_eq!(job.status, None);
-
-    validate_job(job, &datasets(&["default/lifelong-dataset"])).unwrap();
-}
-
-#[test]
-fn atcii_dataset_loads_and_validates() {
-    let manifests = load_fixture("dataset-atcii.yaml");
-    assert_eq!(manifests.len(), 1);
-    let dataset = dataset(&manifests[0]);
-    assert_eq!(key(&dataset.metadata), "default/lifelong-dataset");
-    assert_eq!(
-        dataset.spec,
-        DatasetSpec {
-            url: "/data/trainData.csv".into(),
-            format: "csv".into(),
-            node_name: "edge-node".into(),
-            credential_name: None
-        }
-    );
-    assert_eq!(dataset.status, None);
-    validate_dataset(dataset).unwrap();
-}
-
-#[test]
-fn robot_dog_delivery_is_a_dataset_then_a_job() {
-    let manifests = load_fixture("robot-dog-delivery.yaml");
-    let origins: Vec<(PathBuf, usize)> = manifests.iter().map(|m| (m.file.clone(), m.document)).collect();
-    let file = fixture("robot-dog-delivery.yaml");
-    assert_eq!(origins, [(file.clone(), 1), (file.clone(), 2)]);
-    assert_eq!(manifests[1].origin(), format!("{} (document 2)", file.display()));
-
-    let dataset = dataset(&manifests[0]);
-    assert_eq!(key(&dataset.metadata), "default/lifelong-robo-dataset");
-    assert_eq!(dataset.spec.url, "/data/segmentation_data/data.txt");
-    assert_eq!(dataset.spec.format, "txt");
-    assert_eq!(dataset.spec.node_name, "sedna-mini-control-plane");
-    validate_dataset(dataset).unwrap();
-
-    let job = job(&manifests[1]);
-    let spec = &job.spec;
-    assert_eq!(key(&job.metadata), "default/robo-demo");
-    assert_eq!((spec.dataset.name.as_str(), spec.dataset.train_prob), ("lifelong-robo-dataset", 0.8));
-    let trigger = spec.train_spec.trigger.as_ref().unwrap();
-    assert_eq!(trigger.check_period_seconds, Some(30));
-    assert_eq!(trigger.timer, Some(Timer { start: "00:00".into(), end: "24:00".into() }));
-    assert_eq!(
-        trigger.condition,
-        Some(TriggerCondition { operator: ">".into(), threshold: 100.0, metric: "num_of_samples".into() })
-    );
-    assert_eq!(spec.credential_name.as_deref(), Some("mysecret"));
-    assert_eq!(spec.output_dir, "s3://kubeedge/sedna-robo/robo-demo");
-
-    let train = container(&spec.train_spec.template);
-    assert_eq!(args(train), ["train.py"]);
-    assert_eq!(train.image.as_deref(), Some("docker.io/luosiqi/sedna-robo:v0.1.2"));
-    assert_eq!(
-        env(train),
-        [
-            ("num_class", "24"),
-            ("epoches", "1"),
-            ("attribute", "real, sim"),
-            ("city", "berlin"),
-            ("BACKEND_TYPE", "PYTORCH")
-        ]
-    );
-    // `cpu: 6` is a YAML number; a Kubernetes quantity takes it.
-    let resources = train.resources.as_ref().unwrap();
-    assert_eq!(resources.limits.as_ref().unwrap().get("cpu"), Some(&quantity("6")));
-    assert_eq!(resources.requests.as_ref().unwrap().get("cpu"), Some(&quantity("4")));
-    assert_eq!(resources.limits.as_ref().unwrap().get("memory"), Some(&quantity("12Gi")));
-    let train_pod = spec.train_spec.template.spec.as_ref().unwrap();
-    assert_eq!(train_pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
-    let cache = &train_pod.volumes.as_ref().unwrap()[0];
-    let empty_dir = cache.empty_dir.as_ref().expect("emptyDir");
-    assert_eq!(
-        (cache.name.as_str(), empty_dir.medium.as_deref(), empty_dir.size_limit.as_ref()),
-        ("cache-volume", Some("Memory"), Some(&quantity("256Mi")))
-    );
-
-    let eval = container(&spec.eval_spec.template);
-    assert_eq!(args(eval), ["evaluate.py"]);
-    assert_eq!(
-        env(eval),
-        [("operator", "<"), ("model_threshold", "0"), ("num_class", "24"), ("BACKEND_TYPE", "PYTORCH")]
-    );
-
-    let deploy_pod = spec.deploy_spec.template.spec.as_ref().unwrap();
-    assert_eq!(deploy_pod.host_network, Some(true));
-    assert_eq!(args(container(&spec.deploy_spec.template)), ["predict.py"]);
-    assert_eq!(deploy_pod.volumes.as_ref().map(Vec::len), Some(3));
-
-    // The job's Dataset is the one in the same file.
-    let known = key(&dataset.metadata);
-    validate_job(job, &|key: &str| key == known).unwrap();
-}
-
-/// The spec without the empty template `metadata` and container `resources` (`{}`, or
-/// `creationTimestamp: null`) that kubectl prints.
-fn without_empty_template_parts(mut spec: LifelongLearningJobSpec) -> LifelongLearningJobSpec {
-    for template in [&mut spec.train_spec.template, &mut spec.eval_spec.template, &mut spec.deploy_spec.template] {
-        if template.metadata == Some(Default::default()) {
-            template.metadata = None;
-        }
-        for container in template.spec.iter_mut().flat_map(|pod| pod.containers.iter_mut()) {
-            if container.resources == Some(Default::default()) {
-                container.resources = None;
-            }
-        }
-    }
-    spec
-}
-
-#[test]
-fn sedna_status_reads_back() {
-    let manifests = load_fixture("lifelonglearningjob-status.yaml");
-    assert_eq!(manifests.len(), 1);
-    let job = job(&manifests[0]);
-    assert_eq!(key(&job.metadata), "default/atcii-classifier-demo");
-    assert_eq!(job.metadata.uid.as_deref(), Some("0d7c5d0e-6a2b-4c3e-9f41-2b8e1f3c7a55"));
-    assert_eq!(
-        job.metadata.annotations.as_ref().and_then(|a| a.get("sedna.io/Train")).map(String::as_str),
-        Some("edge-node")
-    );
-    // kubectl's form of the same spec (sorted keys, quoted times) reads as the sample does, but
-    // for the empty `metadata` and `resources` the API server adds to the templates.
-    assert_eq!(without_empty_template_parts(job.spec.clone()), without_empty_template_parts(atcii_job().spec));
-
-    let status = job.status.as_ref().expect("status");
-    let trace: Vec<(Stage, Phase, Option<&str>)> =
-        status.conditions.iter().map(|c| (c.stage, c.type_, c.message.as_deref())).collect();
-    let lc = Some("reported by lc");
-    assert_eq!(
-        trace,
-        [
-            (Stage::Train, Phase::Waiting, None),
-            (Stage::Train, Phase::Ready, lc),
-            (Stage::Train, Phase::Starting, None),
-            (Stage::Train, Phase::Running, None),
-            (Stage::Train, Phase::Completed, lc),
-            (Stage::Eval, Phase::Waiting, None),
-            (Stage::Eval, Phase::Ready, lc),
-            (Stage::Eval, Phase::Starting, None),
-        ]
-    );
-    for (i, condition) in status.conditions.iter().enumerate() {
-        assert_eq!(condition.status, "True", "condition {i}");
-        assert_eq!(condition.reason, None, "condition {i}");
-        assert!(condition.last_heartbeat_time.is_some(), "condition {i}");
-        assert_eq!(condition.last_heartbeat_time, condition.last_transition_time, "condition {i}");
-        assert_eq!(condition.data.is_some(), condition.message.is_some(), "condition {i}: only the LC's carry data");
-    }
-    assert_eq!(status.conditions[0].last_heartbeat_time, Some(time("2024-05-06T01:58:12Z")));
-
-    // `data` stays the JSON string Sedna wrote; it decodes as ConditionData (unknown keys such as
-    // Sedna's `classes` are dropped).
-    let data = |i: usize| -> ConditionData {
-        let text = status.conditions[i].data.as_deref().unwrap_or_else(|| panic!("condition {i} has data"));
-        serde_json::from_str(text).unwrap_or_else(|err| panic!("condition {i}: {err}: {text}"))
-    };
-    let model = Model {
-        format: "pkl".into(),
-        url: "/output/train/1/index.pkl".into(),
-        metrics: Some(json!({"mlogloss": 0.4213})),
-    };
-    assert_eq!(
-        data(1),
-        ConditionData {
-            input: Some(Input {
-                models: vec![],
-                data_url: Some("/output/data/train/1/data.csv".into()),
-                data_index_url: Some("/data/trainData.csv".into()),
-                output_dir: Some("/output/train/1".into()),
-            }),
-            output: None,
-        }
-    );
-    assert_eq!(data(4), ConditionData { input: None, output: Some(Output { models: vec![model.clone()] }) });
-    assert_eq!(
-        data(6),
-        ConditionData {
-            input: Some(Input {
-                models: vec![model],
-                data_url: Some("/output/data/eval/1/data.csv".into()),
-                data_index_url: Some("/data/trainData.csv".into()),
-                output_dir: Some("/output/eval/1".into()),
-            }),
-            output: None,
-        }
-    );
-
-    assert_eq!(
-        status.knowledge_base,
-        Some(json!({
-            "AIClasses": {"numberOfAIClasses": 0},
-            "AIModels": {"numberOfAIModels": 0},
-            "samples": {"numberOfLabeledUnseenSample": 0, "numberOfUnseenSample": 0}
-        }))
-    );
-    assert_eq!(status.start_time, Some(time("2024-05-06T01:58:12Z")));
-    assert_eq!(status.completion_time, None);
-    // Perennial's summary is absent from a status Sedna wrote.
-    assert_eq!((status.stage, status.phase, status.round, status.retries), (None, None, 0, 0));
-    assert!(status.worker.is_none() && status.deployed.is_none() && status.policies.is_empty());
-
-    validate_job(job, &datasets(&["default/lifelong-dataset"])).unwrap();
-}
-
-#[test]
-fn a_folder_loads_every_fixture_in_name_order() {
-    let manifests = manifest::load(&[fixtures()]).unwrap();
-    let seen: Vec<(String, usize, &str, String)> = manifests
-        .iter()
-        .map(|m| {
-            let file = m.file.file_name().unwrap().to_string_lossy().into_owned();
-            let (kind, meta) = match &m.object {
-                Object::Dataset(d) => ("Dataset", &d.metadata),
-                Object::Job(j) => ("LifelongLearningJob", &j.metadata),
-                Object::Pod(p) => ("Pod", &p.metadata),
+        .expect(Eval, Failed, 1)
+        .appended(&[(Eval, Failed)])
+        .actions(stops(Eval))
+        .recheck(10)
+        .check(backs_off(1, 10, "vanished 4 times")),
+        // (S, Completed) → (next(S), Waiting), the edge told
+        case("Train Completed → Eval Waiting", status(Train, Completed, 1))
+            .expect(Eval, Waiting, 1)
+            .appended(&[(Eval, Waiting)])
+            .actions(edge(Eval, 1, false))
+            .check(|c, out| assert_eq!(out.status.worker, None, "{}: worker", c.name)),
+        case("Eval Completed → Deploy Waiting", status(Eval, Completed, 1))
+            .expect(Deploy, Waiting, 1)
+            .appended(&[(Deploy, Waiting)])
+            .actions(edge(Deploy, 1, false)),
+        case("Deploy Completed → Train Waiting, the round done", {
+            let mut s = LifelongLearningJobStatus { retries: 2, rounds_completed: 4, ..status(Deploy, Completed, 5) };
+            s.worker = status(Deploy, Starting, 5).worker;
+            s
+        })
+        .expect(Train, Waiting, 5)
+        .appended(&[(Train, Waiting)])
+        .actions(edge(Train, 5, false))
+        .check(|c, out| {
+            let s = &out.status;
+            assert_eq!((s.rounds_completed, s.retries), (5, 0), "{}: rounds_completed, retries", c.name);
+            let want = DeployedModel {
+                round: 5,
+                url: model("selected").url,
+                format: "pkl".into(),
+                metrics: None,
+                since: Some(Time(c.now)),
             };
-            (file, m.document, kind, key(meta))
-        })
-        .collect();
-    let expected = [
-        ("dataset-atcii.yaml", 1, "Dataset", "default/lifelong-dataset"),
-        ("lifelonglearningjob-atcii.yaml", 1, "LifelongLearningJob", "default/atcii-classifier-demo"),
-        ("lifelonglearningjob-status.yaml", 1, "LifelongLearningJob", "default/atcii-classifier-demo"),
-        ("robot-dog-delivery.yaml", 1, "Dataset", "default/lifelong-robo-dataset"),
-        ("robot-dog-delivery.yaml", 2, "LifelongLearningJob", "default/robo-demo"),
-    ];
-    let expected: Vec<(String, usize, &str, String)> =
-        expected.iter().map(|(f, d, k, n)| ((*f).to_owned(), *d, *k, (*n).to_owned())).collect();
-    assert_eq!(seen, expected);
-    for m in &manifests {
-        assert!(m.file.starts_with(fixtures()), "{}", m.origin());
-    }
-
-    // Everything validates, each job against the Datasets of the set.
-    let keys: BTreeSet<String> = manifests
-        .iter()
-        .filter_map(|m| match &m.object {
-            Object::Dataset(d) => {
-                validate_dataset(d).unwrap_or_else(|err| panic!("{}: {err}", m.origin()));
-                Some(key(&d.metadata))
-            }
-            _ => None,
-        })
-        .collect();
-    for m in &manifests {
-        if let Object::Job(j) = &m.object {
-            validate_job(j, &|k: &str| keys.contains(k)).unwrap_or_else(|err| panic!("{}: {err}", m.origin()));
-        }
-    }
-
-    // Files and folders mix, in the order given.
-    let mixed =
-        manifest::load(&[fixture("robot-dog-delivery.yaml"), fixture("dataset-atcii.yaml"), fixtures()]).unwrap();
-    assert_eq!(mixed.len(), 3 + manifests.len());
-    assert_eq!(mixed[0].file, fixture("robot-dog-delivery.yaml"));
-    assert_eq!(mixed[2].file, fixture("dataset-atcii.yaml"));
+            assert_eq!(s.deployed, Some(want), "{}: deployed", c.name);
+            assert_eq!(s.worker, None, "{}: worker", c.name);
+        }),
+        // (S, Failed) → (Train, Waiting), but after the backoff (fault 7)
+        case(
+            "Train Failed before retry_at → nothing, recheck the rest",
+            LifelongLearningJobStatus { retries: 1, retry_at: time(7), ..status(Train, Failed, 1) },
+        )
+        .recheck(7)
+        .check(unchanged),
+        case(
+            "Eval Failed at retry_at → Train Waiting, the round failed",
+            LifelongLearningJobStatus { retries: 1, retry_at: time(0), ..status(Eval, Failed, 1) },
+        )
+        .expect(Train, Waiting, 1)
+        .appended(&[(Train, Waiting)])
+        .actions(edge(Train, 1, true))
+        .check(|c, out| {
+            let s = &out.status;
+            assert_eq!((s.retry_at.clone(), s.retries), (None, 1), "{}: retry_at, retries", c.name);
+            assert_eq!(s.worker, None, "{}: worker", c.name);
+        }),
+        case(
+            "Deploy Failed after retry_at → Train Waiting, the round failed",
+            LifelongLearningJobStatus { retries: 2, retry_at: time(-30), ..status(Deploy, Failed, 3) },
+        )
+        .expect(Train, Waiting, 3)
+        .appended(&[(Train, Waiting)])
+        .actions(edge(Train, 3, true)),
+    ]);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Round trip
-
-/// Each fixture's objects serialize back with every value Sedna wrote at the same path, and read
-/// back to the same object. Where the form changes, it says so.
-#[test]
-fn fixtures_round_trip_with_every_sedna_value() {
-    // (file, document, the paths whose form changes)
-    let null_timestamps = [
-        "spec.deploySpec.template.metadata.creationTimestamp: null left out",
-        "spec.evalSpec.template.metadata.creationTimestamp: null left out",
-        "spec.trainSpec.template.metadata.creationTimestamp: null left out",
-        "spec.trainSpec.trigger.condition.threshold: 500 -> 500.0",
-    ];
-    let cpu = |stage: &str, index: usize| {
-        let container = format!("spec.{stage}.template.spec.containers[{index}].resources");
-        [format!("{container}.limits.cpu: 6 -> \"6\""), format!("{container}.requests.cpu: 4 -> \"4\"")]
-    };
-    let mut robo: Vec<String> = ["trainSpec", "evalSpec", "deploySpec"].iter().flat_map(|s| cpu(s, 0)).collect();
-    robo.push("spec.trainSpec.trigger.condition.threshold: 100 -> 100.0".into());
-    let cases: Vec<(&str, usize, Vec<String>)> = vec![
-        ("dataset-atcii.yaml", 1, vec![]),
-        ("lifelonglearningjob-atcii.yaml", 1, vec!["spec.trainSpec.trigger.condition.threshold: 500 -> 500.0".into()]),
-        ("lifelonglearningjob-status.yaml", 1, null_timestamps.iter().map(|s| (*s).to_owned()).collect()),
-        ("robot-dog-delivery.yaml", 1, vec![]),
-        ("robot-dog-delivery.yaml", 2, robo),
-    ];
-    for (file, document, expected_changes) in cases {
-        let case = format!("{file} (document {document})");
-        let manifests = load_fixture(file);
-        let manifest = manifests.iter().find(|m| m.document == document).unwrap_or_else(|| panic!("{case}"));
-        let original = &raw_documents(&fixture(file))[document - 1];
-        let written = match &manifest.object {
-            Object::Dataset(d) => serde_json::to_value(d),
-            Object::Job(j) => serde_json::to_value(j),
-            Object::Pod(p) => serde_json::to_value(p),
-        }
-        .unwrap();
-        let mut changes = Vec::new();
-        kept("", original, Some(&written), &mut changes);
-        let mut changes: Vec<String> = changes.into_iter().map(|c| c.trim_start_matches('.').to_owned()).collect();
-        changes.sort();
-        let mut expected_changes = expected_changes;
-        expected_changes.sort();
-        assert_eq!(changes, expected_changes, "{case}");
-
-        // And it reads back the same.
-        match &manifest.object {
-            Object::Dataset(d) => {
-                let again: Dataset = serde_json::from_value(written).unwrap();
-                assert_eq!((&again.metadata, &again.spec, &again.status), (&d.metadata, &d.spec, &d.status), "{case}");
-            }
-            Object::Job(j) => {
-                let again: LifelongLearningJob = serde_json::from_value(written).unwrap();
-                assert_eq!((&again.metadata, &again.spec, &again.status), (&j.metadata, &j.spec, &j.status), "{case}");
-            }
-            Object::Pod(_) => unreachable!(),
-        }
-    }
-}
+// Fault 3: reports are checked against (uid, round, stage, phase); a stale one changes nothing
 
 #[test]
-fn serialized_job_keeps_sedna_names_and_leaves_out_absent_fields() {
-    for file in ["lifelonglearningjob-atcii.yaml", "robot-dog-delivery.yaml", "lifelonglearningjob-status.yaml"] {
-        let manifests = load_fixture(file);
-        let job = job(manifests.last().unwrap());
-        let json = serde_json::to_value(job).unwrap();
-        assert_eq!(json["apiVersion"], "sedna.io/v1alpha1", "{file}");
-        assert_eq!(json["kind"], "LifelongLearningJob", "{file}");
-        let spec = &json["spec"];
-        let mut expected = set(&["dataset", "trainSpec", "evalSpec", "deploySpec", "outputDir"]);
-        if job.spec.credential_name.is_some() {
-            expected.insert("credentialName");
-        }
-        assert_eq!(keys(spec), expected, "{file}: spec");
-        assert_eq!(keys(&spec["dataset"]), set(&["name", "trainProb"]), "{file}: spec.dataset");
-        assert_eq!(keys(&spec["trainSpec"]), set(&["template", "trigger"]), "{file}: spec.trainSpec");
-        assert_eq!(
-            keys(&spec["trainSpec"]["trigger"]),
-            set(&["checkPeriodSeconds", "timer", "condition"]),
-            "{file}: spec.trainSpec.trigger"
-        );
-        assert_eq!(keys(&spec["trainSpec"]["trigger"]["timer"]), set(&["start", "end"]), "{file}");
-        assert_eq!(
-            keys(&spec["trainSpec"]["trigger"]["condition"]),
-            set(&["operator", "threshold", "metric"]),
-            "{file}"
-        );
-        assert_eq!(keys(&spec["evalSpec"]), set(&["template"]), "{file}: spec.evalSpec");
-        assert_eq!(keys(&spec["deploySpec"]), set(&["template"]), "{file}: spec.deploySpec");
-        for stage in ["trainSpec", "evalSpec", "deploySpec"] {
-            assert!(spec[stage]["template"]["spec"]["nodeName"].is_string(), "{file}: {stage}");
-            assert!(spec[stage]["template"]["spec"]["containers"][0]["imagePullPolicy"].is_string(), "{file}");
-        }
-        // None of Perennial's optional fields anywhere.
-        let mut names = BTreeSet::new();
-        all_keys(&json, &mut names);
-        for absent in ["splitPolicy", "policy", "selectPolicy", "timeoutSeconds"] {
-            assert!(!names.contains(absent), "{file}: {absent} is written though absent");
-        }
-        assert_eq!(json.get("status").is_some(), job.status.is_some(), "{file}: status");
-    }
-
-    // The status: Sedna's names, `type` for the phase, `data` still a string.
-    let manifests = load_fixture("lifelonglearningjob-status.yaml");
-    let json = serde_json::to_value(job(&manifests[0])).unwrap();
-    let status = &json["status"];
-    for key in ["conditions", "knowledgeBase", "startTime"] {
-        assert!(status.get(key).is_some(), "status.{key}");
-    }
-    assert!(status.get("completionTime").is_none());
-    let ready = &status["conditions"][1];
-    assert_eq!(
-        keys(ready),
-        set(&["type", "status", "stage", "lastHeartbeatTime", "lastTransitionTime", "message", "data"])
-    );
-    assert_eq!((&ready["type"], &ready["stage"], &ready["status"]), (&json!("Ready"), &json!("Train"), &json!("True")));
-    assert_eq!(ready["lastHeartbeatTime"], "2024-05-06T02:03:40Z");
-    assert!(ready["data"].as_str().unwrap().starts_with(r#"{"input":{"dataURL":"#));
-    assert_eq!(
-        keys(&status["conditions"][0]),
-        set(&["type", "status", "stage", "lastHeartbeatTime", "lastTransitionTime"])
-    );
-}
-
-#[test]
-fn dataset_status_round_trips_under_sedna_names() {
-    let text = r#"
-apiVersion: sedna.io/v1alpha1
-kind: Dataset
-metadata: {name: lifelong-dataset, namespace: default}
-spec: {url: /data/trainData.csv, format: csv, nodeName: edge-node, credentialName: minio-secret}
-status: {numberOfSamples: 1234, updateTime: "2024-05-06T02:03:30Z"}
-"#;
-    let manifests = manifest::parse(text, Path::new("inline.yaml")).unwrap();
-    let dataset = dataset(&manifests[0]);
-    assert_eq!(dataset.spec.credential_name.as_deref(), Some("minio-secret"));
-    assert_eq!(
-        dataset.status,
-        Some(DatasetStatus { number_of_samples: 1234, update_time: Some(time("2024-05-06T02:03:30Z")) })
-    );
-    let json = serde_json::to_value(dataset).unwrap();
-    assert_eq!(keys(&json["spec"]), set(&["url", "format", "nodeName", "credentialName"]));
-    assert_eq!(json["status"], json!({"numberOfSamples": 1234, "updateTime": "2024-05-06T02:03:30Z"}));
-    let again: Dataset = serde_json::from_value(json).unwrap();
-    assert_eq!((again.spec, again.status), (dataset.spec.clone(), dataset.status.clone()));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Perennial's optional fields, and the built-in rules they default to
-
-const SHA: &str = "3f5a0c1d9e8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a29";
-
-/// The atcii job with every Perennial field set.
-fn perennial_job_text() -> String {
-    format!(
-        r#"
-apiVersion: sedna.io/v1alpha1
-kind: LifelongLearningJob
-metadata: {{name: atcii-perennial, namespace: edge}}
-spec:
-  dataset:
-    name: lifelong-dataset
-    trainProb: 0.8
-    splitPolicy:
-      plugin: builtin:ratio-split
-      config: {{trainProb: 0.7}}
-  trainSpec:
-    timeoutSeconds: 3600
-    template:
-      spec:
-        containers: [{{name: train-worker, image: "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0"}}]
-    trigger:
-      checkPeriodSeconds: 30
-      policy:
-        plugin: https://plugins.example.org/count-or-age-trigger.wasm
-        sha256: {SHA}
-        config: {{count: 100, maxAgeSeconds: 86400}}
-        limits: {{timeoutMs: 50, memoryMiB: 16}}
-        onError: hold
-  evalSpec:
-    timeoutSeconds: 600
-    template:
-      spec:
-        containers: [{{name: eval-worker, image: "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0"}}]
-  deploySpec:
-    timeoutSeconds: 120
-    selectPolicy:
-      plugin: builtin:metric-select
-      config: {{metric: precision_score, mode: max}}
-    template:
-      spec:
-        containers: [{{name: infer-worker, image: "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0"}}]
-  outputDir: s3://bucket/atcii
-"#
-    )
-}
-
-#[test]
-fn perennial_optional_fields_parse_and_are_the_policies_used() {
-    let manifests = manifest::parse(&perennial_job_text(), Path::new("perennial.yaml")).unwrap();
-    let job = job(&manifests[0]);
-    let spec = &job.spec;
-
-    let split = spec.dataset.split_policy.as_ref().expect("splitPolicy");
-    assert_eq!(split, &PolicyRef::new("builtin:ratio-split").with_config(json!({"trainProb": 0.7})));
-
-    let trigger = PolicyRef {
-        plugin: "https://plugins.example.org/count-or-age-trigger.wasm".into(),
-        sha256: Some(SHA.into()),
-        config: Some(json!({"count": 100, "maxAgeSeconds": 86400})),
-        limits: Limits { timeout_ms: 50, memory_mib: 16 },
-        on_error: OnError::Hold,
-    };
-    assert_eq!(spec.train_spec.trigger.as_ref().and_then(|t| t.policy.as_ref()), Some(&trigger));
-    assert_eq!(spec.trigger_policy(), trigger);
-
-    let select =
-        PolicyRef::new("builtin:metric-select").with_config(json!({"metric": "precision_score", "mode": "max"}));
-    assert_eq!(spec.deploy_spec.select_policy.as_ref(), Some(&select));
-    assert_eq!(spec.select_policy(), select);
-
-    assert_eq!(
-        (spec.train_spec.timeout_seconds, spec.eval_spec.timeout_seconds, spec.deploy_spec.timeout_seconds),
-        (Some(3600), Some(600), Some(120))
-    );
-    validate_job(job, &datasets(&["edge/lifelong-dataset"])).unwrap();
-
-    // Written back under their names.
-    let json = serde_json::to_value(job).unwrap();
-    let spec = &json["spec"];
-    assert_eq!(spec["dataset"]["splitPolicy"]["plugin"], "builtin:ratio-split");
-    assert_eq!(
-        spec["trainSpec"]["trigger"]["policy"],
-        json!({
-            "plugin": "https://plugins.example.org/count-or-age-trigger.wasm",
-            "sha256": SHA,
-            "config": {"count": 100, "maxAgeSeconds": 86400},
-            "limits": {"timeoutMs": 50, "memoryMiB": 16},
-            "onError": "hold"
-        })
-    );
-    assert_eq!(spec["deploySpec"]["selectPolicy"]["plugin"], "builtin:metric-select");
-    for (stage, seconds) in [("trainSpec", 3600), ("evalSpec", 600), ("deploySpec", 120)] {
-        assert_eq!(spec[stage]["timeoutSeconds"], seconds, "{stage}");
-    }
-    let again: LifelongLearningJob = serde_json::from_value(json).unwrap();
-    assert_eq!(&again.spec, &job.spec);
-}
-
-#[test]
-fn absent_policies_are_sedna_rules() {
-    // (fixture, the trigger config Sedna's fields make)
-    let cases = [
-        (
-            "lifelonglearningjob-atcii.yaml",
-            json!({
-                "checkPeriodSeconds": 60,
-                "timer": {"start": "02:00", "end": "24:00"},
-                "condition": {"operator": ">", "threshold": 500.0, "metric": "num_of_samples"}
-            }),
-        ),
-        (
-            "robot-dog-delivery.yaml",
-            json!({
-                "checkPeriodSeconds": 30,
-                "timer": {"start": "00:00", "end": "24:00"},
-                "condition": {"operator": ">", "threshold": 100.0, "metric": "num_of_samples"}
-            }),
-        ),
-    ];
-    for (file, config) in cases {
-        let manifests = load_fixture(file);
-        let spec = &job(manifests.last().unwrap()).spec;
-        let trigger = spec.trigger_policy();
-        assert_eq!(trigger, PolicyRef::new("builtin:threshold-trigger").with_config(config), "{file}");
-        assert_eq!(trigger.limits, Limits::default(), "{file}");
-        assert_eq!(trigger.on_error, OnError::Fallback, "{file}");
-        assert_eq!(trigger.validate().unwrap().source, Source::Builtin("threshold-trigger".into()), "{file}");
-        let select = spec.select_policy();
-        assert_eq!(select, PolicyRef::new("builtin:first-select"), "{file}");
-        assert_eq!(select.validate().unwrap().source, Source::Builtin("first-select".into()), "{file}");
-    }
-
-    // A policy wins over Sedna's condition beside it; no trigger at all is an empty config.
-    let mut spec = atcii_job().spec;
-    let policy = PolicyRef::new("builtin:threshold-trigger")
-        .with_config(json!({"condition": {"operator": "ge", "threshold": 1}}));
-    spec.train_spec.trigger.as_mut().unwrap().policy = Some(policy.clone());
-    assert_eq!(spec.trigger_policy(), policy);
-    spec.train_spec.trigger = None;
-    assert_eq!(spec.trigger_policy(), PolicyRef::new("builtin:threshold-trigger").with_config(json!({})));
-}
-
-/// Loads `spec.trigger_policy()` into the real built-in component, as the edge does.
-fn configure_builtin_trigger(spec: &LifelongLearningJobSpec) -> Result<String, String> {
-    let reference = spec.trigger_policy();
-    let valid = reference.validate()?;
-    let Source::Builtin(name) = &valid.source else { panic!("not a built-in: {}", reference.plugin) };
-    let bytes = builtin::component(name).expect("built in");
-    let host = PolicyHost::new(None, None).map_err(|err| err.to_string())?;
-    let events = Arc::new(TracingEvents { job: "test".into() });
-    let policy = host.load_bytes::<TriggerKind>(&valid, bytes, events).map_err(|err| err.to_string())?;
-    Ok(policy.config().to_owned())
-}
-
-/// What validation accepts, the built-in trigger takes: Sedna's fixtures and the variations
-/// the validation table accepts.
-#[test]
-fn the_builtin_trigger_takes_what_validation_accepts() {
-    let mut specs: Vec<(String, LifelongLearningJobSpec)> = Vec::new();
-    for file in ["lifelonglearningjob-atcii.yaml", "robot-dog-delivery.yaml", "lifelonglearningjob-status.yaml"] {
-        let manifests = load_fixture(file);
-        specs.push((file.to_owned(), job(manifests.last().unwrap()).spec.clone()));
-    }
-    let base = atcii_job();
-    let variations: Vec<(String, Box<dyn Fn(&mut Trigger)>)> = vec![
-        ("no timer".into(), Box::new(|t| t.timer = None)),
-        ("no checkPeriodSeconds".into(), Box::new(|t| t.check_period_seconds = None)),
-        (
-            "timer 22:00-02:00".into(),
-            Box::new(|t| t.timer = Some(Timer { start: "22:00".into(), end: "02:00".into() })),
-        ),
-        (
-            "timer 00:00-23:59".into(),
-            Box::new(|t| t.timer = Some(Timer { start: "00:00".into(), end: "23:59".into() })),
-        ),
-    ];
-    let operators = [">", "gt", ">=", "ge", "<", "lt", "<=", "le", "=", "==", "eq", "!=", "ne"];
-    let metrics = ["num_of_samples", "num_of_eval_samples", "total_samples", "rounds_completed"];
-    let variations = variations
-        .into_iter()
-        .chain(operators.iter().map(|op| -> (String, Box<dyn Fn(&mut Trigger)>) {
-            (format!("operator {op}"), Box::new(move |t| t.condition.as_mut().unwrap().operator = (*op).into()))
-        }))
-        .chain(metrics.iter().map(|metric| -> (String, Box<dyn Fn(&mut Trigger)>) {
-            (format!("metric {metric}"), Box::new(move |t| t.condition.as_mut().unwrap().metric = (*metric).into()))
-        }));
-    for (case, edit) in variations {
-        let mut job = base.clone();
-        edit(job.spec.train_spec.trigger.as_mut().unwrap());
-        specs.push((case, job.spec));
-    }
-    for (case, spec) in specs {
-        let job = LifelongLearningJob::new("atcii-classifier-demo", spec.clone());
-        let accepted = validate_job(&job, &|_: &str| true);
-        assert!(accepted.is_ok(), "{case}: {accepted:?}");
-        let config = configure_builtin_trigger(&spec).unwrap_or_else(|err| panic!("{case}: {err}"));
-        let config: Value = serde_json::from_str(&config).unwrap();
-        assert_eq!(Some(config), spec.trigger_policy().config, "{case}");
-    }
-}
-
-#[test]
-#[ignore = "BUG: validate_job accepts trigger.checkPeriodSeconds 0 (it only refuses negatives), but the \
-            built-in threshold-trigger refuses it at configure (\"checkPeriodSeconds: must be at least 1\"), so \
-            a job that validates cannot start its trigger. Sedna takes 0 (it ignores the field)."]
-fn bug_check_period_zero_validates_but_the_builtin_trigger_refuses_it() {
-    let mut job = atcii_job();
-    job.spec.train_spec.trigger.as_mut().unwrap().check_period_seconds = Some(0);
-    if validate_job(&job, &datasets(&["default/lifelong-dataset"])).is_ok() {
-        let configured = configure_builtin_trigger(&job.spec);
-        assert!(configured.is_ok(), "checkPeriodSeconds 0 validates, and then: {configured:?}");
-    }
-}
-
-#[test]
-#[ignore = "BUG: validate_job's timer check parses HH with str::parse::<u32>, which takes a leading '+', so \
-            \"+2:00\" passes as a time; and it refuses an empty window by comparing the strings, so start \
-            \"+2:00\" end \"02:00\" validates while the built-in threshold-trigger (comparing minutes) refuses it \
-            as an empty window."]
-fn bug_timer_with_a_plus_sign_validates_but_the_builtin_trigger_refuses_it() {
-    let mut job = atcii_job();
-    job.spec.train_spec.trigger.as_mut().unwrap().timer = Some(Timer { start: "+2:00".into(), end: "02:00".into() });
-    let validated = validate_job(&job, &datasets(&["default/lifelong-dataset"]));
-    let configured = configure_builtin_trigger(&job.spec);
-    assert_eq!(validated.is_ok(), configured.is_ok(), "validation: {validated:?}; the trigger: {configured:?}");
-    let errors = validated.unwrap_err().errors;
-    assert!(errors.iter().any(|e| e.starts_with("spec.trainSpec.trigger.timer.start: \"+2:00\"")), "{errors:?}");
-}
-
-// ---------------------------------------------------------------------------------------------
-// Validation: one case per rule
-
-type JobEdit = Box<dyn Fn(&mut LifelongLearningJob)>;
-
-/// A change to the atcii job and the errors it must give, each `(field, reason)`: the line starts
-/// with `field: ` and contains `reason`. No errors: it must validate.
-struct JobCase {
-    case: String,
-    edit: JobEdit,
-    errors: Vec<(String, String)>,
-}
-
-fn case(
-    name: impl Into<String>,
-    edit: impl Fn(&mut LifelongLearningJob) + 'static,
-    errors: &[(&str, &str)],
-) -> JobCase {
-    JobCase {
-        case: name.into(),
-        edit: Box::new(edit),
-        errors: errors.iter().map(|(f, r)| ((*f).to_owned(), (*r).to_owned())).collect(),
-    }
-}
-
-fn trigger_mut(job: &mut LifelongLearningJob) -> &mut Trigger {
-    job.spec.train_spec.trigger.as_mut().unwrap()
-}
-
-fn condition_mut(job: &mut LifelongLearningJob) -> &mut TriggerCondition {
-    trigger_mut(job).condition.as_mut().unwrap()
-}
-
-fn timer(start: &'static str, end: &'static str) -> impl Fn(&mut LifelongLearningJob) {
-    move |job| trigger_mut(job).timer = Some(Timer { start: start.into(), end: end.into() })
-}
-
-/// Checks that `errors` are exactly `expected`, each line naming its field and reason.
-fn assert_errors(case: &str, errors: &[String], expected: &[(String, String)]) {
-    assert_eq!(errors.len(), expected.len(), "{case}: {errors:#?}");
-    for (field, reason) in expected {
-        let found = errors.iter().any(|line| line.starts_with(&format!("{field}: ")) && line.contains(reason.as_str()));
-        assert!(found, "{case}: no error `{field}: ...{reason}...` in {errors:#?}");
-    }
-}
-
-fn run_job_cases(cases: Vec<JobCase>) {
-    let base = atcii_job();
-    let exists = datasets(&["default/lifelong-dataset"]);
-    for JobCase { case, edit, errors } in cases {
-        let mut job = base.clone();
-        edit(&mut job);
-        match (validate_job(&job, &exists), errors.is_empty()) {
-            (Ok(()), true) => {}
-            (Ok(()), false) => panic!("{case}: accepted, expected {errors:?}"),
-            (Err(err), true) => panic!("{case}: refused: {err}"),
-            (Err(err), false) => {
-                assert_eq!(err.object, format!("LifelongLearningJob {}", key(&job.metadata)), "{case}");
-                assert_errors(&case, &err.errors, &errors);
-            }
-        }
-    }
-}
-
-#[test]
-fn validate_job_train_prob() {
-    run_job_cases(vec![
-        case(
-            "trainProb -0.1",
-            |j| j.spec.dataset.train_prob = -0.1,
-            &[("spec.dataset.trainProb", "-0.1 is outside [0, 1]")],
-        ),
-        case(
-            "trainProb 1.5",
-            |j| j.spec.dataset.train_prob = 1.5,
-            &[("spec.dataset.trainProb", "1.5 is outside [0, 1]")],
-        ),
-        case("trainProb NaN", |j| j.spec.dataset.train_prob = f64::NAN, &[("spec.dataset.trainProb", "is outside")]),
-        case("trainProb 0", |j| j.spec.dataset.train_prob = 0.0, &[]),
-        case("trainProb 1", |j| j.spec.dataset.train_prob = 1.0, &[]),
-    ]);
-}
-
-#[test]
-fn validate_job_trigger_condition() {
-    let mut cases = vec![
-        case(
-            "operator ~=",
-            |j| condition_mut(j).operator = "~=".into(),
-            &[(
-                "spec.trainSpec.trigger.condition.operator",
-                "\"~=\" is not one of > gt >= ge < lt <= le = == eq != ne",
-            )],
-        ),
-        case(
-            "operator empty",
-            |j| condition_mut(j).operator = String::new(),
-            &[("spec.trainSpec.trigger.condition.operator", "\"\" is not one of")],
-        ),
-        case(
-            "metric accuracy",
-            |j| condition_mut(j).metric = "accuracy".into(),
-            &[(
-                "spec.trainSpec.trigger.condition.metric",
-                "\"accuracy\" is not one of num_of_samples, num_of_eval_samples, total_samples, rounds_completed",
-            )],
-        ),
-        case(
-            "threshold infinite",
-            |j| condition_mut(j).threshold = f64::INFINITY,
-            &[("spec.trainSpec.trigger.condition.threshold", "inf is not a number")],
-        ),
-        case("threshold negative", |j| condition_mut(j).threshold = -3.5, &[]),
-        case(
-            "no condition",
-            |j| trigger_mut(j).condition = None,
-            &[("spec.trainSpec.trigger.condition", "missing; give operator, threshold and metric, or a policy")],
-        ),
-        case(
-            "no trigger",
-            |j| j.spec.train_spec.trigger = None,
-            &[("spec.trainSpec.trigger", "missing; give Sedna's condition or a policy")],
-        ),
-        case(
-            "checkPeriodSeconds -1",
-            |j| trigger_mut(j).check_period_seconds = Some(-1),
-            &[("spec.trainSpec.trigger.checkPeriodSeconds", "negative")],
-        ),
-        case("no checkPeriodSeconds", |j| trigger_mut(j).check_period_seconds = None, &[]),
-        case(
-            "a trigger policy: Sedna's condition beside it is not used, nor checked",
-            |j| {
-                let trigger = trigger_mut(j);
-                trigger.policy = Some(PolicyRef::new("builtin:threshold-trigger"));
-                trigger.condition.as_mut().unwrap().operator = "~=".into();
-            },
+fn stale_reports_are_ignored() {
+    let failed_1 = || LifelongLearningJobStatus { retries: 1, retry_at: time(5), ..status(Train, Failed, 1) };
+    run(vec![
+        case("another job's uid", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(Report { job_uid: "another-uid".into(), ..completed(Train, 1, &["train-1"]) }),
+        case("an old round's Failed while Running (Sedna restarted the job)", status(Train, Running, 2))
+            .worker(worker(Train, 2, WorkerPhase::Running))
+            .report(failed(Train, 1, "OOMKilled")),
+        case("an old round's Failed while Waiting", status(Eval, Waiting, 2)).report(failed(Eval, 1, "no data")),
+        case("an old round's Completed while Running", status(Train, Running, 2))
+            .worker(worker(Train, 2, WorkerPhase::Running))
+            .report(completed(Train, 1, &["train-1"])),
+        case("a Failed for another stage", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(failed(Eval, 1, "eval failed")),
+        case("a Ready for another stage", status(Eval, Waiting, 1)).report(ready(Deploy, 1)),
+        case("a duplicate Train Completed in Eval Running", status(Eval, Running, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Running))
+            .report(completed(Train, 1, &["train-1"])),
+        case("a duplicate Eval Completed in Deploy Waiting", status(Deploy, Waiting, 1)).report(completed(
+            Eval,
+            1,
+            &["eval-1"],
+        )),
+        case("a duplicate Deploy Completed after the round", status(Train, Waiting, 1)).report(completed(
+            Deploy,
+            1,
             &[],
-        ),
-    ];
-    for op in [">", "gt", ">=", "ge", "<", "lt", "<=", "le", "=", "==", "eq", "!=", "ne"] {
-        cases.push(case(format!("operator {op}"), move |j| condition_mut(j).operator = op.into(), &[]));
-    }
-    for metric in ["num_of_samples", "num_of_eval_samples", "total_samples", "rounds_completed"] {
-        cases.push(case(format!("metric {metric}"), move |j| condition_mut(j).metric = metric.into(), &[]));
-    }
-    run_job_cases(cases);
-}
-
-#[test]
-fn validate_job_trigger_timer() {
-    let not_a_time = "is not a time HH:MM (00:00 to 23:59, or 24:00 as an end)";
-    let start = "spec.trainSpec.trigger.timer.start";
-    let end = "spec.trainSpec.trigger.timer.end";
-    run_job_cases(vec![
-        case("start 25:00", timer("25:00", "24:00"), &[(start, &format!("\"25:00\" {not_a_time}"))]),
-        case("start 2:00", timer("2:00", "24:00"), &[(start, &format!("\"2:00\" {not_a_time}"))]),
-        case("start 02:60", timer("02:60", "24:00"), &[(start, &format!("\"02:60\" {not_a_time}"))]),
-        case("start 0200", timer("0200", "24:00"), &[(start, "\"0200\" is not a time")]),
-        case("start empty", timer("", "24:00"), &[(start, "\"\" is not a time")]),
-        case("start 24:00", timer("24:00", "02:00"), &[(start, "\"24:00\" is not a time")]),
-        case("end 24:01", timer("02:00", "24:01"), &[(end, "\"24:01\" is not a time")]),
-        case("end 2:00", timer("22:00", "2:00"), &[(end, "\"2:00\" is not a time")]),
-        case(
-            "start == end",
-            timer("08:00", "08:00"),
-            &[("spec.trainSpec.trigger.timer", "start and end are both \"08:00\", an empty window")],
-        ),
-        case("end 24:00", timer("02:00", "24:00"), &[]),
-        case("all day 00:00-24:00", timer("00:00", "24:00"), &[]),
-        case("wraps midnight 22:00-02:00", timer("22:00", "02:00"), &[]),
-        case("start 23:59", timer("23:59", "24:00"), &[]),
-        case("no timer", |j| trigger_mut(j).timer = None, &[]),
-    ]);
-}
-
-#[test]
-fn validate_job_output_dir() {
-    run_job_cases(vec![
-        case(
-            "outputDir http://x/y",
-            |j| j.spec.output_dir = "http://x/y".into(),
-            &[("spec.outputDir", "\"http://x/y\": scheme http:// is not supported; use a path or s3://")],
-        ),
-        case(
-            "outputDir s3://",
-            |j| j.spec.output_dir = "s3://".into(),
-            &[("spec.outputDir", "\"s3://\" has no bucket (s3://bucket/key)")],
-        ),
-        case(
-            "outputDir s3:///prefix",
-            |j| j.spec.output_dir = "s3:///prefix".into(),
-            &[("spec.outputDir", "has no bucket")],
-        ),
-        case(
-            "outputDir empty",
-            |j| j.spec.output_dir = " ".into(),
-            &[("spec.outputDir", "empty; give a path or s3://bucket/prefix")],
-        ),
-        case("outputDir /output", |j| j.spec.output_dir = "/output".into(), &[]),
-        case("outputDir s3://bucket/prefix", |j| j.spec.output_dir = "s3://bucket/prefix".into(), &[]),
-        case("outputDir s3://bucket", |j| j.spec.output_dir = "s3://bucket".into(), &[]),
-    ]);
-}
-
-#[test]
-fn validate_job_dataset_reference() {
-    run_job_cases(vec![
-        case(
-            "no such Dataset",
-            |j| j.spec.dataset.name = "other".into(),
-            &[("spec.dataset.name", "no Dataset \"other\" in namespace default")],
-        ),
-        case(
-            "the Dataset is in another namespace",
-            |j| j.metadata.namespace = Some("edge".into()),
-            &[("spec.dataset.name", "no Dataset \"lifelong-dataset\" in namespace edge")],
-        ),
-        case("explicit default namespace", |j| j.metadata.namespace = Some("default".into()), &[]),
-        case("empty dataset name", |j| j.spec.dataset.name = String::new(), &[("spec.dataset.name", "empty")]),
-    ]);
-
-    // The lookup is by `namespace/name`, the job's namespace.
-    let mut job = atcii_job();
-    job.metadata.namespace = Some("edge".into());
-    let asked = std::cell::RefCell::new(Vec::new());
-    validate_job(&job, &|key: &str| {
-        asked.borrow_mut().push(key.to_owned());
-        true
-    })
-    .unwrap();
-    assert_eq!(asked.into_inner(), ["edge/lifelong-dataset"]);
-}
-
-#[test]
-fn validate_job_policy_references() {
-    run_job_cases(vec![
-        case(
-            "splitPolicy builtin:nope",
-            |j| j.spec.dataset.split_policy = Some(PolicyRef::new("builtin:nope")),
-            &[("spec.dataset.splitPolicy.plugin", "unknown built-in \"nope\"; built-ins are")],
-        ),
-        case(
-            "trigger policy https without sha256",
-            |j| trigger_mut(j).policy = Some(https_no_sha_ref()),
-            &[(
-                "spec.trainSpec.trigger.policy.sha256",
-                "required for a remote plugin (https://plugins.example.org/trigger.wasm)",
-            )],
-        ),
-        case(
-            "trigger policy https with sha256",
-            |j| trigger_mut(j).policy = Some(PolicyRef { sha256: Some(SHA.into()), ..https_no_sha_ref() }),
-            &[],
-        ),
-        case(
-            "trigger policy http://",
-            |j| trigger_mut(j).policy = Some(PolicyRef::new("http://x.org/p.wasm")),
-            &[("spec.trainSpec.trigger.policy.plugin", "plain http:// is not allowed")],
-        ),
-        case(
-            "selectPolicy sha256 xyz",
-            |j| {
-                j.spec.deploy_spec.select_policy =
-                    Some(PolicyRef { sha256: Some("xyz".into()), ..PolicyRef::new("builtin:first-select") })
-            },
-            &[("spec.deploySpec.selectPolicy.sha256", "\"xyz\" is not 64 hex digits")],
-        ),
-        case(
-            "selectPolicy limits.timeoutMs 0",
-            |j| {
-                let limits = Limits { timeout_ms: 0, ..Limits::default() };
-                j.spec.deploy_spec.select_policy = Some(PolicyRef { limits, ..PolicyRef::new("builtin:first-select") })
-            },
-            &[("spec.deploySpec.selectPolicy.limits.timeoutMs", "0 is outside 1..=60000")],
-        ),
-        case(
-            "splitPolicy file:// relative",
-            |j| j.spec.dataset.split_policy = Some(PolicyRef::new("file://split.wasm")),
-            &[("spec.dataset.splitPolicy.plugin", "a file:// URL needs an absolute path")],
-        ),
-        case(
-            "every policy a built-in",
-            |j| {
-                j.spec.dataset.split_policy = Some(PolicyRef::new("builtin:ratio-split"));
-                trigger_mut(j).policy = Some(PolicyRef::new("builtin:threshold-trigger"));
-                j.spec.deploy_spec.select_policy = Some(PolicyRef::new("builtin:metric-select"));
-            },
-            &[],
-        ),
-    ]);
-}
-
-fn https_no_sha_ref() -> PolicyRef {
-    PolicyRef::new("https://plugins.example.org/trigger.wasm")
-}
-
-#[test]
-fn validate_job_templates_and_timeouts() {
-    run_job_cases(vec![
-        case(
-            "train template with no containers",
-            |j| j.spec.train_spec.template.spec.as_mut().unwrap().containers.clear(),
-            &[("spec.trainSpec.template.spec.containers", "a worker template needs at least one container")],
-        ),
-        case(
-            "eval template with no spec",
-            |j| j.spec.eval_spec.template.spec = None,
-            &[("spec.evalSpec.template.spec.containers", "a worker template needs at least one container")],
-        ),
-        case(
-            "deploy template with no containers",
-            |j| j.spec.deploy_spec.template.spec.as_mut().unwrap().containers.clear(),
-            &[("spec.deploySpec.template.spec.containers", "at least one container")],
-        ),
-        case(
-            "train timeoutSeconds 0",
-            |j| j.spec.train_spec.timeout_seconds = Some(0),
-            &[("spec.trainSpec.timeoutSeconds", "0; leave it out for no timeout")],
-        ),
-        case(
-            "eval timeoutSeconds 0",
-            |j| j.spec.eval_spec.timeout_seconds = Some(0),
-            &[("spec.evalSpec.timeoutSeconds", "0; leave it out")],
-        ),
-        case(
-            "deploy timeoutSeconds 0",
-            |j| j.spec.deploy_spec.timeout_seconds = Some(0),
-            &[("spec.deploySpec.timeoutSeconds", "0; leave it out")],
-        ),
-        case(
-            "timeoutSeconds 1 everywhere",
-            |j| {
-                j.spec.train_spec.timeout_seconds = Some(1);
-                j.spec.eval_spec.timeout_seconds = Some(1);
-                j.spec.deploy_spec.timeout_seconds = Some(1);
-            },
-            &[],
-        ),
-    ]);
-}
-
-#[test]
-fn validate_job_metadata_name() {
-    let not_dns = "is not a DNS-1123 name";
-    run_job_cases(vec![
-        case("no name", |j| j.metadata.name = None, &[("metadata.name", "missing")]),
-        case("empty name", |j| j.metadata.name = Some(String::new()), &[("metadata.name", "missing")]),
-        case(
-            "upper case and _",
-            |j| j.metadata.name = Some("Atcii_Demo".into()),
-            &[("metadata.name", &format!("\"Atcii_Demo\" {not_dns}"))],
-        ),
-        case("leading -", |j| j.metadata.name = Some("-atcii".into()), &[("metadata.name", not_dns)]),
-        case("trailing -", |j| j.metadata.name = Some("atcii-".into()), &[("metadata.name", not_dns)]),
-        case("64 characters", |j| j.metadata.name = Some("a".repeat(64)), &[("metadata.name", not_dns)]),
-        case("63 characters", |j| j.metadata.name = Some("a".repeat(63)), &[]),
-        case("digits and dots", |j| j.metadata.name = Some("atcii.v2-1".into()), &[]),
-    ]);
-}
-
-#[test]
-fn validate_job_reports_every_error_at_once() {
-    let mut job = atcii_job();
-    job.metadata.name = Some("Bad_Name".into());
-    job.spec.dataset.name = "missing".into();
-    job.spec.dataset.train_prob = 1.5;
-    condition_mut(&mut job).operator = "~=".into();
-    condition_mut(&mut job).metric = "accuracy".into();
-    trigger_mut(&mut job).timer = Some(Timer { start: "25:00".into(), end: "2:00".into() });
-    job.spec.eval_spec.template.spec.as_mut().unwrap().containers.clear();
-    job.spec.deploy_spec.timeout_seconds = Some(0);
-    job.spec.deploy_spec.select_policy = Some(PolicyRef::new("builtin:nope"));
-    job.spec.output_dir = "http://x/y".into();
-    let err = validate_job(&job, &datasets(&["default/lifelong-dataset"])).unwrap_err();
-    let expected: Vec<(String, String)> = [
-        ("metadata.name", "\"Bad_Name\" is not a DNS-1123 name"),
-        ("spec.dataset.name", "no Dataset \"missing\""),
-        ("spec.dataset.trainProb", "1.5 is outside [0, 1]"),
-        ("spec.trainSpec.trigger.condition.operator", "\"~=\" is not one of"),
-        ("spec.trainSpec.trigger.condition.metric", "\"accuracy\" is not one of"),
-        ("spec.trainSpec.trigger.timer.start", "\"25:00\" is not a time"),
-        ("spec.trainSpec.trigger.timer.end", "\"2:00\" is not a time"),
-        ("spec.deploySpec.selectPolicy.plugin", "unknown built-in \"nope\""),
-        ("spec.evalSpec.template.spec.containers", "at least one container"),
-        ("spec.deploySpec.timeoutSeconds", "0; leave it out"),
-        ("spec.outputDir", "scheme http:// is not supported"),
+        )),
+        case("a duplicate Train Completed in the next Train Waiting", status(Train, Waiting, 1)).report(completed(
+            Train,
+            1,
+            &["train-1"],
+        )),
+        case("a result after the stage failed", failed_1()).report(completed(Train, 1, &["train-1"])).recheck(5),
+        case("a second Failed for a failed stage (not counted twice)", failed_1())
+            .report(failed(Train, 1, "again"))
+            .recheck(5),
+        case("a Ready while Failed (the edge waits for the notice)", failed_1()).report(ready(Train, 2)).recheck(5),
+        case("a Ready while Running", status(Eval, Running, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Running))
+            .report(ready(Eval, 1)),
+        case("the next round's Train Ready while Train Running", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(ready(Train, 2)),
+        case("a Deploy Completed while Deploy Starting (the worker decides)", status(Deploy, Starting, 1))
+            .worker(WorkerObservation { node: None, ..worker(Deploy, 1, WorkerPhase::Pending) })
+            .report(completed(Deploy, 1, &[])),
+        case("a report of a non-report phase (Running)", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(report(Train, 1, Running)),
     ]
-    .iter()
-    .map(|(f, r)| ((*f).to_owned(), (*r).to_owned()))
-    .collect();
-    assert_errors("every error", &err.errors, &expected);
-    assert_eq!(err.object, "LifelongLearningJob default/Bad_Name");
-    // One message: the object, then every line.
-    let message = err.to_string();
-    assert!(message.starts_with("LifelongLearningJob default/Bad_Name: metadata.name: "), "{message}");
-    for line in &err.errors {
-        assert!(message.contains(line.as_str()), "{message} lacks {line}");
-    }
-    assert_eq!(message, format!("{}: {}", err.object, err.errors.join("; ")));
-}
-
-#[test]
-fn validate_dataset_rules() {
-    type DatasetEdit = Box<dyn Fn(&mut Dataset)>;
-    let base = atcii_dataset();
-    let cases: Vec<(&str, DatasetEdit, Vec<(&str, &str)>)> = vec![
-        (
-            "format json",
-            Box::new(|d| d.spec.format = "json".into()),
-            vec![("spec.format", "\"json\" is neither txt nor csv")],
-        ),
-        ("format empty", Box::new(|d| d.spec.format = String::new()), vec![("spec.format", "is neither txt nor csv")]),
-        ("format CSV", Box::new(|d| d.spec.format = "CSV".into()), vec![]),
-        ("format Txt", Box::new(|d| d.spec.format = "Txt".into()), vec![]),
-        ("format txt", Box::new(|d| d.spec.format = "txt".into()), vec![]),
-        (
-            "nodeName empty",
-            Box::new(|d| d.spec.node_name = String::new()),
-            vec![("spec.nodeName", "empty; name the node whose agent watches the index")],
-        ),
-        ("nodeName blank", Box::new(|d| d.spec.node_name = "  ".into()), vec![("spec.nodeName", "empty")]),
-        (
-            "url ftp://",
-            Box::new(|d| d.spec.url = "ftp://host/trainData.csv".into()),
-            vec![("spec.url", "\"ftp://host/trainData.csv\": scheme ftp:// is not supported")],
-        ),
-        (
-            "url https://",
-            Box::new(|d| d.spec.url = "https://host/trainData.csv".into()),
-            vec![("spec.url", "scheme https:// is not supported")],
-        ),
-        ("url s3://", Box::new(|d| d.spec.url = "s3://".into()), vec![("spec.url", "has no bucket")]),
-        (
-            "url empty",
-            Box::new(|d| d.spec.url = String::new()),
-            vec![("spec.url", "empty; give the index file's path or s3://bucket/key")],
-        ),
-        ("url s3://bucket/key", Box::new(|d| d.spec.url = "s3://bucket/data/index.txt".into()), vec![]),
-        ("credentialName", Box::new(|d| d.spec.credential_name = Some("minio".into())), vec![]),
-        (
-            "bad name",
-            Box::new(|d| d.metadata.name = Some("Lifelong_Dataset".into())),
-            vec![("metadata.name", "is not a DNS-1123 name")],
-        ),
-        (
-            "several at once",
-            Box::new(|d| {
-                d.spec.format = "json".into();
-                d.spec.node_name = String::new();
-                d.spec.url = "ftp://x/y".into();
-            }),
-            vec![("spec.format", "neither"), ("spec.nodeName", "empty"), ("spec.url", "ftp://")],
-        ),
-    ];
-    for (case, edit, expected) in cases {
-        let mut dataset = base.clone();
-        edit(&mut dataset);
-        let expected: Vec<(String, String)> =
-            expected.iter().map(|(f, r)| ((*f).to_owned(), (*r).to_owned())).collect();
-        match validate_dataset(&dataset) {
-            Ok(()) => assert!(expected.is_empty(), "{case}: accepted, expected {expected:?}"),
-            Err(err) => {
-                assert!(!expected.is_empty(), "{case}: refused: {err}");
-                assert_eq!(err.object, format!("Dataset {}", key(&dataset.metadata)), "{case}");
-                assert_errors(case, &err.errors, &expected);
-            }
-        }
-    }
+    .into_iter()
+    .map(|c| c.actions(stale).check(unchanged))
+    .chain([case("a report without a stage", status(Train, Waiting, 1))
+        .report(Report { stage: None, ..ready(Train, 2) })
+        .actions(ignored)
+        .check(unchanged)])
+    .collect());
 }
 
 // ---------------------------------------------------------------------------------------------
-// Manifest errors name the file, the document and the field
-
-/// Writes `text` to `name` in `dir` and loads it, expecting a document error.
-fn document_error(dir: &Path, name: &str, text: &str) -> (String, usize, String, String) {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    match manifest::load(std::slice::from_ref(&path)) {
-        Err(err @ ManifestError::Document { .. }) => {
-            let display = err.to_string();
-            let ManifestError::Document { path: p, document, message } = err else { unreachable!() };
-            (p, document, message, display)
-        }
-        other => panic!("{name}: expected a document error, got {other:?}"),
-    }
-}
-
-const DATASET: &str = "apiVersion: sedna.io/v1alpha1
-kind: Dataset
-metadata: {name: lifelong-dataset}
-spec: {url: /data/trainData.csv, format: csv, nodeName: edge-node}
-";
-
-/// A minimal job with `spec.dataset` replaced by `dataset` (YAML flow text).
-fn job_text(dataset: &str, extra_train: &str) -> String {
-    format!(
-        "apiVersion: sedna.io/v1alpha1
-kind: LifelongLearningJob
-metadata: {{name: demo}}
-spec:
-  dataset: {dataset}
-  trainSpec:
-    template: {{spec: {{containers: [{{name: t, image: i}}]}}}}
-    trigger: {{condition: {{operator: '>', threshold: 1, metric: num_of_samples}}}}
-    {extra_train}
-  evalSpec: {{template: {{spec: {{containers: [{{name: e, image: i}}]}}}}}}
-  deploySpec: {{template: {{spec: {{containers: [{{name: d, image: i}}]}}}}}}
-  outputDir: /output
-"
-    )
-}
+// Reports carry (uid, round, stage): Train Ready opens round+1, the other reports are for the
+// current round
 
 #[test]
-fn the_job_text_of_the_error_cases_loads() {
-    let manifests = manifest::parse(&job_text("{name: d, trainProb: 0.5}", ""), Path::new("x.yaml")).unwrap();
-    assert_eq!(job(&manifests[0]).spec.dataset.train_prob, 0.5);
+fn report_rounds() {
+    run(vec![
+        case("Train Ready for round+1 → round 4 starts", status(Train, Waiting, 3))
+            .report(ready(Train, 4))
+            .expect(Train, Starting, 4)
+            .appended(&[(Train, Ready), (Train, Starting)])
+            .actions(starts(spec(Train, 4, None)))
+            .check(|c, out| {
+                let data = out.status.data.as_ref().and_then(|d| d.input.clone());
+                assert_eq!(data, Some(input(Train)), "{}: status.data.input", c.name);
+                assert_eq!(worker_ref(out).round, 4, "{}: worker round", c.name);
+            }),
+        case("Train Ready for the current round → stale", status(Train, Waiting, 3))
+            .report(ready(Train, 3))
+            .actions(stale)
+            .check(unchanged),
+        case("Train Ready two rounds ahead → stale", status(Train, Waiting, 3))
+            .report(ready(Train, 5))
+            .actions(stale)
+            .check(unchanged),
+        case("Eval Ready for the current round → started", status(Eval, Waiting, 3))
+            .report(ready(Eval, 3))
+            .expect(Eval, Starting, 3)
+            .appended(&[(Eval, Ready), (Eval, Starting)])
+            .actions(starts(spec(Eval, 3, None))),
+        case("Eval Ready for round+1 → stale", status(Eval, Waiting, 3))
+            .report(ready(Eval, 4))
+            .actions(stale)
+            .check(unchanged),
+        case("Deploy Ready for the current round → replaced", status(Deploy, Waiting, 3))
+            .report(ready(Deploy, 3))
+            .expect(Deploy, Starting, 3)
+            .appended(&[(Deploy, Ready), (Deploy, Starting)])
+            .actions(replaces(spec(Deploy, 3, None))),
+        case("Deploy Ready for round-1 → stale", status(Deploy, Waiting, 3))
+            .report(ready(Deploy, 2))
+            .actions(stale)
+            .check(unchanged),
+        case("the first sync with round 1's Train Ready", LifelongLearningJobStatus::default())
+            .report(ready(Train, 1))
+            .expect(Train, Starting, 1)
+            .appended(&[(Train, Waiting), (Train, Ready), (Train, Starting)])
+            .actions(|a| {
+                matches!(a, [Action::Edge(EdgeNotice { stage: Train, round: 0, failed: false }), Action::StartWorker(s)]
+                    if *s == spec(Train, 1, None))
+            }),
+        case("a stale report does not hide the good one after it", status(Train, Waiting, 3))
+            .report(ready(Train, 3))
+            .report(ready(Train, 4))
+            .expect(Train, Starting, 4)
+            .appended(&[(Train, Ready), (Train, Starting)])
+            .actions(|a| {
+                matches!(a, [Action::Event { reason: "StaleReport", .. }, Action::StartWorker(s)]
+                    if *s == spec(Train, 4, None))
+            }),
+        case("Eval Failed for the current round while Running → Failed", status(Eval, Running, 3))
+            .worker(worker(Eval, 3, WorkerPhase::Running))
+            .report(failed(Eval, 3, "eval data missing"))
+            .expect(Eval, Failed, 3)
+            .appended(&[(Eval, Failed)])
+            .actions(stops(Eval))
+            .recheck(10)
+            .check(backs_off(1, 10, "eval data missing")),
+        // The edge's selector failed: nothing was replaced, the serving worker is not stopped.
+        case("Deploy Failed from the edge while Waiting → Failed, no StopWorkers", status(Deploy, Waiting, 3))
+            .report(failed(Deploy, 3, "selector failed"))
+            .expect(Deploy, Failed, 3)
+            .appended(&[(Deploy, Failed)])
+            .actions(|a| matches!(a, [Action::Event { warning: true, reason: "StageFailed", .. }]))
+            .recheck(10)
+            .check(backs_off(1, 10, "selector failed")),
+    ]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fault 4: Train and Eval complete on the worker's result (with a model), in one step; Deploy
+// may be completed by the edge when its selector chose nothing
+
 #[test]
-fn manifest_errors_name_file_document_and_field() {
-    let dir = tempfile::tempdir().unwrap();
-    let cases: Vec<(&str, String, usize, Vec<&str>)> = vec![
-        (
-            "unknown kind, second document",
-            format!("{DATASET}---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web}}\n"),
-            2,
-            vec![
-                "Deployment (apps/v1) is not something Perennial runs; expected sedna.io/v1alpha1 Dataset or \
-                 LifelongLearningJob, or v1 Pod",
-            ],
-        ),
-        (
-            "a Sedna kind Perennial does not run",
-            "apiVersion: sedna.io/v1alpha1\nkind: Model\nmetadata: {name: m}\n".into(),
-            1,
-            vec!["Model (sedna.io/v1alpha1) is not something Perennial runs"],
-        ),
-        (
-            "a Dataset of another version",
-            "apiVersion: sedna.io/v1beta1\nkind: Dataset\nmetadata: {name: m}\n".into(),
-            1,
-            vec!["Dataset (sedna.io/v1beta1) is not something"],
-        ),
-        ("missing apiVersion", "kind: Dataset\nmetadata: {name: d}\n".into(), 1, vec!["apiVersion: missing"]),
-        ("missing kind", "apiVersion: sedna.io/v1alpha1\nmetadata: {name: d}\n".into(), 1, vec!["kind: missing"]),
-        (
-            "trainProb: high",
-            job_text("{name: d, trainProb: high}", ""),
-            1,
-            vec!["spec.dataset.trainProb: invalid type: string \"high\", expected f64"],
-        ),
-        ("trainProb missing", job_text("{name: d}", ""), 1, vec!["spec.dataset: missing field `trainProb`"]),
-        (
-            "timeoutSeconds -5",
-            job_text("{name: d, trainProb: 0.5}", "timeoutSeconds: -5"),
-            1,
-            vec!["spec.trainSpec.timeoutSeconds: invalid value: integer `-5`, expected u64"],
-        ),
-        (
-            "a policy with an unknown field",
-            job_text("{name: d, trainProb: 0.5, splitPolicy: {plugin: 'builtin:ratio-split', sha: x}}", ""),
-            1,
-            vec!["spec.dataset.splitPolicy", "unknown field `sha`"],
-        ),
-        (
-            "env value a number",
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, env: [{name: N, value: 1}]}]}\n"
-                .into(),
-            1,
-            vec!["spec.containers[0].env[0].value: invalid type: integer `1`, expected a string"],
-        ),
-        (
-            "a Dataset with no spec.url",
-            "apiVersion: sedna.io/v1alpha1\nkind: Dataset\nmetadata: {name: d}\nspec: {format: csv, nodeName: n}\n"
-                .into(),
-            1,
-            vec!["spec: missing field `url`"],
-        ),
-        (
-            "a condition of an unknown type",
-            format!(
-                "{}status:\n  conditions: [{{type: Sleeping, status: 'True', stage: Train}}]\n",
-                job_text("{name: d, trainProb: 0.5}", "")
-            ),
-            1,
-            vec!["status.conditions[0].type: unknown variant `Sleeping`"],
-        ),
-        (
-            "a condition's data not a string",
-            format!(
-                "{}status:\n  conditions: [{{type: Ready, status: 'True', stage: Train, data: {{input: {{}}}}}}]\n",
-                job_text("{name: d, trainProb: 0.5}", "")
-            ),
-            1,
-            vec!["status.conditions[0].data: invalid type: map, expected a string"],
-        ),
-        ("YAML syntax error", "apiVersion: sedna.io/v1alpha1\nkind: [Dataset\n".into(), 1, vec![]),
-        ("YAML syntax error, tab indent", "apiVersion: v1\n\tkind: Pod\n".into(), 1, vec![]),
-        ("a list, not an object", "- apiVersion: v1\n  kind: Pod\n".into(), 1, vec!["apiVersion: missing"]),
+fn results() {
+    run(vec![
+        case("Train result while Running → Completed → Eval Waiting at once", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(completed(Train, 1, &["train-1"]))
+            .expect(Eval, Waiting, 1)
+            .appended(&[(Train, Completed), (Eval, Waiting)])
+            .actions(edge(Eval, 1, false))
+            .check(|c, out| {
+                assert_eq!(out.status.last_trained, Some(model("train-1")), "{}: last_trained", c.name);
+                let n = out.status.conditions.len();
+                let data = out.status.conditions[n - 2].data.as_deref().unwrap_or_default();
+                assert!(data.contains(&model("train-1").url), "{}: the Completed condition's data {data}", c.name);
+                assert_eq!(out.status.worker, None, "{}: worker", c.name);
+            }),
+        case("Train result while Starting → Eval Waiting", status(Train, Starting, 1))
+            .report(completed(Train, 1, &["train-1"]))
+            .expect(Eval, Waiting, 1)
+            .appended(&[(Train, Completed), (Eval, Waiting)])
+            .actions(edge(Eval, 1, false))
+            .check(|c, out| assert_eq!(out.status.last_trained, Some(model("train-1")), "{}: last_trained", c.name)),
+        // Sedna's race: the exit seen with the result → one Completed, with the data.
+        case("Train result with the worker already Succeeded → one Completed", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Succeeded))
+            .report(completed(Train, 1, &["train-1"]))
+            .expect(Eval, Waiting, 1)
+            .appended(&[(Train, Completed), (Eval, Waiting)])
+            .actions(edge(Eval, 1, false)),
+        case(
+            "Eval result → Deploy Waiting, last_trained kept",
+            LifelongLearningJobStatus { last_trained: Some(model("train-1")), ..status(Eval, Running, 1) },
+        )
+        .worker(worker(Eval, 1, WorkerPhase::Running))
+        .report(completed(Eval, 1, &["eval-1"]))
+        .expect(Deploy, Waiting, 1)
+        .appended(&[(Eval, Completed), (Deploy, Waiting)])
+        .actions(edge(Deploy, 1, false))
+        .check(|c, out| assert_eq!(out.status.last_trained, Some(model("train-1")), "{}: last_trained", c.name)),
+        case("Train Completed without a model → ignored", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(completed(Train, 1, &[]))
+            .actions(ignored)
+            .check(unchanged),
+        case("Eval Completed without output → ignored", status(Eval, Running, 1))
+            .worker(worker(Eval, 1, WorkerPhase::Running))
+            .report(report(Eval, 1, Completed))
+            .actions(ignored)
+            .check(unchanged),
+        // The edge's selector chose nothing: the round is done, the old model keeps serving.
+        case("Deploy Completed from the edge while Waiting → the round done, deployed unchanged", {
+            let eval_data =
+                ConditionData { input: Some(input(Eval)), output: Some(Output { models: vec![model("eval-3")] }) };
+            LifelongLearningJobStatus {
+                deployed: Some(deployed(2)),
+                rounds_completed: 2,
+                retries: 1,
+                data: Some(eval_data),
+                ..status(Deploy, Waiting, 3)
+            }
+        })
+        .report(completed(Deploy, 3, &[]))
+        .expect(Train, Waiting, 3)
+        .appended(&[(Deploy, Completed), (Train, Waiting)])
+        .actions(edge(Train, 3, false))
+        .check(|c, out| {
+            let s = &out.status;
+            assert_eq!(s.deployed, Some(deployed(2)), "{}: deployed", c.name);
+            assert_eq!((s.rounds_completed, s.retries), (3, 0), "{}: rounds_completed, retries", c.name);
+        }),
+    ]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault 8: Deploy completes when the new inference worker runs, and fails when it cannot
+
+#[test]
+fn deploy_follows_the_inference_worker() {
+    let deploying = || LifelongLearningJobStatus {
+        deployed: Some(deployed(2)),
+        rounds_completed: 2,
+        retries: 1,
+        ..status(Deploy, Starting, 3)
+    };
+    let kept = |c: &Case, out: &Step| {
+        assert_eq!(out.status.deployed, Some(deployed(2)), "{}: deployed unchanged", c.name);
+        assert_eq!(out.status.rounds_completed, 2, "{}: rounds_completed", c.name);
+    };
+    run(vec![
+        case("inference worker Running → Completed → Train Waiting, deployed", deploying())
+            .worker(worker(Deploy, 3, WorkerPhase::Running))
+            .expect(Train, Waiting, 3)
+            .appended(&[(Deploy, Completed), (Train, Waiting)])
+            .actions(edge(Train, 3, false))
+            .check(|c, out| {
+                let s = &out.status;
+                let want = DeployedModel {
+                    round: 3,
+                    url: model("selected").url,
+                    format: "pkl".into(),
+                    metrics: None,
+                    since: Some(Time(c.now)),
+                };
+                assert_eq!(s.deployed, Some(want), "{}: deployed", c.name);
+                assert_eq!((s.rounds_completed, s.retries), (3, 0), "{}: rounds_completed, retries", c.name);
+                assert_eq!(s.worker, None, "{}: worker", c.name);
+            }),
+        case("inference worker Pending → waits", deploying())
+            .worker(WorkerObservation { node: None, ..worker(Deploy, 3, WorkerPhase::Pending) })
+            .check(unchanged),
+        case("inference worker crash-looping (4 restarts) → Failed", deploying())
+            .worker(WorkerObservation { restarts: 4, ..worker(Deploy, 3, WorkerPhase::Running) })
+            .expect(Deploy, Failed, 3)
+            .appended(&[(Deploy, Failed)])
+            .actions(stops(Deploy))
+            .recheck(20)
+            .check(move |c, out| {
+                kept(c, out);
+                backs_off(2, 20, "crash-looping (4 restarts)")(c, out);
+            }),
+        case("inference worker Failed → Failed", deploying())
+            .worker(worker(Deploy, 3, WorkerPhase::Failed))
+            .expect(Deploy, Failed, 3)
+            .appended(&[(Deploy, Failed)])
+            .actions(stops(Deploy))
+            .recheck(20)
+            .check(kept),
+        // The shell observes the current round's worker only; the old one counts as missing.
+        case("only the old round's inference worker → started again, not Completed", deploying())
+            .worker(worker(Deploy, 2, WorkerPhase::Running))
+            .actions(restarts(spec(Deploy, 3, None)))
+            .check(kept),
+    ]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault 6: crash loops and stage timeouts fail the stage
+
+#[test]
+fn crash_loops_and_timeouts() {
+    run(vec![
+        case("Train worker Running with 4 restarts (limit 3) → Failed", status(Train, Running, 1))
+            .worker(WorkerObservation { restarts: 4, ..worker(Train, 1, WorkerPhase::Running) })
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10)
+            .check(backs_off(1, 10, "crash-looping (4 restarts)")),
+        case("Train worker Running with 3 restarts (= limit) → keeps running", status(Train, Running, 1))
+            .worker(WorkerObservation { restarts: 3, ..worker(Train, 1, WorkerPhase::Running) })
+            .check(|c, out| assert_eq!(worker_ref(out).restarts, 3, "{}: restarts", c.name)),
+        case("Eval worker Pending (back-off) with 5 restarts → Failed", status(Eval, Starting, 1))
+            .worker(WorkerObservation { restarts: 5, ..worker(Eval, 1, WorkerPhase::Pending) })
+            .expect(Eval, Failed, 1)
+            .appended(&[(Eval, Failed)])
+            .actions(stops(Eval))
+            .recheck(10)
+            .check(backs_off(1, 10, "(5 restarts)")),
+        case("restart_limit 0: the first restart fails the stage", status(Train, Running, 1))
+            .settings(Settings { restart_limit: 0, ..Settings::default() })
+            .worker(WorkerObservation { restarts: 1, ..worker(Train, 1, WorkerPhase::Running) })
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10),
+        // Stage timeouts, counted from status.worker.started_at (60 s ago).
+        case("Train timeout 120 s not reached → recheck the rest", status(Train, Running, 1))
+            .timeout(Train, 120)
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .recheck(60)
+            .check(unchanged),
+        case("Train timeout 120 s reached → Failed", status(Train, Running, 1))
+            .timeout(Train, 120)
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .now(60)
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10)
+            .check(backs_off(1, 10, "longer than 120s")),
+        case("Deploy timeout 30 s passed while Pending → Failed", status(Deploy, Starting, 1))
+            .timeout(Deploy, 30)
+            .worker(worker(Deploy, 1, WorkerPhase::Pending))
+            .expect(Deploy, Failed, 1)
+            .appended(&[(Deploy, Failed)])
+            .actions(stops(Deploy))
+            .recheck(10)
+            .check(backs_off(1, 10, "longer than 30s")),
+        case("Eval's timeout does not apply to Train", status(Train, Running, 1))
+            .timeout(Eval, 10)
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .check(unchanged),
+        case("timeout nearer than the result grace → recheck at the timeout", status(Eval, Running, 1))
+            .timeout(Eval, 70)
+            .worker(worker(Eval, 1, WorkerPhase::Succeeded))
+            .recheck(10),
+        case("timeout counts from the first start, not the re-creation", {
+            let mut s = status(Train, Running, 1);
+            s.worker.as_mut().unwrap().restarts = 1;
+            s
+        })
+        .timeout(Train, 120)
+        .actions(restarts(spec(Train, 1, None)))
+        .recheck(60)
+        .check(|c, out| {
+            let w = worker_ref(out);
+            assert_eq!((w.restarts, w.started_at.clone()), (2, time(-60)), "{}: restarts, started_at", c.name);
+        }),
+        case("Train Ready with a timeout → the clock starts with the worker", status(Train, Ready, 1))
+            .timeout(Train, 120)
+            .expect(Train, Starting, 1)
+            .appended(&[(Train, Starting)])
+            .actions(starts(spec(Train, 1, None)))
+            .recheck(120),
+    ]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault 7: the backoff doubles from 10 s up to 360 s
+
+#[test]
+fn backoff_doubles_to_360s() {
+    let sedna = Settings::default();
+    let table = [
+        (0, 10),
+        (1, 10),
+        (2, 20),
+        (3, 40),
+        (4, 80),
+        (5, 160),
+        (6, 320),
+        (7, 360),
+        (8, 360),
+        (9, 360),
+        (10, 360),
+        (u32::MAX, 360),
     ];
-    for (i, (case, text, document, reasons)) in cases.into_iter().enumerate() {
-        let name = format!("case-{i}.yaml");
-        let (path, got_document, message, display) = document_error(dir.path(), &name, &text);
-        assert_eq!(path, dir.path().join(&name).display().to_string(), "{case}");
-        assert_eq!(got_document, document, "{case}: {message}");
-        assert!(
-            display.starts_with(&format!("{path} (document {document}): ")),
-            "{case}: the message names the file and document: {display}"
-        );
-        assert!(!message.is_empty(), "{case}");
-        for reason in reasons {
-            assert!(message.contains(reason), "{case}: {message:?} lacks {reason:?}");
-        }
+    for (failures, secs) in table {
+        assert_eq!(backoff(&sedna, failures), Duration::from_secs(secs), "backoff after {failures} failures");
+    }
+    let small = Settings { backoff_base: Duration::from_secs(1), backoff_max: Duration::from_secs(5), ..sedna };
+    for (failures, secs) in [(1, 1), (2, 2), (3, 4), (4, 5), (5, 5)] {
+        assert_eq!(backoff(&small, failures), Duration::from_secs(secs), "1 s..5 s: backoff after {failures} failures");
     }
 }
 
+/// The machine counts failures in a row and waits the backoff of the count.
 #[test]
-fn a_yaml_syntax_error_names_its_document() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!("{DATASET}---\napiVersion: v1\nkind: [Pod\n");
-    let (_, document, message, _) = document_error(dir.path(), "broken.yaml", &text);
-    assert_eq!(document, 2, "{message}");
-    assert!(message.contains("line") || message.contains("column"), "the position: {message}");
+fn failures_in_a_row_back_off() {
+    let table = [(0, 10), (1, 20), (2, 40), (3, 80), (4, 160), (5, 320), (6, 360), (9, 360)];
+    run(table
+        .into_iter()
+        .map(|(retries, wait)| {
+            case(
+                format!("{retries} failures before, Eval worker Failed → waits {wait}s"),
+                LifelongLearningJobStatus { retries, ..status(Eval, Running, 1) },
+            )
+            .worker(worker(Eval, 1, WorkerPhase::Failed))
+            .expect(Eval, Failed, 1)
+            .appended(&[(Eval, Failed)])
+            .actions(stops(Eval))
+            .recheck(wait)
+            .check(backs_off(retries + 1, wait, "exit code 1"))
+        })
+        .collect());
+}
+
+// ---------------------------------------------------------------------------------------------
+// A round step by step, and fault 5: the conditions are capped
+
+/// The conditions of a round, from its Train Waiting to its Deploy Completed.
+const ROUND: [(Stage, Phase); 14] = [
+    (Train, Waiting),
+    (Train, Ready),
+    (Train, Starting),
+    (Train, Running),
+    (Train, Completed),
+    (Eval, Waiting),
+    (Eval, Ready),
+    (Eval, Starting),
+    (Eval, Running),
+    (Eval, Completed),
+    (Deploy, Waiting),
+    (Deploy, Ready),
+    (Deploy, Starting),
+    (Deploy, Completed),
+];
+
+/// Sedna's 13 a round (§8): the same but for (Deploy, Starting), as Sedna completes Deploy on
+/// creating the pod.
+const SEDNA_ROUND: [(Stage, Phase); 13] = [
+    (Train, Waiting),
+    (Train, Ready),
+    (Train, Starting),
+    (Train, Running),
+    (Train, Completed),
+    (Eval, Waiting),
+    (Eval, Ready),
+    (Eval, Starting),
+    (Eval, Running),
+    (Eval, Completed),
+    (Deploy, Waiting),
+    (Deploy, Ready),
+    (Deploy, Completed),
+];
+
+fn first_sync() -> Case {
+    case("first sync", LifelongLearningJobStatus::default())
+        .appended(&[(Train, Waiting)])
+        .actions(edge(Train, 0, false))
+}
+
+/// The steps of round `r` from its Train Waiting, one observation each, from `t` seconds on.
+/// The status is filled in by `run_chain`.
+fn round_steps(r: u64, t: i64) -> Vec<Case> {
+    let previous = (r > 1).then(|| model(&format!("train-{}", r - 1)));
+    let at_step =
+        |what: &str, i: i64| case(format!("round {r}: {what}"), LifelongLearningJobStatus::default()).now(t + i);
+    vec![
+        at_step("Train Ready", 0)
+            .report(ready(Train, r))
+            .expect(Train, Starting, r)
+            .appended(&[(Train, Ready), (Train, Starting)])
+            .actions(starts(spec(Train, r, previous))),
+        at_step("train worker Running", 1)
+            .worker(worker(Train, r, WorkerPhase::Running))
+            .expect(Train, Running, r)
+            .appended(&[(Train, Running)]),
+        at_step("train result", 2)
+            .worker(worker(Train, r, WorkerPhase::Running))
+            .report(completed(Train, r, &[&format!("train-{r}")]))
+            .expect(Eval, Waiting, r)
+            .appended(&[(Train, Completed), (Eval, Waiting)])
+            .actions(edge(Eval, r, false)),
+        at_step("Eval Ready", 3)
+            .report(ready(Eval, r))
+            .expect(Eval, Starting, r)
+            .appended(&[(Eval, Ready), (Eval, Starting)])
+            .actions(starts(spec(Eval, r, None))),
+        at_step("eval worker Running", 4)
+            .worker(worker(Eval, r, WorkerPhase::Running))
+            .expect(Eval, Running, r)
+            .appended(&[(Eval, Running)]),
+        at_step("eval result", 5)
+            .worker(worker(Eval, r, WorkerPhase::Running))
+            .report(completed(Eval, r, &[&format!("eval-{r}")]))
+            .expect(Deploy, Waiting, r)
+            .appended(&[(Eval, Completed), (Deploy, Waiting)])
+            .actions(edge(Deploy, r, false)),
+        at_step("Deploy Ready", 6)
+            .report(ready(Deploy, r))
+            .expect(Deploy, Starting, r)
+            .appended(&[(Deploy, Ready), (Deploy, Starting)])
+            .actions(replaces(spec(Deploy, r, None))),
+        at_step("inference worker Running", 7)
+            .worker(worker(Deploy, r, WorkerPhase::Running))
+            .expect(Train, Waiting, r)
+            .appended(&[(Deploy, Completed), (Train, Waiting)])
+            .actions(edge(Train, r, false))
+            .check(move |c, out| {
+                let s = &out.status;
+                let got = s.deployed.as_ref().map(|d| (d.round, d.url.clone()));
+                assert_eq!(got, Some((r, model("selected").url)), "{}: deployed", c.name);
+                assert_eq!(s.rounds_completed, r, "{}: rounds_completed", c.name);
+                assert_eq!(s.last_trained, Some(model(&format!("train-{r}"))), "{}: last_trained", c.name);
+            }),
+    ]
+}
+
+fn trace(status: &LifelongLearningJobStatus) -> Vec<(Stage, Phase)> {
+    status.conditions.iter().map(|c| (c.stage, c.type_)).collect()
 }
 
 #[test]
-fn folder_and_file_errors() {
-    let dir = tempfile::tempdir().unwrap();
+fn a_round_step_by_step() {
+    let mut table = vec![first_sync()];
+    table.extend(round_steps(1, 10));
+    let end = run_chain(table);
 
-    // An empty folder, and one with no manifest files.
-    let empty = dir.path().join("empty");
-    std::fs::create_dir(&empty).unwrap();
-    let err = manifest::load(std::slice::from_ref(&empty)).unwrap_err();
-    assert!(matches!(&err, ManifestError::EmptyFolder { path } if *path == empty.display().to_string()), "{err:?}");
-    assert_eq!(err.to_string(), format!("{}: no .yaml, .yml or .json files in this folder", empty.display()));
-    std::fs::write(empty.join("README.md"), "# not a manifest\n").unwrap();
-    std::fs::create_dir(empty.join("sub.yaml")).unwrap();
-    assert!(matches!(manifest::load(std::slice::from_ref(&empty)), Err(ManifestError::EmptyFolder { .. })));
+    let mut want = ROUND.to_vec();
+    want.push((Train, Waiting));
+    assert_eq!(trace(&end), want, "round 1: the conditions");
 
-    // A missing file: the path and the OS's reason.
-    let missing = dir.path().join("missing.yaml");
-    let err = manifest::load(std::slice::from_ref(&missing)).unwrap_err();
-    match &err {
-        ManifestError::Read { path, source } => {
-            assert_eq!(*path, missing.display().to_string());
-            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
-        }
-        other => panic!("expected a read error, got {other:?}"),
+    // 14 a round: Sedna's 13 and (Deploy, Starting) before Deploy Completed.
+    let mut sedna = SEDNA_ROUND.to_vec();
+    sedna.insert(12, (Deploy, Starting));
+    assert_eq!(ROUND.to_vec(), sedna, "a round: Sedna's conditions plus (Deploy, Starting)");
+
+    // The Ready conditions carry the input, the result-carrying Completed the output.
+    let data = |i: usize| end.conditions[i].data.clone().unwrap_or_default();
+    assert!(data(1).contains("train.txt"), "round 1: Train Ready's data {}", data(1));
+    assert!(data(4).contains(&model("train-1").url), "round 1: Train Completed's data {}", data(4));
+    assert!(data(9).contains(&model("eval-1").url), "round 1: Eval Completed's data {}", data(9));
+    assert!(data(11).contains(&model("selected").url), "round 1: Deploy Ready's data {}", data(11));
+}
+
+#[test]
+fn conditions_are_capped() {
+    // Three rounds step by step: 1 + 3 × 14 = 43 conditions, the newest 30 kept (`run_case`
+    // checks every step drops only the oldest).
+    let mut table = vec![first_sync()];
+    for r in 1..=3 {
+        table.extend(round_steps(r, 100 * i64::try_from(r).unwrap()));
     }
-    assert!(err.to_string().starts_with(&format!("{}: ", missing.display())), "{err}");
-
-    // One bad file in a folder fails the folder, naming that file.
-    let folder = dir.path().join("mixed");
-    std::fs::create_dir(&folder).unwrap();
-    std::fs::write(folder.join("a.yaml"), DATASET).unwrap();
-    std::fs::write(folder.join("b.yaml"), "apiVersion: apps/v1\nkind: Deployment\n").unwrap();
-    let err = manifest::load(std::slice::from_ref(&folder)).unwrap_err();
-    assert!(err.to_string().starts_with(&format!("{} (document 1): ", folder.join("b.yaml").display())), "{err}");
-}
-
-#[test]
-fn empty_documents_are_skipped_and_counted() {
-    let text = format!("---\n# only a comment\n---\n{DATASET}---\n---\n{DATASET}---\n");
-    let manifests = manifest::parse(&text, Path::new("docs.yaml")).unwrap();
-    let documents: Vec<usize> = manifests.iter().map(|m| m.document).collect();
-    assert_eq!(documents.len(), 2, "{documents:?}");
-    // Document numbers count the empty ones, so they point at the right place in the file.
-    assert!(documents[0] < documents[1], "{documents:?}");
-    assert_eq!(documents[1] - documents[0], 2, "{documents:?}");
-
-    for text in ["", "# nothing\n", "---\n", "---\n---\n"] {
-        let manifests = manifest::parse(text, Path::new("empty.yaml")).unwrap();
-        assert!(manifests.is_empty(), "{text:?}");
+    let end = run_chain(table);
+    let mut all = vec![(Train, Waiting)];
+    for _ in 0..3 {
+        all.extend_from_slice(&ROUND[1..]);
+        all.push((Train, Waiting));
     }
+    assert_eq!(all.len(), 43, "three rounds: conditions before the cap");
+    assert_eq!(
+        trace(&end),
+        all[43 - MAX_CONDITIONS..].to_vec(),
+        "three rounds: the newest {MAX_CONDITIONS} conditions"
+    );
+    let newest = end.conditions.last().and_then(|c| c.last_transition_time.clone());
+    assert_eq!(newest, Some(Time(at(307))), "three rounds: the newest condition is the last step's");
+
+    // A full list: one more transition drops the oldest.
+    let mut full = status(Train, Completed, 1);
+    full.conditions = (0..MAX_CONDITIONS - 1).map(|i| condition(Eval, Running, -1000 + i as i64)).collect();
+    full.conditions.push(condition(Train, Completed, -60));
+    run(vec![
+        case("a full list: one more condition drops the oldest", full)
+            .expect(Eval, Waiting, 1)
+            .appended(&[(Eval, Waiting)])
+            .actions(edge(Eval, 1, false)),
+    ]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Bugs: shown, not fixed
+
+/// In Train Waiting the job's round is the finished one (Train Ready opens round+1), so a
+/// Train Failed for that finished round passes the round check and fails the job: Sedna's
+/// fault 3 (a late Failed restarts the job) remains in this state.
 #[test]
-fn pods_and_json_and_yml_files_load() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("generator.yml"),
-        "apiVersion: v1
-kind: Pod
-metadata: {name: sample-generator, namespace: edge}
-spec:
-  nodeName: edge-node
-  containers:
-  - name: gen
-    image: busybox
-    args: [sh, -c, 'echo sample >> /data/trainData.csv']
-",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("dataset.json"),
-        serde_json::to_string(&json!({
-            "apiVersion": "sedna.io/v1alpha1",
-            "kind": "Dataset",
-            "metadata": {"name": "lifelong-dataset"},
-            "spec": {"url": "/data/trainData.csv", "format": "csv", "nodeName": "edge-node"}
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("notes.txt"), "kind: [broken").unwrap();
-    let manifests = manifest::load(&[dir.path().to_owned()]).unwrap();
-    assert_eq!(manifests.len(), 2);
-    // By name: dataset.json, then generator.yml.
-    assert_eq!(dataset(&manifests[0]).spec, atcii_dataset().spec);
-    let Object::Pod(pod) = &manifests[1].object else { panic!("expected a Pod: {:?}", manifests[1].object) };
-    assert_eq!(key(&pod.metadata), "edge/sample-generator");
-    let spec = pod.spec.as_ref().unwrap();
-    assert_eq!(spec.node_name.as_deref(), Some("edge-node"));
-    assert_eq!(args(&spec.containers[0]), ["sh", "-c", "echo sample >> /data/trainData.csv"]);
+#[ignore = "BUG: a late Train Failed for the finished round fails the job in Train Waiting (fault 3)"]
+fn bug_late_train_failed_in_train_waiting() {
+    run(vec![
+        case(
+            "round 1 deployed, Train Waiting: a late Train Failed of round 1",
+            LifelongLearningJobStatus { rounds_completed: 1, deployed: Some(deployed(1)), ..status(Train, Waiting, 1) },
+        )
+        .report(failed(Train, 1, "OOMKilled"))
+        .actions(stale)
+        .check(unchanged),
+        case(
+            "round 1 failed and retried, Train Waiting: its relayed Failed arrives late",
+            LifelongLearningJobStatus { retries: 1, ..status(Train, Waiting, 1) },
+        )
+        .report(failed(Train, 1, "exit code 1"))
+        .actions(stale)
+        .check(unchanged),
+    ]);
+}
+
+/// `watch` says restarts in place add to the re-creations, and `WorkerRef.restarts` counts
+/// both, but it takes the larger of the two: a worker re-created 3 times whose new pod then
+/// restarts in place 3 times has restarted 6 times and still runs.
+#[test]
+#[ignore = "BUG: re-creations and restarts in place are not added (max instead of sum)"]
+fn bug_restarts_are_not_added() {
+    let recreated = |n| {
+        let mut s = status(Train, Running, 1);
+        s.worker.as_mut().unwrap().restarts = n;
+        s
+    };
+    run(vec![
+        case("re-created 3 times, then 1 restart in place (4 > 3) → Failed", recreated(3))
+            .worker(WorkerObservation { restarts: 1, ..worker(Train, 1, WorkerPhase::Running) })
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10),
+        case("re-created 2 times, then 2 restarts in place (4 > 3) → Failed", recreated(2))
+            .worker(WorkerObservation { restarts: 2, ..worker(Train, 1, WorkerPhase::Running) })
+            .expect(Train, Failed, 1)
+            .appended(&[(Train, Failed)])
+            .actions(stops(Train))
+            .recheck(10),
+    ]);
 }

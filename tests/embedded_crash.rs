@@ -1,0 +1,97 @@
+//! `perennial run` killed with SIGKILL in the middle of rounds (in Train, in Eval, in Deploy),
+//! then started again: the interrupted round resumes and completes, no sample is consumed twice,
+//! the round files already written are never rewritten, and no worker outlives the kill.
+
+mod support {
+    pub mod embedded;
+}
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use support::embedded::{Example, wait_exit};
+
+fn stage_index(stage: &str) -> u64 {
+    match stage {
+        "Train" => 0,
+        "Eval" => 1,
+        _ => 2,
+    }
+}
+
+#[test]
+fn killed_mid_round_it_resumes_and_consumes_nothing_twice() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let mut written: HashMap<String, Vec<u8>> = HashMap::new();
+    for (round, stage) in [(1, "Train"), (2, "Eval"), (3, "Deploy")] {
+        let mut run = example.start(&[]);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        // Kill as soon as the job is in (or past) that stage of that round, worker started.
+        loop {
+            assert!(Instant::now() < deadline, "never reached {stage} of round {round}");
+            assert!(run.try_wait().unwrap().is_none(), "perennial run exited early");
+            if let Some(s) = example.live_status() {
+                let at = (s["round"].as_u64().unwrap_or(0), stage_index(s["stage"].as_str().unwrap_or("Train")));
+                let busy = matches!(s["phase"].as_str(), Some("Starting" | "Running"));
+                if at > (round, stage_index(stage)) || at == (round, stage_index(stage)) && busy {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        run.kill().unwrap(); // SIGKILL
+        run.wait().unwrap();
+        // The generator died with it: the dataset stops growing (it appends every second).
+        let index = example.state.join("data/thermal-comfort/index.csv");
+        std::thread::sleep(Duration::from_millis(300));
+        let size = std::fs::metadata(&index).unwrap().len();
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(std::fs::metadata(&index).unwrap().len(), size, "a child process outlived the kill");
+        // What was written before the kill.
+        for entry in walk(&example.output().join("data")) {
+            let bytes = std::fs::read(&entry).unwrap();
+            written.entry(entry.display().to_string()).or_insert(bytes);
+        }
+    }
+
+    let mut run = example.start(&["--rounds", "4"]);
+    let out = wait_exit(&mut run, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let status = example.status();
+    let s = &status[0]["status"];
+    assert_eq!(s["roundsCompleted"], 4, "{s}");
+    // Round numbers went up one by one; every round trained, evaluated and deployed once.
+    let mut seen = HashSet::new();
+    for round in 1..=4 {
+        let train = example.rows(&format!("data/train/{round}/data.csv"));
+        assert!(!train.is_empty(), "round {round} trained on nothing");
+        for row in train {
+            assert!(seen.insert(row.clone()), "sample {row} was consumed twice (again in round {round})");
+        }
+        assert!(example.output().join(format!("eval/{round}/model.json")).exists(), "round {round} not evaluated");
+    }
+    assert!(!example.output().join("data/train/5").exists() || s["round"] == 5);
+    // Round files written before a kill were never rewritten.
+    for (path, before) in &written {
+        assert_eq!(&std::fs::read(path).unwrap(), before, "{path} was rewritten after a restart");
+    }
+    let deployed = std::fs::read(example.output().join("deploy/index.pkl")).unwrap();
+    assert_eq!(deployed, std::fs::read(example.output().join("eval/4/model.json")).unwrap());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return files };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
+}

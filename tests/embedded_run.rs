@@ -1,0 +1,117 @@
+//! `perennial run` end to end: the thermal-comfort example (a smaller threshold) through two
+//! rounds with real processes (the Python workers and data generator), real SQLite, the real
+//! Wasm policies and real files; then `perennial status`.
+
+mod support {
+    pub mod embedded;
+}
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use support::embedded::{Example, wait_exit};
+
+#[test]
+fn two_rounds_of_the_example_train_evaluate_and_deploy() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let mut run = example.start(&["--rounds", "2"]);
+    let out = wait_exit(&mut run, Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+
+    // A line per round, saying what was deployed and its metric.
+    for round in 1..=2 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("default/thermal-comfort round {round}: deployed ")))
+            .unwrap_or_else(|| panic!("no deploy line for round {round} in:\n{stdout}"));
+        assert!(line.contains("accuracy="), "{line}");
+    }
+
+    // Round files: each round's train samples once, no sample in two rounds, eval sets apart.
+    let mut seen = HashSet::new();
+    for round in 1..=2 {
+        let train = example.rows(&format!("data/train/{round}/data.csv"));
+        assert!(train.len() >= 150, "round {round} has {} train samples, under the threshold", train.len());
+        for row in &train {
+            assert!(seen.insert(row.clone()), "sample {row} is in two train rounds");
+        }
+        let eval = example.rows(&format!("data/eval/{round}/data.csv"));
+        assert!(!eval.is_empty(), "round {round} has an empty eval set");
+        assert!(eval.iter().all(|row| !train.contains(row)), "round {round}: an eval sample is also a train sample");
+    }
+    // Every train sample came from the dataset.
+    let index = std::fs::read_to_string(example.state.join("data/thermal-comfort/index.csv")).unwrap();
+    let dataset: HashSet<&str> = index.lines().skip(1).collect();
+    assert!(seen.iter().all(|row| dataset.contains(row.as_str())));
+
+    // The workers' outputs: round 2 continued round 1's model (HAS_COMPLETED_INITIAL_TRAINING,
+    // CLOUD_KB_INDEX), and the deployed model is round 2's evaluated one (first-select).
+    let model: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(example.output().join("train/2/model.json")).unwrap()).unwrap();
+    assert_eq!(model["history"].as_array().map(Vec::len), Some(2), "round 2 trained on from round 1: {model}");
+    let deployed = std::fs::read(example.output().join("deploy/index.pkl")).unwrap();
+    assert_eq!(deployed, std::fs::read(example.output().join("eval/2/model.json")).unwrap());
+
+    // Every report was applied and acknowledged: the edge outbox is empty.
+    let edge = rusqlite::Connection::open(example.state.join("edge.db")).unwrap();
+    let left: i64 = edge.query_row("SELECT COUNT(*) FROM outbox", [], |r| r.get(0)).unwrap();
+    assert_eq!(left, 0, "reports left unacknowledged");
+
+    // `perennial status` says it too.
+    let status = example.status();
+    let job = &status[0];
+    assert_eq!(job["job"], "default/thermal-comfort");
+    let s = &job["status"];
+    assert_eq!(s["roundsCompleted"], 2, "{s}");
+    assert_eq!(s["deployed"]["round"], 2, "{s}");
+    assert!(s["deployed"]["metrics"]["accuracy"].as_f64().is_some_and(|a| a > 0.34), "{s}");
+    assert_eq!(s["stage"], "Train");
+    assert_eq!(s["phase"], "Waiting");
+    assert!(job["samples"].as_u64().is_some_and(|n| n >= 2 * 150), "{job}");
+    for kind in ["trigger", "selector"] {
+        let policy = &s["policies"][kind];
+        assert_eq!(policy["health"], "Serving", "{kind}: {policy}");
+        assert_eq!(policy["digest"].as_str().map(str::len), Some(64), "{kind}: {policy}");
+    }
+    // Conditions in Sedna's shape, with the round's data.
+    let conditions = s["conditions"].as_array().unwrap();
+    let ready = conditions.iter().find(|c| c["stage"] == "Train" && c["type"] == "Ready").unwrap();
+    let data: serde_json::Value = serde_json::from_str(ready["data"].as_str().unwrap()).unwrap();
+    assert!(data["input"]["dataURL"].as_str().unwrap().ends_with("/data.csv"), "{data}");
+
+    let table = std::process::Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["status", "--state-dir"])
+        .arg(&example.state)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("default/thermal-comfort") && table.contains("accuracy="), "{table}");
+    assert!(table.contains("trigger builtin:threshold-trigger"), "{table}");
+
+    // Each worker's output has its own log.
+    let logs: Vec<String> = std::fs::read_dir(example.state.join("logs/default/thermal-comfort"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for prefix in ["0001-train-", "0001-eval-", "0002-train-", "0002-eval-", "0002-inference-"] {
+        assert!(logs.iter().any(|l| l.starts_with(prefix)), "no {prefix} log in {logs:?}");
+    }
+}
+
+#[test]
+fn bad_manifests_are_refused_naming_the_file_and_field_and_nothing_is_stored() {
+    let example = Example::new(|name, text| {
+        if name == "job.yaml" { text.replace("trainProb: 0.8", "trainProb: 1.5").replace("\">=\"", "\"~=\"") } else { text }
+    });
+    let out = example.start(&["--rounds", "1"]).wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("job.yaml (document 1)"), "{stderr}");
+    assert!(stderr.contains("spec.dataset.trainProb: 1.5 is outside [0, 1]"), "{stderr}");
+    assert!(stderr.contains("spec.trainSpec.trigger.condition.operator: \"~=\""), "{stderr}");
+    let db = rusqlite::Connection::open(example.state.join("control.db")).unwrap();
+    let stored: i64 = db.query_row("SELECT COUNT(*) FROM objects", [], |r| r.get(0)).unwrap();
+    assert_eq!(stored, 0, "a refused set of manifests stores nothing");
+}
