@@ -103,7 +103,11 @@ fn two_rounds_of_the_example_train_evaluate_and_deploy() {
 #[test]
 fn bad_manifests_are_refused_naming_the_file_and_field_and_nothing_is_stored() {
     let example = Example::new(|name, text| {
-        if name == "job.yaml" { text.replace("trainProb: 0.8", "trainProb: 1.5").replace("\">=\"", "\"~=\"") } else { text }
+        if name == "job.yaml" {
+            text.replace("trainProb: 0.8", "trainProb: 1.5").replace("\">=\"", "\"~=\"")
+        } else {
+            text
+        }
     });
     let out = example.start(&["--rounds", "1"]).wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -67,9 +67,8 @@ impl Example {
     pub fn live_status(&self) -> Option<serde_json::Value> {
         let db = rusqlite::Connection::open(self.state.join("control.db")).ok()?;
         db.busy_timeout(Duration::from_secs(5)).ok()?;
-        let body: String = db
-            .query_row("SELECT body FROM status WHERE job = 'default/thermal-comfort'", [], |r| r.get(0))
-            .ok()?;
+        let body: String =
+            db.query_row("SELECT body FROM status WHERE job = 'default/thermal-comfort'", [], |r| r.get(0)).ok()?;
         serde_json::from_str(&body).ok()
     }
 

@@ -127,7 +127,10 @@ impl LifelongLearningJobSpec {
         if let Some(policy) = trigger.policy {
             return policy;
         }
-        let config = serde_json::to_value(Trigger { policy: None, ..trigger }).unwrap_or_default();
+        // Sedna ignores checkPeriodSeconds; 0 there means "not set", not "ask all the time".
+        let check_period_seconds = trigger.check_period_seconds.filter(|s| *s > 0);
+        let config =
+            serde_json::to_value(Trigger { policy: None, check_period_seconds, ..trigger }).unwrap_or_default();
         PolicyRef::new("builtin:threshold-trigger").with_config(config)
     }
 

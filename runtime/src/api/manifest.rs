@@ -13,7 +13,7 @@ use super::{Dataset, LifelongLearningJob};
 /// One object read from a manifest.
 #[derive(Clone, Debug)]
 pub enum Object {
-    Dataset(Dataset),
+    Dataset(Box<Dataset>),
     Job(Box<LifelongLearningJob>),
     Pod(Box<Pod>),
 }
@@ -101,7 +101,7 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Manifest>, ManifestError> {
         let api_version = value.get("apiVersion").and_then(|v| v.as_str()).unwrap_or_default().to_owned();
         let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default().to_owned();
         let object = match (api_version.as_str(), kind.as_str()) {
-            ("sedna.io/v1alpha1", "Dataset") => Object::Dataset(typed(value).map_err(error)?),
+            ("sedna.io/v1alpha1", "Dataset") => Object::Dataset(Box::new(typed(value).map_err(error)?)),
             ("sedna.io/v1alpha1", "LifelongLearningJob") => Object::Job(Box::new(typed(value).map_err(error)?)),
             ("v1", "Pod") => Object::Pod(Box::new(typed(value).map_err(error)?)),
             ("", _) => return Err(error("apiVersion: missing".into())),

@@ -173,6 +173,9 @@ pub struct WorkerRef {
     /// Times it was restarted or recreated in this stage.
     #[serde(default)]
     pub restarts: u32,
+    /// Of those, times it was recreated after it vanished.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recreations: u32,
     /// The node it runs on, once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -259,4 +262,8 @@ pub struct LifelongLearningJobStatus {
     /// Why the job is where it is (the last decision, refusal or failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

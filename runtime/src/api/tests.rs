@@ -19,6 +19,11 @@ use crate::policy::{Limits, OnError, PolicyHost, PolicyRef, Source, TracingEvent
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
+/// Sedna's trigger operators and their aliases.
+const OPERATORS: [&str; 13] = [">", "gt", ">=", "ge", "<", "lt", "<=", "le", "=", "==", "eq", "!=", "ne"];
+/// The statistics the built-in trigger tests: Sedna's `num_of_samples` and Perennial's.
+const METRICS: [&str; 4] = ["num_of_samples", "num_of_eval_samples", "total_samples", "rounds_completed"];
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sedna")
 }
@@ -523,7 +528,7 @@ fn a_folder_loads_every_fixture_in_name_order() {
 #[test]
 fn fixtures_round_trip_with_every_sedna_value() {
     // (file, document, the paths whose form changes)
-    let null_timestamps = [
+    let status_changes = [
         "spec.deploySpec.template.metadata.creationTimestamp: null left out",
         "spec.evalSpec.template.metadata.creationTimestamp: null left out",
         "spec.trainSpec.template.metadata.creationTimestamp: null left out",
@@ -538,7 +543,7 @@ fn fixtures_round_trip_with_every_sedna_value() {
     let cases: Vec<(&str, usize, Vec<String>)> = vec![
         ("dataset-atcii.yaml", 1, vec![]),
         ("lifelonglearningjob-atcii.yaml", 1, vec!["spec.trainSpec.trigger.condition.threshold: 500 -> 500.0".into()]),
-        ("lifelonglearningjob-status.yaml", 1, null_timestamps.iter().map(|s| (*s).to_owned()).collect()),
+        ("lifelonglearningjob-status.yaml", 1, status_changes.iter().map(|s| (*s).to_owned()).collect()),
         ("robot-dog-delivery.yaml", 1, vec![]),
         ("robot-dog-delivery.yaml", 2, robo),
     ];
@@ -622,10 +627,13 @@ fn serialized_job_keeps_sedna_names_and_leaves_out_absent_fields() {
     let manifests = load_fixture("lifelonglearningjob-status.yaml");
     let json = serde_json::to_value(job(&manifests[0])).unwrap();
     let status = &json["status"];
-    for key in ["conditions", "knowledgeBase", "startTime"] {
-        assert!(status.get(key).is_some(), "status.{key}");
-    }
-    assert!(status.get("completionTime").is_none());
+    // Sedna's keys, and Perennial's counters, written even at zero.
+    assert_eq!(
+        keys(status),
+        set(&["conditions", "knowledgeBase", "startTime", "round", "retries", "roundsCompleted"]),
+        "{status}"
+    );
+    assert_eq!((&status["round"], &status["retries"], &status["roundsCompleted"]), (&json!(0), &json!(0), &json!(0)));
     let ready = &status["conditions"][1];
     assert_eq!(
         keys(ready),
@@ -831,7 +839,8 @@ fn the_builtin_trigger_takes_what_validation_accepts() {
         specs.push((file.to_owned(), job(manifests.last().unwrap()).spec.clone()));
     }
     let base = atcii_job();
-    let variations: Vec<(String, Box<dyn Fn(&mut Trigger)>)> = vec![
+    type TriggerEdit = Box<dyn Fn(&mut Trigger)>;
+    let variations: Vec<(String, TriggerEdit)> = vec![
         ("no timer".into(), Box::new(|t| t.timer = None)),
         ("no checkPeriodSeconds".into(), Box::new(|t| t.check_period_seconds = None)),
         (
@@ -843,14 +852,12 @@ fn the_builtin_trigger_takes_what_validation_accepts() {
             Box::new(|t| t.timer = Some(Timer { start: "00:00".into(), end: "23:59".into() })),
         ),
     ];
-    let operators = [">", "gt", ">=", "ge", "<", "lt", "<=", "le", "=", "==", "eq", "!=", "ne"];
-    let metrics = ["num_of_samples", "num_of_eval_samples", "total_samples", "rounds_completed"];
     let variations = variations
         .into_iter()
-        .chain(operators.iter().map(|op| -> (String, Box<dyn Fn(&mut Trigger)>) {
+        .chain(OPERATORS.iter().map(|op| -> (String, TriggerEdit) {
             (format!("operator {op}"), Box::new(move |t| t.condition.as_mut().unwrap().operator = (*op).into()))
         }))
-        .chain(metrics.iter().map(|metric| -> (String, Box<dyn Fn(&mut Trigger)>) {
+        .chain(METRICS.iter().map(|metric| -> (String, TriggerEdit) {
             (format!("metric {metric}"), Box::new(move |t| t.condition.as_mut().unwrap().metric = (*metric).into()))
         }));
     for (case, edit) in variations {
@@ -1035,10 +1042,10 @@ fn validate_job_trigger_condition() {
             &[],
         ),
     ];
-    for op in [">", "gt", ">=", "ge", "<", "lt", "<=", "le", "=", "==", "eq", "!=", "ne"] {
+    for op in OPERATORS {
         cases.push(case(format!("operator {op}"), move |j| condition_mut(j).operator = op.into(), &[]));
     }
-    for metric in ["num_of_samples", "num_of_eval_samples", "total_samples", "rounds_completed"] {
+    for metric in METRICS {
         cases.push(case(format!("metric {metric}"), move |j| condition_mut(j).metric = metric.into(), &[]));
     }
     run_job_cases(cases);
@@ -1300,8 +1307,9 @@ fn validate_job_reports_every_error_at_once() {
 #[test]
 fn validate_dataset_rules() {
     type DatasetEdit = Box<dyn Fn(&mut Dataset)>;
+    type DatasetCase = (&'static str, DatasetEdit, Vec<(&'static str, &'static str)>);
     let base = atcii_dataset();
-    let cases: Vec<(&str, DatasetEdit, Vec<(&str, &str)>)> = vec![
+    let cases: Vec<DatasetCase> = vec![
         (
             "format json",
             Box::new(|d| d.spec.format = "json".into()),

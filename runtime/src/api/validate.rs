@@ -118,12 +118,12 @@ fn check_trigger(spec: &super::LifelongLearningJobSpec, errors: &mut Vec<String>
                 errors.push(format!("{field}.timer.{name}: {why}"));
             }
         }
-        if timer.start == timer.end {
+        if minutes(&timer.start).is_some() && minutes(&timer.start) == minutes(&timer.end) {
             errors.push(format!("{field}.timer: start and end are both {:?}, an empty window", timer.start));
         }
     }
-    if trigger.check_period_seconds.is_some_and(|s| s < 0) {
-        errors.push(format!("{field}.checkPeriodSeconds: negative"));
+    if let Some(period) = trigger.check_period_seconds.filter(|s| *s < 0) {
+        errors.push(format!("{field}.checkPeriodSeconds: {period} is negative"));
     }
 }
 
@@ -135,15 +135,22 @@ fn check_policy(field: &str, policy: Option<&PolicyRef>, errors: &mut Vec<String
 
 /// `HH:MM`, 00:00 to 23:59, and 24:00 as an end.
 fn check_time(time: &str, is_end: bool) -> Result<(), String> {
-    let parsed = time.split_once(':').and_then(|(h, m)| {
-        let ok = h.len() == 2 && m.len() == 2;
-        ok.then(|| Some((h.parse::<u32>().ok()?, m.parse::<u32>().ok()?))).flatten()
-    });
-    match parsed {
-        Some((h, m)) if h < 24 && m < 60 => Ok(()),
-        Some((24, 0)) if is_end => Ok(()),
+    match minutes(time) {
+        Some(m) if m < 24 * 60 => Ok(()),
+        Some(m) if m == 24 * 60 && is_end => Ok(()),
         _ => Err(format!("{time:?} is not a time HH:MM (00:00 to 23:59, or 24:00 as an end)")),
     }
+}
+
+/// Minutes since midnight of `HH:MM` (two digits each, nothing else), up to 24:00.
+fn minutes(time: &str) -> Option<u32> {
+    let (h, m) = time.split_once(':')?;
+    let two_digits = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit());
+    if !two_digits(h) || !two_digits(m) {
+        return None;
+    }
+    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+    (m < 60 && h <= 24 && (h < 24 || m == 0)).then_some(h * 60 + m)
 }
 
 /// A path (no scheme) or `s3://bucket/...`, as Sedna's `CheckURL`.

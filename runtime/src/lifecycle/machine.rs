@@ -270,7 +270,11 @@ impl Machine<'_> {
                 self.status.message = None;
                 self.enter(stage, Phase::Completed, Some(ConditionData { input: None, output: Some(output) }));
             }
-            Phase::Failed if !matches!(phase, Phase::Completed | Phase::Failed) => {
+            // A worker's failure while its stage runs, or the edge's (a deploy copy) while it acts.
+            Phase::Failed
+                if matches!(phase, Phase::Ready | Phase::Starting | Phase::Running)
+                    || (stage == Stage::Deploy && phase == Phase::Waiting) =>
+            {
                 let why = report.reason.clone().unwrap_or_else(|| format!("{stage} failed"));
                 self.fail(why);
             }
@@ -334,6 +338,7 @@ impl Machine<'_> {
             stage: Some(stage),
             round,
             restarts: 0,
+            recreations: 0,
             node: None,
             started_at: Some(Time(self.now)),
         });
@@ -364,6 +369,7 @@ impl Machine<'_> {
                 return; // just created; the next observation will show it
             }
             // Vanished (deleted, node lost, the embedded mode restarted): start it again, counted.
+            known.recreations += 1;
             known.restarts += 1;
             if known.restarts > self.settings.restart_limit {
                 return self.fail(format!("the {stage} worker vanished {} times", known.restarts));
@@ -379,8 +385,8 @@ impl Machine<'_> {
         };
         known.name = worker.name.clone();
         known.node = worker.node.clone().or(known.node);
-        // Restarts in place add to the re-creations this stage already had.
-        let restarts = worker.restarts.max(known.restarts);
+        // Restarts in place (of this instance) add to the re-creations this stage already had.
+        let restarts = known.recreations + worker.restarts;
         known.restarts = restarts;
         self.status.worker = Some(known);
         if restarts > self.settings.restart_limit {
