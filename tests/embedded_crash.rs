@@ -95,3 +95,31 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+#[test]
+fn ctrl_c_stops_the_workers_and_the_next_run_resumes() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let mut run = example.start(&[]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while example.live_status().is_none_or(|s| s["roundsCompleted"].as_u64().unwrap_or(0) < 1) {
+        assert!(Instant::now() < deadline, "round 1 never completed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "Ctrl-C is a clean stop: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    // The generator and the inference worker were stopped with it.
+    let index = example.state.join("data/thermal-comfort/index.csv");
+    let size = std::fs::metadata(&index).unwrap().len();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(std::fs::metadata(&index).unwrap().len(), size, "the generator outlived Ctrl-C");
+
+    let rounds = example.status()[0]["status"]["roundsCompleted"].as_u64().unwrap();
+    let target = (rounds + 1).to_string();
+    let mut run = example.start(&["--rounds", &target]);
+    let out = wait_exit(&mut run, Duration::from_secs(90));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = &example.status()[0]["status"];
+    assert_eq!(s["roundsCompleted"].as_u64(), Some(rounds + 1), "{s}");
+}

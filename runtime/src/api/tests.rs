@@ -876,9 +876,6 @@ fn the_builtin_trigger_takes_what_validation_accepts() {
 }
 
 #[test]
-#[ignore = "BUG: validate_job accepts trigger.checkPeriodSeconds 0 (it only refuses negatives), but the \
-            built-in threshold-trigger refuses it at configure (\"checkPeriodSeconds: must be at least 1\"), so \
-            a job that validates cannot start its trigger. Sedna takes 0 (it ignores the field)."]
 fn bug_check_period_zero_validates_but_the_builtin_trigger_refuses_it() {
     let mut job = atcii_job();
     job.spec.train_spec.trigger.as_mut().unwrap().check_period_seconds = Some(0);
@@ -889,10 +886,6 @@ fn bug_check_period_zero_validates_but_the_builtin_trigger_refuses_it() {
 }
 
 #[test]
-#[ignore = "BUG: validate_job's timer check parses HH with str::parse::<u32>, which takes a leading '+', so \
-            \"+2:00\" passes as a time; and it refuses an empty window by comparing the strings, so start \
-            \"+2:00\" end \"02:00\" validates while the built-in threshold-trigger (comparing minutes) refuses it \
-            as an empty window."]
 fn bug_timer_with_a_plus_sign_validates_but_the_builtin_trigger_refuses_it() {
     let mut job = atcii_job();
     job.spec.train_spec.trigger.as_mut().unwrap().timer = Some(Timer { start: "+2:00".into(), end: "02:00".into() });
@@ -1033,11 +1026,20 @@ fn validate_job_trigger_condition() {
         ),
         case("no checkPeriodSeconds", |j| trigger_mut(j).check_period_seconds = None, &[]),
         case(
-            "a trigger policy: Sedna's condition beside it is not used, nor checked",
+            "a trigger policy: Sedna's condition beside it is its fallback, checked all the same",
             |j| {
                 let trigger = trigger_mut(j);
                 trigger.policy = Some(PolicyRef::new("builtin:threshold-trigger"));
                 trigger.condition.as_mut().unwrap().operator = "~=".into();
+            },
+            &[("spec.trainSpec.trigger.condition.operator", "\"~=\" is not one of")],
+        ),
+        case(
+            "a trigger policy and no condition",
+            |j| {
+                let trigger = trigger_mut(j);
+                trigger.policy = Some(PolicyRef::new("builtin:threshold-trigger"));
+                trigger.condition = None;
             },
             &[],
         ),

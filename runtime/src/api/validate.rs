@@ -87,10 +87,10 @@ fn check_trigger(spec: &super::LifelongLearningJobSpec, errors: &mut Vec<String>
         return;
     };
     let field = "spec.trainSpec.trigger";
-    if let Some(policy) = &trigger.policy {
-        return check_policy(&format!("{field}.policy"), Some(policy), errors);
-    }
+    // With a policy, Sedna's condition (if given) is the rule it falls back to: checked all the same.
+    check_policy(&format!("{field}.policy"), trigger.policy.as_ref(), errors);
     match &trigger.condition {
+        None if trigger.policy.is_some() => {}
         None => errors.push(format!("{field}.condition: missing; give operator, threshold and metric, or a policy")),
         Some(condition) => {
             if !OPERATORS.contains(&condition.operator.as_str()) {
