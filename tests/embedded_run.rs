@@ -119,3 +119,32 @@ fn bad_manifests_are_refused_naming_the_file_and_field_and_nothing_is_stored() {
     let stored: i64 = db.query_row("SELECT COUNT(*) FROM objects", [], |r| r.get(0)).unwrap();
     assert_eq!(stored, 0, "a refused set of manifests stores nothing");
 }
+
+#[test]
+fn failing_policies_fall_back_to_sednas_rules_and_the_status_says_so() {
+    let trigger = perennial::policy::builtin::built_plugin_path("hostile-trigger").unwrap();
+    let selector = perennial::policy::builtin::built_plugin_path("hostile-selector").unwrap();
+    let example = Example::new(|name, text| {
+        if name != "job.yaml" {
+            return text;
+        }
+        text.replace("threshold: 200", "threshold: 150")
+            .replace(
+                "        metric: num_of_samples\n",
+                &format!("        metric: num_of_samples\n      policy: {{plugin: {trigger:?}, config: {{behaviour: panic}}}}\n"),
+            )
+            .replace("  deploySpec:\n", &format!("  deploySpec:\n    selectPolicy: {{plugin: {selector:?}}}\n"))
+    });
+    let mut run = example.start(&["--rounds", "1"]);
+    let out = wait_exit(&mut run, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = &example.status()[0]["status"];
+    // Sedna's condition started the round and Sedna's selector deployed its model.
+    assert_eq!(s["deployed"]["round"], 1, "{s}");
+    let policies = &s["policies"];
+    assert_eq!(policies["trigger"]["health"], "Failing", "{policies}");
+    assert!(policies["trigger"]["message"].as_str().unwrap().contains("panic"), "{policies}");
+    assert!(policies["trigger"]["message"].as_str().unwrap().ends_with("Sedna's rule decided"), "{policies}");
+    assert_eq!(policies["selector"]["health"], "Failing", "{policies}");
+    assert!(policies["selector"]["plugin"].as_str().unwrap().ends_with("hostile_selector.wasm"), "{policies}");
+}

@@ -134,6 +134,22 @@ impl LifelongLearningJobSpec {
         PolicyRef::new("builtin:threshold-trigger").with_config(config)
     }
 
+    /// What a failing trigger policy falls back to: Sedna's rule over the trigger object, when
+    /// the job gives both a policy and Sedna's condition.
+    pub fn fallback_trigger(&self) -> Option<PolicyRef> {
+        let trigger = self.train_spec.trigger.as_ref()?;
+        trigger.policy.as_ref()?;
+        trigger.condition.as_ref()?;
+        let sedna = LifelongLearningJobSpec {
+            train_spec: TrainSpec {
+                trigger: Some(Trigger { policy: None, ..trigger.clone() }),
+                ..self.train_spec.clone()
+            },
+            ..self.clone()
+        };
+        Some(sedna.trigger_policy())
+    }
+
     /// The selector: `deploySpec.selectPolicy`, or Sedna's rule.
     pub fn select_policy(&self) -> PolicyRef {
         self.deploy_spec.select_policy.clone().unwrap_or_else(|| PolicyRef::new("builtin:first-select"))

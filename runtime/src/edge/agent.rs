@@ -12,12 +12,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use notify::{RecursiveMode, Watcher};
 use serde::{Deserialize, Serialize};
 
+use super::health;
 use super::index_file::IndexFile;
+use super::ingest::IngestError;
 use super::ingest::{FileState, IngestLimits, Split, ingest};
 use super::jobs::JobSpec;
+use super::rounds::RoundError;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
 use crate::policy::{
-    PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, SplitterPolicy, TracingEvents, TriggerPolicy,
+    OnError, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, SplitterPolicy, TracingEvents, TriggerPolicy,
 };
 use crate::store::Store;
 
@@ -35,6 +38,10 @@ pub struct JobConfig {
     pub trigger: PolicyRef,
     #[serde(default = "first_select")]
     pub selector: PolicyRef,
+    /// The rule a failing trigger falls back to (`onError: fallback`): Sedna's condition, as
+    /// the built-in threshold-trigger. Absent: a failing trigger holds the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_trigger: Option<PolicyRef>,
 }
 
 fn first_select() -> PolicyRef {
@@ -61,6 +68,9 @@ pub struct JobPolicies {
     pub splitter: Option<SplitterPolicy>,
     pub trigger: TriggerPolicy,
     pub selector: SelectorPolicy,
+    /// The built-in rules failing policies fall back to (`onError: fallback`).
+    pub fallback_trigger: Option<TriggerPolicy>,
+    pub fallback_selector: Option<SelectorPolicy>,
 }
 
 impl JobPolicies {
@@ -72,6 +82,12 @@ impl JobPolicies {
         }
         self.trigger.reset();
         self.selector.reset();
+        if let Some(trigger) = &self.fallback_trigger {
+            trigger.reset();
+        }
+        if let Some(selector) = &self.fallback_selector {
+            selector.reset();
+        }
     }
 }
 
@@ -82,10 +98,25 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
         Some(reference) => Some(host.load(reference, events.clone()).await?),
         None => None,
     };
+    let fallback_trigger = match &job.fallback_trigger {
+        Some(reference) if job.trigger.on_error == OnError::Fallback => {
+            Some(host.load(reference, events.clone()).await?)
+        }
+        _ => None,
+    };
+    let sedna_selector = first_select();
+    let fallback_selector =
+        if job.selector.on_error == OnError::Fallback && job.selector.plugin != sedna_selector.plugin {
+            Some(host.load(&sedna_selector, events.clone()).await?)
+        } else {
+            None
+        };
     Ok(JobPolicies {
         splitter,
         trigger: host.load(&job.trigger, events.clone()).await?,
         selector: host.load(&job.selector, events).await?,
+        fallback_trigger,
+        fallback_selector,
     })
 }
 
@@ -204,6 +235,14 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
             if let Some(err) = &done.fell_back {
                 tracing::warn!(job = job.name, "splitter failed, Sedna's rule decided: {err}");
             }
+            if policies.splitter.is_some() && done.batches > 0 {
+                let failure = done.fell_back.as_ref().map(|err| format!("{err}; Sedna's trainProb rule decided"));
+                note(&mut store, &job.name, "splitter", failure.as_deref());
+            }
+        }
+        Err(IngestError::Held(err)) => {
+            tracing::error!(job = job.name, "splitter failed, the job holds (onError: hold): {err}");
+            note(&mut store, &job.name, "splitter", Some(&format!("{err}; the job holds (onError: hold)")));
         }
         Err(err) => tracing::error!(job = job.name, "ingest: {err}"),
     }
@@ -212,11 +251,28 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
     let out = OutputDir { url: &job.spec.output_dir, op: output };
     let outcome = match stage(&store, &job.name).as_ref().map(|(s, p)| (s.as_str(), p.as_str())) {
         Some(("Train", "Waiting")) => {
-            rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock)
+            let outcome = rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock);
+            with_fallback(
+                &mut store,
+                &job.name,
+                "trigger",
+                outcome,
+                policies.fallback_trigger.as_ref(),
+                |store, trigger| rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock),
+            )
         }
         Some(("Eval", "Waiting")) => rounds::eval_waiting(&mut store, &job.name, &mut index, &out, clock),
         Some(("Deploy", "Waiting")) => {
-            rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock)
+            let outcome =
+                rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock);
+            with_fallback(
+                &mut store,
+                &job.name,
+                "selector",
+                outcome,
+                policies.fallback_selector.as_ref(),
+                |store, selector| rounds::deploy_waiting(store, &job.name, &out, read_model.as_ref(), selector, clock),
+            )
         }
         _ => Ok(Outcome::Waiting { reason: "no edge step in this stage".into(), recheck_after_secs: None }),
     };
@@ -234,6 +290,47 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
         Err(err) => tracing::error!(job = job.name, "{err}"),
     }
     (recheck, more, reported)
+}
+
+/// Notes a policy's health; a failure to note it is only logged.
+fn note(store: &mut Store, job: &str, kind: &str, failure: Option<&str>) {
+    if let Err(err) = health::record(store, job, kind, failure, now()) {
+        tracing::warn!(job, "recording the {kind} policy's health: {err}");
+    }
+}
+
+/// Notes how the job's `kind` policy did; when it failed and a built-in rule stands in for it
+/// (`onError: fallback`), the step is done again with that rule (nothing was written before the
+/// policy's answer). Without one, the job holds, and says why.
+fn with_fallback<P>(
+    store: &mut Store,
+    job: &str,
+    kind: &'static str,
+    outcome: Result<Outcome, RoundError>,
+    fallback: Option<&P>,
+    again: impl FnOnce(&mut Store, &P) -> Result<Outcome, RoundError>,
+) -> Result<Outcome, RoundError> {
+    match outcome {
+        Err(RoundError::Policy { kind: failed, error }) if failed == kind => match fallback {
+            Some(rule) => {
+                note(store, job, kind, Some(&format!("{error}; Sedna's rule decided")));
+                tracing::warn!(job, "the {kind} policy failed, Sedna's rule decides: {error}");
+                again(store, rule)
+            }
+            None => {
+                note(store, job, kind, Some(&format!("{error}; the job holds")));
+                Err(RoundError::Policy { kind: failed, error })
+            }
+        },
+        Ok(outcome) => {
+            let called = !matches!(&outcome, Outcome::Waiting { reason, .. } if reason.starts_with("the job is in ") || reason.contains(" was already done"));
+            if called {
+                note(store, job, kind, None);
+            }
+            Ok(outcome)
+        }
+        other => other,
+    }
 }
 
 fn stage(store: &Store, job: &str) -> Option<(String, String)> {

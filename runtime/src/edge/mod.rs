@@ -13,6 +13,7 @@
 //!   `Dataset.status`).
 
 pub mod agent;
+pub mod health;
 pub mod index_file;
 pub mod ingest;
 pub mod jobs;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 
 use super::progress::Progress;
-use crate::api::{LifelongLearningJobStatus, Phase, Stage};
-use crate::edge::{report, rounds, worker_api};
+use crate::api::{LifelongLearningJobStatus, Phase, PolicyHealth, Stage};
+use crate::edge::{health, report, rounds, worker_api};
 use crate::lifecycle::{self, Action, EdgeNotice, JobView, Observations, Settings, WorkerSpec};
 use crate::store::Store;
 use crate::workers::{self, LocalCommand, LocalWorkers, ProcessSpec, WorkerContext};
@@ -116,9 +116,9 @@ impl Controller {
     /// One pass over every job: apply new reports, follow the workers, act, commit, acknowledge.
     fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Option<Duration>, ControlError> {
         let applied = super::state::applied_seq(&self.control)?;
-        let (pending, datasets) = {
+        let (pending, datasets, healths) = {
             let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            (report::pending(&edge, 1000)?, report::dataset_updates(&edge)?)
+            (report::pending(&edge, 1000)?, report::dataset_updates(&edge)?, health::all(&edge)?)
         };
         let last_seq = pending.last().map_or(applied, |(seq, _)| *seq);
         for (dataset, samples) in &datasets {
@@ -139,7 +139,14 @@ impl Controller {
             let stage = job.status.stage.unwrap_or(Stage::Train);
             let worker = workers.observe(&job.key, stage, job.status.round);
             let observed = Observations { reports, worker };
-            let step = lifecycle::step(&job.view, &job.status, &observed, now, &self.settings);
+            let mut status = job.status.clone();
+            for found in healths.iter().filter(|h| h.job == job.key) {
+                if let Some(policy) = status.policies.get_mut(&found.kind) {
+                    policy.health = if found.failure.is_some() { PolicyHealth::Failing } else { PolicyHealth::Serving };
+                    policy.message = found.failure.clone();
+                }
+            }
+            let step = lifecycle::step(&job.view, &status, &observed, now, &self.settings);
             if let Some(after) = step.recheck_after {
                 recheck = Some(recheck.map_or(after, |r: Duration| r.min(after)));
             }

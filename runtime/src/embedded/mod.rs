@@ -113,6 +113,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
             splitter: stored.object.spec.dataset.split_policy.clone(),
             trigger: stored.object.spec.trigger_policy(),
             selector: stored.object.spec.select_policy(),
+            fallback_trigger: stored.object.spec.fallback_trigger(),
         };
         let policies =
             agent::load_policies(&host, &config).await.map_err(|err| RunError::Job(format!("job {key}: {err}")))?;

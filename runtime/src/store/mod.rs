@@ -87,6 +87,17 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE workers ADD COLUMN last_report TEXT;
     ALTER TABLE batches ADD COLUMN checksum BLOB;
     "#,
+    // 6: each policy's health (its last call failed, and why), for the job's status.
+    r#"
+    CREATE TABLE policy_health (
+        job     TEXT NOT NULL,
+        kind    TEXT NOT NULL,                           -- 'trigger', 'splitter', 'selector'
+        failing INTEGER NOT NULL,
+        message TEXT,
+        since   INTEGER NOT NULL,
+        PRIMARY KEY (job, kind)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
