@@ -148,3 +148,51 @@ fn failing_policies_fall_back_to_sednas_rules_and_the_status_says_so() {
     assert_eq!(policies["selector"]["health"], "Failing", "{policies}");
     assert!(policies["selector"]["plugin"].as_str().unwrap().ends_with("hostile_selector.wasm"), "{policies}");
 }
+
+#[test]
+fn deleting_a_job_stops_its_workers_and_the_others_go_on() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let variant = example.add_variant(|text| text.replace("threshold: 200", "threshold: 150"));
+    let mut run = example.start_with(&[variant], &[]);
+    let rounds = |job: &str| example.live_status_of(job).and_then(|s| s["roundsCompleted"].as_u64()).unwrap_or(0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while rounds("default/thermal-comfort-metric-select") < 1 || rounds("default/thermal-comfort") < 1 {
+        assert!(std::time::Instant::now() < deadline, "round 1 never completed for both jobs");
+        assert!(run.try_wait().unwrap().is_none(), "perennial run exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let delete = std::process::Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["delete", "thermal-comfort-metric-select", "--state-dir"])
+        .arg(&example.state)
+        .output()
+        .unwrap();
+    assert!(delete.status.success(), "{}", String::from_utf8_lossy(&delete.stderr));
+    // Its inference worker (which appends predictions every second) is stopped.
+    let predictions = example.state.join("output/thermal-comfort-metric-select/inference/predictions.csv");
+    std::thread::sleep(Duration::from_millis(1000));
+    let size = std::fs::metadata(&predictions).map(|m| m.len()).unwrap_or(0);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(std::fs::metadata(&predictions).map(|m| m.len()).unwrap_or(0), size, "the deleted job's worker runs on");
+    // The other job goes on.
+    let before = rounds("default/thermal-comfort");
+    while rounds("default/thermal-comfort") <= before {
+        assert!(std::time::Instant::now() < deadline + Duration::from_secs(60), "the other job stopped");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let jobs: Vec<String> =
+        example.status().as_array().unwrap().iter().map(|j| j["job"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(jobs, ["default/thermal-comfort"]);
+    let again = std::process::Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["delete", "thermal-comfort-metric-select", "--state-dir"])
+        .arg(&example.state)
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("no LifelongLearningJob default/thermal-comfort-metric-select")
+    );
+}

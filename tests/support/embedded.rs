@@ -37,11 +37,26 @@ impl Example {
         self.state.join("output/thermal-comfort")
     }
 
+    /// Adds the metric-select variant (`<copy>/metric-select`, edited too) and returns its folder.
+    pub fn add_variant(&self, edit: impl Fn(String) -> String) -> PathBuf {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/thermal-comfort/metric-select/job.yaml");
+        let folder = self.manifests.join("metric-select");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("job.yaml"), edit(std::fs::read_to_string(source).unwrap())).unwrap();
+        folder
+    }
+
     /// `perennial run <copy> --state-dir <state> ARGS`, output captured.
     pub fn start(&self, args: &[&str]) -> Child {
+        self.start_with(&[], args)
+    }
+
+    /// `perennial run <copy> EXTRA... --state-dir <state> ARGS`, output captured.
+    pub fn start_with(&self, extra: &[PathBuf], args: &[&str]) -> Child {
         Command::new(env!("CARGO_BIN_EXE_perennial"))
             .arg("run")
             .arg(&self.manifests)
+            .args(extra)
             .arg("--state-dir")
             .arg(&self.state)
             .args(args)
@@ -65,10 +80,14 @@ impl Example {
 
     /// The job's status as stored now (the run may be going on), if there is one yet.
     pub fn live_status(&self) -> Option<serde_json::Value> {
+        self.live_status_of("default/thermal-comfort")
+    }
+
+    /// A job's status as stored now, if there is one.
+    pub fn live_status_of(&self, job: &str) -> Option<serde_json::Value> {
         let db = rusqlite::Connection::open(self.state.join("control.db")).ok()?;
         db.busy_timeout(Duration::from_secs(5)).ok()?;
-        let body: String =
-            db.query_row("SELECT body FROM status WHERE job = 'default/thermal-comfort'", [], |r| r.get(0)).ok()?;
+        let body: String = db.query_row("SELECT body FROM status WHERE job = ?1", [job], |r| r.get(0)).ok()?;
         serde_json::from_str(&body).ok()
     }
 

@@ -1,5 +1,6 @@
 //! The command line: flags with environment fallbacks.
 
+mod delete;
 mod edge;
 mod plugin;
 mod run;
@@ -33,6 +34,8 @@ enum Command {
     Run(run::RunArgs),
     /// Each job's stage, round, samples, deployed model and policies (from a run's state dir).
     Status(status::StatusArgs),
+    /// Deletes a job from a run's state dir (a running `perennial run` stops its workers).
+    Delete(delete::DeleteArgs),
     /// The edge agent: runs jobs on this node from its own state, and the worker report API.
     Edge(edge::EdgeArgs),
 }
@@ -55,5 +58,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Edge(args) => edge::run(args).await,
         Command::Run(args) => run::run(args).await,
         Command::Status(args) => status::run(args),
+        Command::Delete(args) => delete::run(args),
     }
 }

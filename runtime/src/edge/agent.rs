@@ -158,9 +158,10 @@ pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool,
     let _watcher = watch(&local, wake);
     let mut due = vec![Instant::now(); jobs.len()];
     let mut missing_said = vec![false; jobs.len()];
+    let mut removed = vec![false; jobs.len()];
     while !stop.load(Ordering::Relaxed) {
         for (i, runner) in jobs.iter_mut().enumerate() {
-            if due[i] > Instant::now() || stop.load(Ordering::Relaxed) {
+            if due[i] > Instant::now() || stop.load(Ordering::Relaxed) || removed[i] {
                 continue;
             }
             let (recheck, more, report) = turn(store, runner, &mut missing_said[i]);
@@ -172,25 +173,49 @@ pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool,
                 runner.policies.release();
             }
         }
-        let next = due.iter().min().copied().unwrap_or_else(|| Instant::now() + STOP_CHECK);
+        let next = due
+            .iter()
+            .zip(&removed)
+            .filter(|(_, gone)| !**gone)
+            .map(|(due, _)| *due)
+            .min()
+            .unwrap_or_else(|| Instant::now() + STOP_CHECK);
         let wait = next.saturating_duration_since(Instant::now()).min(STOP_CHECK);
         match woken.recv_timeout(wait) {
-            Ok(i) => due[i] = Instant::now(),
+            Ok(wake) => woke(wake, &mut due, &mut removed),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
         }
         // Coalesce a burst of events.
-        while let Ok(i) = woken.try_recv() {
-            due[i] = Instant::now();
+        while let Ok(wake) = woken.try_recv() {
+            woke(wake, &mut due, &mut removed);
         }
     }
 }
 
-/// Wakes a job of the loop by its index in the list given to [`run_jobs`]: a change of its index
-/// file, or a stage notice from the control plane.
+/// Applies a wake-up: a job due now, or removed for good (its policies were released after its
+/// last turn).
+fn woke(wake: Wake, due: &mut [Instant], removed: &mut [bool]) {
+    match wake {
+        Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
+        Wake::Remove(i) if i < due.len() => removed[i] = true,
+        _ => {}
+    }
+}
+
+/// What wakes the loop, for a job given by its index in the list given to [`run_jobs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Look at the job now: its index file changed, or the control plane moved its stage.
+    Job(usize),
+    /// The job was deleted: never run it again.
+    Remove(usize),
+}
+
+/// The loop's wake-up channel.
 pub struct Wakes {
-    sender: mpsc::Sender<usize>,
-    receiver: mpsc::Receiver<usize>,
+    sender: mpsc::Sender<Wake>,
+    receiver: mpsc::Receiver<Wake>,
 }
 
 impl Wakes {
@@ -200,7 +225,7 @@ impl Wakes {
         Wakes { sender, receiver }
     }
 
-    pub fn sender(&self) -> mpsc::Sender<usize> {
+    pub fn sender(&self) -> mpsc::Sender<Wake> {
         self.sender.clone()
     }
 }
@@ -338,7 +363,7 @@ fn stage(store: &Store, job: &str) -> Option<(String, String)> {
 }
 
 /// One watcher for the folders of all local indexes; an event on an index wakes its job.
-fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<usize>) -> Option<notify::RecommendedWatcher> {
+fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<Wake>) -> Option<notify::RecommendedWatcher> {
     if indexes.is_empty() {
         return None;
     }
@@ -350,7 +375,7 @@ fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<usize>) -> Option<noti
                 if event.paths.iter().any(|path| {
                     path == index || path.file_name() == index.file_name() && path.parent() == index.parent()
                 }) {
-                    let _ = wake.send(*job);
+                    let _ = wake.send(Wake::Job(*job));
                 }
             }
         })

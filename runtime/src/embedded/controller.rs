@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::progress::Progress;
 use crate::api::{LifelongLearningJobStatus, Phase, PolicyHealth, Stage};
+use crate::edge::agent::Wake;
 use crate::edge::{health, report, rounds, worker_api};
 use crate::lifecycle::{self, Action, EdgeNotice, JobView, Observations, Settings, WorkerSpec};
 use crate::store::Store;
@@ -36,6 +37,8 @@ pub struct ControlledJob {
     pub status: LifelongLearningJobStatus,
     /// The dataset's sample count, as the edge last said.
     pub samples: u64,
+    /// Deleted from the job store while running (`perennial delete`): its workers are stopped.
+    pub deleted: bool,
 }
 
 /// A plain pod of the manifests, run as a local process (e.g. a data generator).
@@ -50,7 +53,7 @@ pub struct Controller {
     pub edge: Arc<Mutex<Store>>,
     pub jobs: Vec<ControlledJob>,
     pub pods: Vec<LocalPod>,
-    pub edge_wake: Sender<usize>,
+    pub edge_wake: Sender<Wake>,
     /// Woken by new reports in the edge outbox.
     pub wake: Receiver<()>,
     pub settings: Settings,
@@ -97,7 +100,7 @@ impl Controller {
             let recheck = self.sweep(&mut workers)?;
             self.progress.tick(&self.jobs);
             if let Some(target) = self.rounds
-                && self.jobs.iter().all(|job| job.status.rounds_completed >= target)
+                && self.jobs.iter().all(|job| job.deleted || job.status.rounds_completed >= target)
             {
                 done = true;
                 break;
@@ -115,6 +118,7 @@ impl Controller {
 
     /// One pass over every job: apply new reports, follow the workers, act, commit, acknowledge.
     fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Option<Duration>, ControlError> {
+        self.drop_deleted(workers)?;
         let applied = super::state::applied_seq(&self.control)?;
         let (pending, datasets, healths) = {
             let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -131,6 +135,9 @@ impl Controller {
         let mut changed = Vec::new();
         for i in 0..self.jobs.len() {
             let job = &self.jobs[i];
+            if job.deleted {
+                continue;
+            }
             let reports: Vec<lifecycle::Report> = pending
                 .iter()
                 .filter(|(seq, r)| *seq > applied && r.job == job.key)
@@ -176,6 +183,20 @@ impl Controller {
         Ok(recheck)
     }
 
+    /// Stops the jobs deleted from the job store: their workers, and their edge state.
+    fn drop_deleted(&mut self, workers: &mut LocalWorkers) -> Result<(), ControlError> {
+        let stored = super::state::job_keys(&self.control)?;
+        for job in self.jobs.iter_mut().filter(|job| !job.deleted && !stored.contains(&job.key)) {
+            tracing::info!(job = job.key, "deleted: stopping its workers");
+            workers.stop(&job.key, None);
+            job.deleted = true;
+            let _ = self.edge_wake.send(Wake::Remove(job.edge_index));
+            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            crate::edge::forget_job(&mut edge, &job.key)?;
+        }
+        Ok(())
+    }
+
     fn act(&self, i: usize, action: &Action, status: &LifelongLearningJobStatus, workers: &mut LocalWorkers) {
         let job = &self.jobs[i];
         match action {
@@ -210,7 +231,7 @@ impl Controller {
         };
         match applied {
             Ok(_) => {
-                let _ = self.edge_wake.send(job.edge_index);
+                let _ = self.edge_wake.send(Wake::Job(job.edge_index));
             }
             Err(err) => tracing::error!(job = job.key, "telling the edge {stage}/Waiting: {err}"),
         }

@@ -169,6 +169,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
             view: JobView { uid: stored.uid, timeouts },
             status,
             samples: 0,
+            deleted: false,
         });
     }
     let edge_store = Arc::new(Mutex::new(edge_store));

@@ -73,6 +73,9 @@ impl Progress {
 
 /// `round 2 · Eval/Running · 1,234 samples · deployed: round 1 accuracy=0.72`
 fn summary(job: &ControlledJob) -> String {
+    if job.deleted {
+        return "deleted; its workers were stopped".into();
+    }
     let s = &job.status;
     let stage = match (s.stage, s.phase) {
         (Some(stage), Some(phase)) => format!("{stage}/{phase}"),

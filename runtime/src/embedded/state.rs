@@ -151,3 +151,19 @@ pub fn dataset_samples(store: &Store, dataset: &str) -> rusqlite::Result<Option<
         .optional()
         .map(|n| n.map(|n| n as u64))
 }
+
+/// The keys of the stored jobs.
+pub fn job_keys(store: &Store) -> rusqlite::Result<Vec<String>> {
+    let mut statement = store.conn().prepare_cached("SELECT key FROM objects WHERE kind = 'LifelongLearningJob'")?;
+    let rows = statement.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
+/// Deletes a job and its status; returns whether it was there.
+pub fn delete_job(store: &mut Store, key: &str) -> rusqlite::Result<bool> {
+    let tx = store.write()?;
+    let gone = tx.execute("DELETE FROM objects WHERE kind = 'LifelongLearningJob' AND key = ?1", [key])?;
+    tx.execute("DELETE FROM status WHERE job = ?1", [key])?;
+    tx.commit()?;
+    Ok(gone > 0)
+}
