@@ -115,11 +115,24 @@ fn ctrl_c_stops_the_workers_and_the_next_run_resumes() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(std::fs::metadata(&index).unwrap().len(), size, "the generator outlived Ctrl-C");
 
-    let rounds = example.status()[0]["status"]["roundsCompleted"].as_u64().unwrap();
+    let before = &example.status()[0]["status"];
+    let rounds = before["roundsCompleted"].as_u64().unwrap();
+    let deployed = before["deployed"]["round"].as_u64().unwrap();
     let target = (rounds + 1).to_string();
     let mut run = example.start(&["--rounds", &target]);
     let out = wait_exit(&mut run, Duration::from_secs(90));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let s = &example.status()[0]["status"];
     assert_eq!(s["roundsCompleted"].as_u64(), Some(rounds + 1), "{s}");
+    // The deployed model's inference worker was started again on resume (a second log for it).
+    let prefix = format!("{deployed:04}-inference-");
+    let logs = std::fs::read_dir(example.state.join("logs/default/thermal-comfort"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(&prefix))
+        .count();
+    let deploying =
+        before["stage"] == "Deploy" && ["Ready", "Starting", "Running"].contains(&before["phase"].as_str().unwrap());
+    if !deploying {
+        assert_eq!(logs, 2, "the inference worker of round {deployed} was not started again on resume");
+    }
 }

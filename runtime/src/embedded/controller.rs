@@ -94,6 +94,28 @@ impl Controller {
                 self.notify_edge(job, &notice);
             }
         }
+        // The deployed model's inference worker, unless a deploy is under way: on a cluster its
+        // pod outlives the operator; here it stopped with the last run.
+        for (i, job) in self.jobs.iter().enumerate() {
+            let deploying = job.status.stage == Some(Stage::Deploy)
+                && matches!(job.status.phase, Some(Phase::Ready | Phase::Starting | Phase::Running));
+            if let (Some(model), false) = (&job.status.deployed, deploying) {
+                let spec = WorkerSpec {
+                    stage: Stage::Deploy,
+                    round: model.round,
+                    input: crate::api::Input {
+                        models: vec![crate::api::Model {
+                            format: model.format.clone(),
+                            url: model.url.clone(),
+                            metrics: model.metrics.clone(),
+                        }],
+                        ..Default::default()
+                    },
+                    previous_model: None,
+                };
+                self.act(i, &Action::StartWorker(spec), &job.status, &mut workers);
+            }
+        }
         let mut done = false;
         while !stop.load(Ordering::Relaxed) {
             workers.poll();
