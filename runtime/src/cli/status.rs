@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use perennial::api::LifelongLearningJobStatus;
+use perennial::api::{LifelongLearningJobStatus, Phase};
+use perennial::edge::rounds;
 use perennial::embedded::{progress::metrics, state};
+use perennial::store::Store;
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -34,9 +36,17 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
     let control = state::open(&args.state_dir)?;
     let jobs = state::jobs(&control)?;
+    // Why each job waits, as the edge says it now (the status may predate its last look).
+    let edge = args.state_dir.join("edge.db");
+    let waiting = if edge.exists() { rounds::waiting_reasons(&Store::open(&edge)?)? } else { Vec::new() };
     let mut rows = Vec::new();
     for (key, stored) in &jobs {
-        let status = state::status(&control, key)?;
+        let mut status = state::status(&control, key)?;
+        if status.phase == Some(Phase::Waiting)
+            && let Some((_, why)) = waiting.iter().find(|(job, _)| job == key)
+        {
+            status.message = Some(why.clone());
+        }
         let dataset =
             format!("{}/{}", key.split_once('/').map_or("default", |(n, _)| n), stored.object.spec.dataset.name);
         let samples = state::dataset_samples(&control, &dataset)?;
@@ -100,7 +110,8 @@ fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
             println!("  retries: {} in a row", s.retries);
         }
         if let Some(message) = &s.message {
-            println!("  last: {message}");
+            let label = if s.phase == Some(Phase::Waiting) { "waiting" } else { "last" };
+            println!("  {label}: {message}");
         }
     }
 }

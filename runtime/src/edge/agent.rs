@@ -299,8 +299,19 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
                 |store, selector| rounds::deploy_waiting(store, &job.name, &out, read_model.as_ref(), selector, clock),
             )
         }
-        _ => Ok(Outcome::Waiting { reason: "no edge step in this stage".into(), recheck_after_secs: None }),
+        _ => Ok(Outcome::Waiting { reason: NO_STEP.into(), recheck_after_secs: None }),
     };
+    let why = match &outcome {
+        Ok(Outcome::Reported(_)) => Some(None),
+        Ok(Outcome::Waiting { reason, .. }) if asked(reason) => Some(Some(reason.clone())),
+        Err(err) => Some(Some(err.to_string())),
+        Ok(Outcome::Waiting { .. }) => None,
+    };
+    if let Some(why) = why
+        && let Err(err) = rounds::set_waiting(&mut store, &job.name, why.as_deref())
+    {
+        tracing::warn!(job = job.name, "recording why the job waits: {err}");
+    }
     let mut reported = false;
     match outcome {
         Ok(Outcome::Reported(report)) => {
@@ -316,6 +327,14 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
     }
     (recheck, more, reported)
 }
+
+/// Whether a waiting outcome came from the stage's own step (a policy asked, a result missing),
+/// rather than from the guard that there is nothing to do in this stage or round.
+fn asked(reason: &str) -> bool {
+    !(reason.starts_with("the job is in ") || reason.contains(" was already done") || reason == NO_STEP)
+}
+
+const NO_STEP: &str = "no edge step in this stage";
 
 /// Notes a policy's health; a failure to note it is only logged.
 fn note(store: &mut Store, job: &str, kind: &str, failure: Option<&str>) {
@@ -348,7 +367,10 @@ fn with_fallback<P>(
             }
         },
         Ok(outcome) => {
-            let called = !matches!(&outcome, Outcome::Waiting { reason, .. } if reason.starts_with("the job is in ") || reason.contains(" was already done"));
+            let called = match &outcome {
+                Outcome::Waiting { reason, .. } => asked(reason),
+                Outcome::Reported(_) => true,
+            };
             if called {
                 note(store, job, kind, None);
             }

@@ -165,6 +165,19 @@ pub fn apply_notice(
     Ok(true)
 }
 
+/// Records why the job waits on the edge (`None`: it does not); writes only a change.
+pub fn set_waiting(store: &mut Store, job: &str, why: Option<&str>) -> Result<(), rusqlite::Error> {
+    store.conn().execute("UPDATE jobs SET waiting = ?2 WHERE name = ?1 AND waiting IS NOT ?2", params![job, why])?;
+    Ok(())
+}
+
+/// Why each job waits on the edge, for the jobs that do.
+pub fn waiting_reasons(store: &Store) -> Result<Vec<(String, String)>, rusqlite::Error> {
+    let mut statement = store.conn().prepare_cached("SELECT name, waiting FROM jobs WHERE waiting IS NOT NULL")?;
+    let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
 /// Records a worker's result for a round and stage (`train` or `eval`); a repeat replaces it.
 pub fn record_result(
     tx: &rusqlite::Transaction<'_>,

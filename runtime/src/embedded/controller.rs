@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -146,6 +146,10 @@ impl Controller {
             let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             (report::pending(&edge, 1000)?, report::dataset_updates(&edge)?, health::all(&edge)?)
         };
+        let waiting = {
+            let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            rounds::waiting_reasons(&edge)?
+        };
         let last_seq = pending.last().map_or(applied, |(seq, _)| *seq);
         for (dataset, samples) in &datasets {
             for job in self.jobs.iter_mut().filter(|job| &job.dataset_key == dataset) {
@@ -174,6 +178,12 @@ impl Controller {
                     policy.health = if found.failure.is_some() { PolicyHealth::Failing } else { PolicyHealth::Serving };
                     policy.message = found.failure.clone();
                 }
+            }
+            // Waiting on the edge: say why (the trigger's reason, a held policy).
+            if status.phase == Some(Phase::Waiting)
+                && let Some((_, why)) = waiting.iter().find(|(name, _)| *name == job.key)
+            {
+                status.message = Some(why.clone());
             }
             let step = lifecycle::step(&job.view, &status, &observed, now, &self.settings);
             if let Some(after) = step.recheck_after {
@@ -357,9 +367,4 @@ fn to_lifecycle(report: &report::Report) -> lifecycle::Report {
         data: crate::api::ConditionData { input: report.input.clone(), output: report.output.clone() },
         reason: report.reason.clone(),
     }
-}
-
-/// Time since `start`, for progress lines.
-pub fn elapsed(start: Instant) -> String {
-    format!("{:.1}s", start.elapsed().as_secs_f64())
 }

@@ -98,6 +98,11 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job, kind)
     ) WITHOUT ROWID;
     "#,
+    // 7: why the job waits on the edge (the trigger's reason, a missing train result, a held
+    // policy), for the job's status.
+    r#"
+    ALTER TABLE jobs ADD COLUMN waiting TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
