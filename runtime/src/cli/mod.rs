@@ -41,9 +41,13 @@ enum Command {
 }
 
 pub fn init_tracing(cli: &Cli) {
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // On a terminal `run` shows live lines; its log says only what needs attention.
+    let default = if terminal && matches!(cli.command, Command::Run(_)) { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(perennial::embedded::progress::LogWriter);
     match cli.log_format {
         LogFormat::Text => {
             builder.with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init()

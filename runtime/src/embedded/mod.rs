@@ -312,6 +312,14 @@ fn prepare_job(
         .find(|(k, _)| *k == dataset_key)
         .map(|(_, d)| &d.object)
         .ok_or_else(|| RunError::Job(format!("job {key}: spec.dataset.name: no Dataset {dataset_key}")))?;
+    // A dataset under the state dir gets its folder now, so that it is watched from the start
+    // (not polled) even before its generator writes the first line.
+    if !dataset.spec.url.contains("://") && Path::new(&dataset.spec.url).is_relative() {
+        let index = PathBuf::from(resolve(state_dir, &dataset.spec.url));
+        if let Some(folder) = index.parent() {
+            std::fs::create_dir_all(folder)?;
+        }
+    }
     let edge_spec = JobSpec {
         dataset: dataset_key,
         dataset_url: resolve(state_dir, &dataset.spec.url),

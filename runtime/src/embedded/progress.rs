@@ -2,6 +2,9 @@
 //! deployed model's metrics, with `indicatif`); otherwise plain lines. Either way, a line per
 //! completed round saying what was deployed and its metrics.
 
+use std::io::Write;
+use std::sync::OnceLock;
+
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::controller::ControlledJob;
@@ -18,6 +21,7 @@ impl Progress {
             return Progress { bars: None };
         }
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10));
+        let _ = LIVE.set(multi.clone());
         let style = ProgressStyle::with_template("{spinner} {prefix:.bold} {wide_msg}")
             .unwrap_or_else(|_| ProgressStyle::default_spinner());
         let bars = jobs
@@ -122,4 +126,45 @@ pub fn metrics(metrics: Option<&serde_json::Value>) -> String {
         })
         .collect();
     if parts.is_empty() { "no metrics".into() } else { parts.join(" ") }
+}
+
+/// The live lines, while they are shown: log lines are written above them, not through them.
+static LIVE: OnceLock<MultiProgress> = OnceLock::new();
+
+/// Stderr for log lines that keeps the live lines whole (a `tracing` writer).
+pub struct LogWriter;
+
+/// One log line, written when complete.
+pub struct LogLine(Vec<u8>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogLine;
+
+    fn make_writer(&'a self) -> LogLine {
+        LogLine(Vec::new())
+    }
+}
+
+impl Write for LogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogLine {
+    fn drop(&mut self) {
+        let line = std::mem::take(&mut self.0);
+        let write = || {
+            let _ = std::io::stderr().write_all(&line);
+        };
+        match LIVE.get() {
+            Some(multi) => multi.suspend(write),
+            None => write(),
+        }
+    }
 }
