@@ -4,6 +4,7 @@
 
 pub mod env;
 pub mod local;
+pub mod pod;
 pub mod template;
 
 pub use env::{WorkerContext, sedna_env};
