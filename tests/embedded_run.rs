@@ -196,3 +196,81 @@ fn deleting_a_job_stops_its_workers_and_the_others_go_on() {
         String::from_utf8_lossy(&again.stderr).contains("no LifelongLearningJob default/thermal-comfort-metric-select")
     );
 }
+
+#[test]
+fn editing_a_jobs_policies_swaps_them_while_it_runs() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let job_yaml = example.manifests.join("job.yaml");
+    let original = std::fs::read_to_string(&job_yaml).unwrap();
+    let trigger = perennial::policy::builtin::built_plugin_path("count-or-age-trigger").unwrap();
+    let edited = |samples: u32| {
+        original
+            .replace(
+                "        metric: num_of_samples\n",
+                &format!(
+                    "        metric: num_of_samples\n      policy: {{plugin: {trigger:?}, config: {{samples: {samples}, maxAgeHours: 1}}}}\n"
+                ),
+            )
+            .replace(
+                "    trainProb: 0.8",
+                "    trainProb: 0.8\n    splitPolicy: {plugin: builtin:ratio-split, config: {trainProb: 0.8, mode: hash}}",
+            )
+    };
+    let mut run = example.start(&[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let wait_for = |what: &str, done: &dyn Fn(&serde_json::Value) -> bool| loop {
+        assert!(std::time::Instant::now() < deadline, "never: {what}; status: {:?}", example.live_status());
+        if example.live_status().is_some_and(|s| done(&s)) {
+            return example.live_status().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rounds = |s: &serde_json::Value| s["roundsCompleted"].as_u64().unwrap_or(0);
+    let before = wait_for("round 1", &|s| rounds(s) >= 1);
+    let sedna_digest = before["policies"]["trigger"]["digest"].as_str().unwrap().to_owned();
+
+    // A new trigger (a plugin file) and a splitter, swapped in while the job runs.
+    std::fs::write(&job_yaml, edited(150)).unwrap();
+    let swapped = wait_for("the new trigger serving", &|s| {
+        s["policies"]["trigger"]["plugin"] == trigger && s["policies"]["splitter"]["plugin"] == "builtin:ratio-split"
+    });
+    let digest = swapped["policies"]["trigger"]["digest"].as_str().unwrap().to_owned();
+    assert_ne!(digest, sedna_digest);
+    assert_eq!(swapped["policies"]["trigger"]["health"], "Serving", "{swapped}");
+
+    // A config its plugin rejects: never serves; the previous one serves on and the job goes on.
+    std::fs::write(&job_yaml, edited(0)).unwrap();
+    let rejected = wait_for("the rejection", &|s| s["policies"]["trigger"]["health"] == "LoadFailed");
+    let message = rejected["policies"]["trigger"]["message"].as_str().unwrap();
+    assert!(message.contains("samples: must be at least 1"), "{message}");
+    assert_eq!(rejected["policies"]["trigger"]["digest"], digest.as_str(), "the previous trigger serves on");
+    let after_rejection = rounds(&rejected);
+    wait_for("a round after the rejection", &|s| rounds(s) > after_rejection);
+
+    // Back to Sedna's rules.
+    std::fs::write(&job_yaml, &original).unwrap();
+    let back = wait_for("Sedna's trigger again", &|s| s["policies"]["trigger"]["digest"] == sedna_digest.as_str());
+    assert_eq!(back["policies"]["trigger"]["health"], "Serving", "{back}");
+    assert!(back["policies"].get("splitter").is_none(), "Sedna's split is computed natively: {back}");
+    let now = rounds(&back);
+    wait_for("a round with Sedna's rules again", &|s| rounds(s) > now);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Every sample decided exactly once across the swaps: the batches follow each other.
+    let edge = rusqlite::Connection::open(example.state.join("edge.db")).unwrap();
+    let mut statement = edge.prepare("SELECT first_seq, length(assignments) FROM batches ORDER BY batch").unwrap();
+    let batches: Vec<(i64, i64)> =
+        statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect();
+    for pair in batches.windows(2) {
+        assert_eq!(pair[1].0, pair[0].0 + pair[0].1, "samples skipped or decided twice between batches {pair:?}");
+    }
+    let mut seen = HashSet::new();
+    for round in 1..=rounds(&example.status()[0]["status"]) {
+        for row in example.rows(&format!("data/train/{round}/data.csv")) {
+            assert!(seen.insert(row.clone()), "sample {row} trained on twice");
+        }
+    }
+}

@@ -117,7 +117,7 @@ fn trigger_latency() {
         let index = Box::new(edge::LocalFile { path: index.clone() });
         let read_model = agent::model_reader(rt.handle().clone(), None, vec![output.display().to_string()]);
         let mut runners = [agent::JobRunner { job, policies, index, output: op, read_model, settings }];
-        std::thread::spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}))
+        std::thread::spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}, None))
     };
     std::thread::sleep(Duration::from_millis(300));
     let mut file = std::fs::OpenOptions::new().append(true).open(&index).unwrap();

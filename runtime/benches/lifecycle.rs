@@ -158,19 +158,52 @@ fn main() {
         let inference = next_worker(&started_dir, "inferworker", &mut seen);
         to_inference.push(Duration::from_nanos((inference.at_ns.saturating_sub(sent)) as u64));
     }
+    let swaps = hot_swaps(&dir, &state);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     runtime.block_on(run).unwrap().unwrap();
-    for (hop, mut times) in
-        [("train report -> eval worker started", to_eval), ("eval report -> inference worker started", to_inference)]
-    {
-        times.sort();
-        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
-        println!(
-            "{hop}: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms over {} rounds",
-            at(0.5).as_secs_f64() * 1e3,
-            at(0.9).as_secs_f64() * 1e3,
-            times.last().unwrap().as_secs_f64() * 1e3,
-            times.len()
-        );
+    report_times("policy edited in the manifest -> the new policy serving", swaps);
+    report_times("train report -> eval worker started", to_eval);
+    report_times("eval report -> inference worker started", to_inference);
+}
+
+fn report_times(what: &str, mut times: Vec<Duration>) {
+    times.sort();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{what}: p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms over {} times",
+        at(0.5).as_secs_f64() * 1e3,
+        at(0.9).as_secs_f64() * 1e3,
+        times.last().unwrap().as_secs_f64() * 1e3,
+        times.len()
+    );
+}
+
+/// Edits the job's trigger back and forth between Sedna's rule and a plugin file, and times each
+/// edit until the edge serves the new policy (its digest recorded after the swap).
+fn hot_swaps(dir: &Path, state: &Path) -> Vec<Duration> {
+    let job = dir.join("job.yaml");
+    let original = std::fs::read_to_string(&job).unwrap();
+    let plugin = perennial::policy::builtin::built_plugin_path("count-or-age-trigger").unwrap();
+    let with_plugin = original.replace(
+        "metric: num_of_samples}}",
+        &format!("metric: num_of_samples}}, policy: {{plugin: {plugin:?}, config: {{samples: 8, maxAgeHours: 1}}}}}}"),
+    );
+    assert_ne!(with_plugin, original);
+    let edge = rusqlite::Connection::open(state.join("edge.db")).unwrap();
+    let serving = || -> Option<String> {
+        edge.query_row("SELECT digest FROM policy_health WHERE kind = 'trigger'", [], |r| r.get(0)).ok().flatten()
+    };
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let before = serving();
+        let text = if i % 2 == 0 { &with_plugin } else { &original };
+        let started = Instant::now();
+        std::fs::write(&job, text).unwrap();
+        while serving() == before {
+            assert!(started.elapsed() < Duration::from_secs(10), "swap {i} never served");
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        times.push(started.elapsed());
     }
+    times
 }

@@ -78,7 +78,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::Builder::new()
             .name("jobs".into())
-            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}))?
+            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}, None))?
     };
     release_freed_memory();
     let address = SocketAddr::new(args.bind_address, args.bind_port);

@@ -147,7 +147,14 @@ const STOP_CHECK: Duration = Duration::from_millis(500);
 /// for all jobs, so that a hundred idle jobs cost little. A job runs when its index changes,
 /// when its trigger's recheck time or its stat-fallback time comes, and again right away while
 /// it has a backlog (one batch per turn, so that no job holds up the others).
-pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool, wakes: Wakes, reported: &dyn Fn()) {
+pub fn run_jobs(
+    store: &Mutex<Store>,
+    jobs: &mut [JobRunner],
+    stop: &AtomicBool,
+    wakes: Wakes,
+    reported: &dyn Fn(),
+    swapper: Option<&Swapper>,
+) {
     let Wakes { sender: wake, receiver: woken } = wakes;
     let local: Vec<(usize, PathBuf)> = jobs
         .iter()
@@ -181,35 +188,127 @@ pub fn run_jobs(store: &Mutex<Store>, jobs: &mut [JobRunner], stop: &AtomicBool,
             .min()
             .unwrap_or_else(|| Instant::now() + STOP_CHECK);
         let wait = next.saturating_duration_since(Instant::now()).min(STOP_CHECK);
+        let mut swaps = Vec::new();
         match woken.recv_timeout(wait) {
-            Ok(wake) => woke(wake, &mut due, &mut removed),
+            Ok(wake) => woke(wake, &mut due, &mut removed, &mut swaps),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
         }
         // Coalesce a burst of events.
         while let Ok(wake) = woken.try_recv() {
-            woke(wake, &mut due, &mut removed);
+            woke(wake, &mut due, &mut removed, &mut swaps);
+        }
+        // Between two turns: no call is under way, so no sample is decided by both.
+        for (i, config) in swaps {
+            if let (Some(swapper), Some(runner)) = (swapper, jobs.get_mut(i)) {
+                swap(store, runner, *config, swapper);
+                due[i] = Instant::now();
+            }
         }
     }
 }
 
+/// What a hot swap needs: the policy host and a runtime to fetch on.
+pub struct Swapper {
+    pub host: PolicyHost,
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Replaces the job's policies whose reference changed: each new one is fetched, verified,
+/// compiled and configured beside the old one, and replaces it only if all of that succeeded;
+/// otherwise the old one serves on and the rejection is recorded with its reason.
+fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: &Swapper) {
+    let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: runner.job.name.clone() });
+    let job = runner.job.name.clone();
+    let mut outcomes: Vec<(&'static str, String, Result<String, String>)> = Vec::new();
+    // A trigger or selector whose reference changed: load the new one; keep it only if it loaded.
+    macro_rules! swap_one {
+        ($kind:literal, $old:expr, $new:expr, $slot:expr) => {
+            if $old != $new {
+                let reference: &PolicyRef = $new;
+                match swapper.runtime.block_on(swapper.host.load(reference, events.clone())) {
+                    Ok(policy) => {
+                        let digest = policy.info().digest.clone();
+                        $slot = policy;
+                        outcomes.push(($kind, reference.plugin.clone(), Ok(digest)));
+                    }
+                    Err(err) => outcomes.push(($kind, reference.plugin.clone(), Err(err.to_string()))),
+                }
+            }
+        };
+    }
+    swap_one!("trigger", &runner.job.trigger, &next.trigger, runner.policies.trigger);
+    swap_one!("selector", &runner.job.selector, &next.selector, runner.policies.selector);
+    if runner.job.splitter != next.splitter {
+        let loaded = match &next.splitter {
+            Some(reference) => swapper.runtime.block_on(swapper.host.load(reference, events.clone())).map(Some),
+            None => Ok(None),
+        };
+        let plugin = next.splitter.as_ref().map_or(String::new(), |r| r.plugin.clone());
+        match loaded {
+            Ok(policy) => {
+                let digest = policy.as_ref().map_or(String::new(), |p| p.info().digest.clone());
+                runner.policies.splitter = policy;
+                outcomes.push(("splitter", plugin, Ok(digest)));
+            }
+            Err(err) => outcomes.push(("splitter", plugin, Err(err.to_string()))),
+        }
+    }
+    if runner.job.fallback_trigger != next.fallback_trigger {
+        runner.policies.fallback_trigger = match &next.fallback_trigger {
+            Some(reference) if next.trigger.on_error == OnError::Fallback => {
+                swapper.runtime.block_on(swapper.host.load(reference, events.clone())).ok()
+            }
+            _ => None,
+        };
+        runner.job.fallback_trigger = next.fallback_trigger.clone();
+    }
+    // Sedna reads trainProb live; so does the split (the fallback rule included).
+    runner.job.spec.train_prob = next.spec.train_prob;
+    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for (kind, plugin, outcome) in outcomes {
+        let recorded = match &outcome {
+            Ok(digest) => {
+                tracing::info!(job, "the {kind} policy is now {plugin} (sha256 {digest})");
+                match kind {
+                    "trigger" => runner.job.trigger = next.trigger.clone(),
+                    "selector" => runner.job.selector = next.selector.clone(),
+                    _ => runner.job.splitter = next.splitter.clone(),
+                }
+                health::swapped(&mut store, &job, kind, &plugin, digest, now())
+            }
+            Err(why) => {
+                tracing::warn!(job, "the new {kind} policy {plugin} was rejected, the previous one serves on: {why}");
+                health::rejected(&mut store, &job, kind, &format!("{plugin}: {why}"), now())
+            }
+        };
+        if let Err(err) = recorded {
+            tracing::warn!(job, "recording the {kind} policy swap: {err}");
+        }
+    }
+    runner.policies.release();
+}
+
 /// Applies a wake-up: a job due now, or removed for good (its policies were released after its
 /// last turn).
-fn woke(wake: Wake, due: &mut [Instant], removed: &mut [bool]) {
+fn woke(wake: Wake, due: &mut [Instant], removed: &mut [bool], swaps: &mut Vec<(usize, Box<JobConfig>)>) {
     match wake {
         Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
         Wake::Remove(i) if i < due.len() => removed[i] = true,
+        Wake::Swap(i, config) if i < due.len() => swaps.push((i, config)),
         _ => {}
     }
 }
 
 /// What wakes the loop, for a job given by its index in the list given to [`run_jobs`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Wake {
     /// Look at the job now: its index file changed, or the control plane moved its stage.
     Job(usize),
     /// The job was deleted: never run it again.
     Remove(usize),
+    /// The job's policy references changed: swap them in between two turns.
+    Swap(usize, Box<JobConfig>),
 }
 
 /// The loop's wake-up channel.

@@ -6,12 +6,16 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::store::Store;
 
-/// A policy's health: `None` when serving, the failure otherwise.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A policy's health: `None` when serving, the failure otherwise; after a hot swap, the plugin
+/// and digest serving; a rejected swap, with why.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Health {
     pub job: String,
     pub kind: String,
     pub failure: Option<String>,
+    pub plugin: Option<String>,
+    pub digest: Option<String>,
+    pub rejected: Option<String>,
 }
 
 /// Records the outcome of a call of the job's `kind` policy; writes only when it changes.
@@ -35,14 +39,45 @@ pub fn record(store: &mut Store, job: &str, kind: &str, failure: Option<&str>, n
     Ok(())
 }
 
+/// Records that `plugin` (`digest`) now serves the job's `kind` decision (a hot swap), with a
+/// clean bill of health.
+pub fn swapped(store: &mut Store, job: &str, kind: &str, plugin: &str, digest: &str, now: u64) -> rusqlite::Result<()> {
+    store.conn().execute(
+        "INSERT INTO policy_health (job, kind, failing, message, since, plugin, digest, rejected)
+         VALUES (?1, ?2, 0, NULL, ?3, ?4, ?5, NULL)
+         ON CONFLICT (job, kind) DO UPDATE SET failing = 0, message = NULL, since = excluded.since,
+         plugin = excluded.plugin, digest = excluded.digest, rejected = NULL",
+        params![job, kind, now as i64, plugin, digest],
+    )?;
+    Ok(())
+}
+
+/// Records a policy that was not swapped in, and why (the previous one serves on).
+pub fn rejected(store: &mut Store, job: &str, kind: &str, reason: &str, now: u64) -> rusqlite::Result<()> {
+    store.conn().execute(
+        "INSERT INTO policy_health (job, kind, failing, message, since, rejected) VALUES (?1, ?2, 0, NULL, ?3, ?4)
+         ON CONFLICT (job, kind) DO UPDATE SET rejected = excluded.rejected",
+        params![job, kind, now as i64, reason],
+    )?;
+    Ok(())
+}
+
 /// Every recorded health.
 pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
-    let mut statement =
-        store.conn().prepare("SELECT job, kind, failing, message FROM policy_health ORDER BY job, kind")?;
+    let mut statement = store.conn().prepare(
+        "SELECT job, kind, failing, message, plugin, digest, rejected FROM policy_health ORDER BY job, kind",
+    )?;
     let rows = statement.query_map([], |r| {
         let failing: bool = r.get(2)?;
         let message: Option<String> = r.get(3)?;
-        Ok(Health { job: r.get(0)?, kind: r.get(1)?, failure: failing.then(|| message.unwrap_or_default()) })
+        Ok(Health {
+            job: r.get(0)?,
+            kind: r.get(1)?,
+            failure: failing.then(|| message.unwrap_or_default()),
+            plugin: r.get(4)?,
+            digest: r.get(5)?,
+            rejected: r.get(6)?,
+        })
     })?;
     rows.collect()
 }
@@ -58,8 +93,12 @@ mod tests {
         record(&mut store, "default/a", "trigger", None, 1).unwrap();
         assert!(all(&store).unwrap().is_empty(), "serving needs no row");
         record(&mut store, "default/a", "trigger", Some("timed out after 100 ms"), 2).unwrap();
-        let failing =
-            Health { job: "default/a".into(), kind: "trigger".into(), failure: Some("timed out after 100 ms".into()) };
+        let failing = Health {
+            job: "default/a".into(),
+            kind: "trigger".into(),
+            failure: Some("timed out after 100 ms".into()),
+            ..Health::default()
+        };
         assert_eq!(all(&store).unwrap(), [failing]);
         record(&mut store, "default/a", "trigger", None, 3).unwrap();
         assert_eq!(all(&store).unwrap()[0].failure, None);

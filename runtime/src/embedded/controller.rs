@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::progress::Progress;
 use crate::api::{LifelongLearningJobStatus, Phase, PolicyHealth, Stage};
-use crate::edge::agent::Wake;
+use crate::edge::agent::{JobConfig, Wake};
 use crate::edge::{health, report, rounds, worker_api};
 use crate::lifecycle::{self, Action, EdgeNotice, JobView, Observations, Settings, WorkerSpec};
 use crate::store::Store;
@@ -39,6 +39,8 @@ pub struct ControlledJob {
     pub samples: u64,
     /// Deleted from the job store while running (`perennial delete`): its workers are stopped.
     pub deleted: bool,
+    /// What the edge runs the job with (its policies).
+    pub config: JobConfig,
 }
 
 /// A plain pod of the manifests, run as a local process (e.g. a data generator).
@@ -56,6 +58,8 @@ pub struct Controller {
     pub edge_wake: Sender<Wake>,
     /// Woken by new reports in the edge outbox.
     pub wake: Receiver<()>,
+    /// Signalled when the manifests were applied again (edited while running).
+    pub reload: Receiver<()>,
     pub settings: Settings,
     pub lc_server: String,
     pub kb_server: String,
@@ -141,6 +145,10 @@ impl Controller {
     /// One pass over every job: apply new reports, follow the workers, act, commit, acknowledge.
     fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Option<Duration>, ControlError> {
         self.drop_deleted(workers)?;
+        if self.reload.try_recv().is_ok() {
+            while self.reload.try_recv().is_ok() {}
+            self.reload_jobs()?;
+        }
         let applied = super::state::applied_seq(&self.control)?;
         let (pending, datasets, healths) = {
             let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -174,11 +182,20 @@ impl Controller {
             let observed = Observations { reports, worker };
             let mut status = job.status.clone();
             for found in healths.iter().filter(|h| h.job == job.key) {
-                if let Some(policy) = status.policies.get_mut(&found.kind) {
-                    policy.health = if found.failure.is_some() { PolicyHealth::Failing } else { PolicyHealth::Serving };
-                    policy.message = found.failure.clone();
+                let policy = status.policies.entry(found.kind.clone()).or_default();
+                if let (Some(plugin), Some(digest)) = (&found.plugin, &found.digest) {
+                    (policy.plugin, policy.digest) = (plugin.clone(), digest.clone());
                 }
+                (policy.health, policy.message) = match (&found.rejected, &found.failure) {
+                    (Some(why), _) => {
+                        (PolicyHealth::LoadFailed, Some(format!("rejected {why}; the previous one serves")))
+                    }
+                    (None, Some(why)) => (PolicyHealth::Failing, Some(why.clone())),
+                    (None, None) => (PolicyHealth::Serving, None),
+                };
             }
+            // A splitter swapped out for Sedna's rule (computed natively) has no plugin.
+            status.policies.retain(|_, policy| !policy.plugin.is_empty());
             // Waiting on the edge: say why (the trigger's reason, a held policy).
             if status.phase == Some(Phase::Waiting)
                 && let Some((_, why)) = waiting.iter().find(|(name, _)| *name == job.key)
@@ -213,6 +230,29 @@ impl Controller {
             }
         }
         Ok(recheck)
+    }
+
+    /// Takes the jobs' edited manifests: their templates for the next workers, and their policy
+    /// references, which the edge swaps in between two calls.
+    fn reload_jobs(&mut self) -> Result<(), ControlError> {
+        let stored = super::state::jobs(&self.control)?;
+        let datasets = super::state::datasets(&self.control)?;
+        for job in self.jobs.iter_mut().filter(|job| !job.deleted) {
+            let Some((_, stored)) = stored.iter().find(|(key, _)| *key == job.key) else { continue };
+            match super::prepare_job(&self.state_dir, &job.key, stored, &datasets) {
+                Ok(prepared) => {
+                    job.commands = prepared.commands;
+                    let next = super::job_config(&job.key, stored, prepared.edge_spec);
+                    if next != job.config {
+                        tracing::info!(job = job.key, "the job changed: its policies are swapped in");
+                        job.config = next.clone();
+                        let _ = self.edge_wake.send(Wake::Swap(job.edge_index, Box::new(next)));
+                    }
+                }
+                Err(err) => tracing::warn!(job = job.key, "the edited job was not taken: {err}"),
+            }
+        }
+        Ok(())
     }
 
     /// Stops the jobs deleted from the job store: their workers, and their edge state.

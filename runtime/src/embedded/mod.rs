@@ -106,15 +106,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     for (index, (key, stored)) in jobs_in_store.into_iter().enumerate() {
         let job = prepare_job(&state_dir, &key, &stored, &datasets)?;
         edge::register_job(&mut edge_store, &key, &stored.uid, &job.edge_spec)?;
-        let config = JobConfig {
-            name: key.clone(),
-            uid: stored.uid.clone(),
-            spec: job.edge_spec.clone(),
-            splitter: stored.object.spec.dataset.split_policy.clone(),
-            trigger: stored.object.spec.trigger_policy(),
-            selector: stored.object.spec.select_policy(),
-            fallback_trigger: stored.object.spec.fallback_trigger(),
-        };
+        let config = job_config(&key, &stored, job.edge_spec.clone());
         let policies =
             agent::load_policies(&host, &config).await.map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
         let mut status = state::status(&control, &key)?;
@@ -150,6 +142,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         let roots = [Some(job.edge_spec.output_dir.clone()), dataset_dir].into_iter().flatten().collect();
         let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3.clone(), roots);
         let settings = LoopSettings { poll: options.poll, ..LoopSettings::default() };
+        let controlled_config = config.clone();
         runners.push(JobRunner { job: config, policies, index: index_file, output, read_model, settings });
         let (namespace, name) = key.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).unwrap_or_default();
         let spec = &stored.object.spec;
@@ -170,6 +163,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
             status,
             samples: 0,
             deleted: false,
+            config: controlled_config,
         });
     }
     let edge_store = Arc::new(Mutex::new(edge_store));
@@ -190,11 +184,18 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let wakes = Wakes::new();
     let edge_wake = wakes.sender();
     let edge_stop = Arc::new(AtomicBool::new(false));
+    let swapper = agent::Swapper { host: host.clone(), runtime: tokio::runtime::Handle::current() };
+    let (reload_control, reload) = mpsc::channel::<()>();
+    let _manifest_watch = if options.paths.is_empty() {
+        None
+    } else {
+        watch_manifests(&options.paths, &state_dir, reload_control, wake_control.clone())
+    };
     let edge_thread = {
         let (store, stop, on_report) = (edge_store.clone(), edge_stop.clone(), on_report.clone());
         std::thread::Builder::new()
             .name("edge".into())
-            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, wakes, &|| on_report()))?
+            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, wakes, &|| on_report(), Some(&swapper)))?
     };
     tracing::info!("worker report API on {address}; state in {}", state_dir.display());
     let progress = progress::Progress::new(options.terminal, &controlled);
@@ -205,6 +206,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         pods,
         edge_wake,
         wake: woken,
+        reload,
         settings: options.settings,
         lc_server: format!("http://{address}"),
         kb_server: options.kb_server.clone(),
@@ -292,13 +294,26 @@ fn apply_manifests(control: &mut Store, paths: &[PathBuf]) -> Result<(Vec<String
     Ok((jobs, pods))
 }
 
-/// A job resolved for this machine.
-struct PreparedJob {
-    edge_spec: JobSpec,
-    commands: [LocalCommand; 3],
+/// What the edge runs a job with.
+pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: JobSpec) -> JobConfig {
+    JobConfig {
+        name: key.to_owned(),
+        uid: stored.uid.clone(),
+        spec,
+        splitter: stored.object.spec.dataset.split_policy.clone(),
+        trigger: stored.object.spec.trigger_policy(),
+        selector: stored.object.spec.select_policy(),
+        fallback_trigger: stored.object.spec.fallback_trigger(),
+    }
 }
 
-fn prepare_job(
+/// A job resolved for this machine.
+pub(crate) struct PreparedJob {
+    pub edge_spec: JobSpec,
+    pub commands: [LocalCommand; 3],
+}
+
+pub(crate) fn prepare_job(
     state_dir: &Path,
     key: &str,
     stored: &Stored<LifelongLearningJob>,
@@ -354,4 +369,53 @@ pub fn resolve(state_dir: &Path, url: &str) -> String {
     } else {
         state_dir.join(url).display().to_string()
     }
+}
+
+/// Watches the manifest files and folders of the run: an edited manifest is checked and applied
+/// again (a bad one is refused, said, and changes nothing), then the control plane takes it.
+fn watch_manifests(
+    paths: &[PathBuf],
+    state_dir: &Path,
+    reload: mpsc::Sender<()>,
+    wake: mpsc::Sender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::{RecursiveMode, Watcher};
+    let (changed, events) = mpsc::channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let manifest = |p: &PathBuf| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
+        if event.is_ok_and(|e| (e.kind.is_modify() || e.kind.is_create()) && e.paths.iter().any(manifest)) {
+            let _ = changed.send(());
+        }
+    })
+    .ok()?;
+    for path in paths {
+        // A file's folder: editors replace files by renaming over them.
+        let folder = if path.is_dir() { path.clone() } else { path.parent().map(Path::to_owned).unwrap_or_default() };
+        let folder = if folder.as_os_str().is_empty() { PathBuf::from(".") } else { folder };
+        if let Err(err) = watcher.watch(&folder, RecursiveMode::NonRecursive) {
+            tracing::warn!("cannot watch {} for edits: {err}", folder.display());
+        }
+    }
+    let (paths, state_dir) = (paths.to_vec(), state_dir.to_owned());
+    std::thread::Builder::new()
+        .name("manifests".into())
+        .spawn(move || {
+            while events.recv().is_ok() {
+                // An editor's save is several events: take them as one.
+                std::thread::sleep(Duration::from_millis(50));
+                while events.try_recv().is_ok() {}
+                let applied = state::open(&state_dir)
+                    .map_err(RunError::from)
+                    .and_then(|mut control| apply_manifests(&mut control, &paths));
+                match applied {
+                    Ok(_) => {
+                        let _ = reload.send(());
+                        let _ = wake.send(());
+                    }
+                    Err(err) => tracing::warn!("the edited manifests were not applied: {err}"),
+                }
+            }
+        })
+        .ok()?;
+    Some(watcher)
 }

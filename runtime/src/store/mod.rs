@@ -103,6 +103,12 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE jobs ADD COLUMN waiting TEXT;
     "#,
+    // 8: the policy serving after a hot swap (plugin, digest), and a rejected one with why.
+    r#"
+    ALTER TABLE policy_health ADD COLUMN plugin TEXT;
+    ALTER TABLE policy_health ADD COLUMN digest TEXT;
+    ALTER TABLE policy_health ADD COLUMN rejected TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
