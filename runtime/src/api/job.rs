@@ -19,7 +19,8 @@ use crate::policy::PolicyRef;
     plural = "lifelonglearningjobs",
     shortname = "ll",
     namespaced,
-    status = "LifelongLearningJobStatus"
+    status = "LifelongLearningJobStatus",
+    doc = "Sedna's LifelongLearningJob: endless rounds of train, eval and deploy over a Dataset's new samples."
 )]
 #[kube(printcolumn = r#"{"name":"Stage","type":"string","jsonPath":".status.stage"}"#)]
 #[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
@@ -36,6 +37,7 @@ pub struct LifelongLearningJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_name: Option<String>,
     /// A path on the nodes, or `s3://bucket/prefix`.
+    #[schemars(length(min = 1), pattern(super::crd::LOCATION_PATTERN))]
     pub output_dir: String,
 }
 
@@ -46,6 +48,7 @@ pub struct DatasetRef {
     /// A Dataset in the job's namespace.
     pub name: String,
     /// The share of new samples that goes to training, in [0, 1].
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub train_prob: f64,
     /// Perennial: the splitter policy. Absent: Sedna's `trainProb` rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,11 +59,16 @@ pub struct DatasetRef {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainSpec {
+    #[schemars(
+        description = "The train worker's pod template (core/v1 PodTemplateSpec).",
+        transform = super::crd::without_nested_descriptions
+    )]
     pub template: PodTemplateSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
     /// Perennial: fail the stage when its worker runs longer than this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -68,9 +76,14 @@ pub struct TrainSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EvalSpec {
+    #[schemars(
+        description = "The eval worker's pod template (core/v1 PodTemplateSpec).",
+        transform = super::crd::without_nested_descriptions
+    )]
     pub template: PodTemplateSpec,
     /// Perennial: fail the stage when its worker runs longer than this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -78,12 +91,17 @@ pub struct EvalSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeploySpec {
+    #[schemars(
+        description = "The inference worker's pod template (core/v1 PodTemplateSpec).",
+        transform = super::crd::without_nested_descriptions
+    )]
     pub template: PodTemplateSpec,
     /// Perennial: the selector policy. Absent: Sedna's rule (the first evaluated model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub select_policy: Option<PolicyRef>,
     /// Perennial: fail the deploy when the inference worker is not running after this long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub timeout_seconds: Option<u64>,
 }
 
@@ -93,6 +111,7 @@ pub struct DeploySpec {
 pub struct Trigger {
     /// How often to ask the trigger when no sample arrives (Sedna ignores it; Perennial does not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub check_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timer: Option<Timer>,
@@ -107,13 +126,16 @@ pub struct Trigger {
 /// `trigger.timer`: a daily window `[start, end)` in `HH:MM`, node-local time.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Timer {
+    #[schemars(pattern(super::crd::START_PATTERN))]
     pub start: String,
+    #[schemars(pattern(super::crd::END_PATTERN))]
     pub end: String,
 }
 
 /// `trigger.condition`: `metric operator threshold`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TriggerCondition {
+    #[schemars(extend("enum" = super::crd::OPERATORS))]
     pub operator: String,
     pub threshold: f64,
     pub metric: String,

@@ -3,6 +3,7 @@
 //! says the round, the deployed model and each policy's health). Sedna's manifests deserialize
 //! unchanged.
 
+mod crd;
 mod dataset;
 mod job;
 pub mod manifest;
@@ -11,6 +12,7 @@ mod status;
 mod tests;
 mod validate;
 
+pub use crd::crds_yaml;
 pub use dataset::{Dataset, DatasetSpec, DatasetStatus};
 pub use job::{
     DatasetRef, DeploySpec, EvalSpec, LifelongLearningJob, LifelongLearningJobSpec, Timer, TrainSpec, Trigger,

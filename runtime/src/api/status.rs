@@ -114,6 +114,7 @@ pub struct Model {
     pub format: String,
     pub url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub metrics: Option<serde_json::Value>,
 }
 
@@ -157,6 +158,7 @@ pub struct DeployedModel {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub format: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub metrics: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<Time>,
@@ -219,6 +221,7 @@ pub struct LifelongLearningJobStatus {
     pub conditions: Vec<JobCondition>,
     /// Sedna's knowledge-base summary, kept as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub knowledge_base: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

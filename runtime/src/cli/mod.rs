@@ -1,5 +1,6 @@
 //! The command line: flags with environment fallbacks.
 
+mod crd;
 mod delete;
 mod edge;
 mod plugin;
@@ -38,6 +39,8 @@ enum Command {
     Delete(delete::DeleteArgs),
     /// The edge agent: runs jobs on this node from its own state, and the worker report API.
     Edge(edge::EdgeArgs),
+    /// Prints the CustomResourceDefinitions (LifelongLearningJob, Dataset) as YAML.
+    Crd,
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -63,5 +66,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::run(args).await,
         Command::Status(args) => status::run(args),
         Command::Delete(args) => delete::run(args),
+        Command::Crd => crd::run(),
     }
 }

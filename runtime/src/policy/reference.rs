@@ -25,6 +25,7 @@ pub struct PolicyRef {
     pub sha256: Option<String>,
     /// Handed to the plugin's `configure` as JSON. Absent means `{}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub config: Option<serde_json::Value>,
     #[serde(default)]
     pub limits: Limits,
@@ -38,9 +39,11 @@ pub struct PolicyRef {
 pub struct Limits {
     /// Wall-clock time per call, in milliseconds.
     #[serde(default = "default_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
     pub timeout_ms: u64,
     /// Linear memory of the plugin instance, in MiB.
     #[serde(rename = "memoryMiB", default = "default_memory_mib")]
+    #[schemars(range(min = 1, max = MAX_MEMORY_MIB))]
     pub memory_mib: u64,
 }
 
