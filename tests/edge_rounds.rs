@@ -141,13 +141,13 @@ impl Edge {
 fn reported(outcome: Outcome) -> report::Report {
     match outcome {
         Outcome::Reported(report) => *report,
-        Outcome::Waiting { reason, .. } => panic!("expected a report, waiting: {reason}"),
+        Outcome::Waiting { reason, .. } | Outcome::NotDue { reason } => panic!("expected a report, waiting: {reason}"),
     }
 }
 
 fn waiting(outcome: Outcome) -> String {
     match outcome {
-        Outcome::Waiting { reason, .. } => reason,
+        Outcome::Waiting { reason, .. } | Outcome::NotDue { reason } => reason,
         Outcome::Reported(report) => panic!("expected to wait, reported {report:?}"),
     }
 }

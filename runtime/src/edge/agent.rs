@@ -20,7 +20,8 @@ use super::jobs::JobSpec;
 use super::rounds::RoundError;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
 use crate::policy::{
-    OnError, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, SplitterPolicy, TracingEvents, TriggerPolicy,
+    Kind, OnError, Policy, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, SplitterPolicy, TracingEvents,
+    TriggerPolicy,
 };
 use crate::store::Store;
 
@@ -214,31 +215,55 @@ pub struct Swapper {
     pub runtime: tokio::runtime::Handle,
 }
 
+/// A swap's outcome: the kind, the plugin, and the digest now serving or why it was rejected.
+type SwapOutcome = (&'static str, String, Result<String, String>);
+
+/// Loads `next` into `slot` if it differs from `current`; the old policy stays if it fails.
+fn swap_in<K: Kind>(
+    swapper: &Swapper,
+    events: &Arc<dyn PolicyEvents>,
+    kind: &'static str,
+    current: &PolicyRef,
+    next: &PolicyRef,
+    slot: &mut Policy<K>,
+) -> Option<SwapOutcome> {
+    if current == next {
+        return None;
+    }
+    let loaded = swapper.runtime.block_on(swapper.host.load::<K>(next, events.clone()));
+    let outcome = loaded
+        .map(|policy| {
+            let digest = policy.info().digest.clone();
+            *slot = policy;
+            digest
+        })
+        .map_err(|err| err.to_string());
+    Some((kind, next.plugin.clone(), outcome))
+}
+
 /// Replaces the job's policies whose reference changed: each new one is fetched, verified,
 /// compiled and configured beside the old one, and replaces it only if all of that succeeded;
 /// otherwise the old one serves on and the rejection is recorded with its reason.
 fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: &Swapper) {
     let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: runner.job.name.clone() });
     let job = runner.job.name.clone();
-    let mut outcomes: Vec<(&'static str, String, Result<String, String>)> = Vec::new();
-    // A trigger or selector whose reference changed: load the new one; keep it only if it loaded.
-    macro_rules! swap_one {
-        ($kind:literal, $old:expr, $new:expr, $slot:expr) => {
-            if $old != $new {
-                let reference: &PolicyRef = $new;
-                match swapper.runtime.block_on(swapper.host.load(reference, events.clone())) {
-                    Ok(policy) => {
-                        let digest = policy.info().digest.clone();
-                        $slot = policy;
-                        outcomes.push(($kind, reference.plugin.clone(), Ok(digest)));
-                    }
-                    Err(err) => outcomes.push(($kind, reference.plugin.clone(), Err(err.to_string()))),
-                }
-            }
-        };
-    }
-    swap_one!("trigger", &runner.job.trigger, &next.trigger, runner.policies.trigger);
-    swap_one!("selector", &runner.job.selector, &next.selector, runner.policies.selector);
+    let mut outcomes: Vec<SwapOutcome> = Vec::new();
+    outcomes.extend(swap_in(
+        swapper,
+        &events,
+        "trigger",
+        &runner.job.trigger,
+        &next.trigger,
+        &mut runner.policies.trigger,
+    ));
+    outcomes.extend(swap_in(
+        swapper,
+        &events,
+        "selector",
+        &runner.job.selector,
+        &next.selector,
+        &mut runner.policies.selector,
+    ));
     if runner.job.splitter != next.splitter {
         let loaded = match &next.splitter {
             Some(reference) => swapper.runtime.block_on(swapper.host.load(reference, events.clone())).map(Some),
@@ -398,13 +423,13 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
                 |store, selector| rounds::deploy_waiting(store, &job.name, &out, read_model.as_ref(), selector, clock),
             )
         }
-        _ => Ok(Outcome::Waiting { reason: NO_STEP.into(), recheck_after_secs: None }),
+        _ => Ok(Outcome::NotDue { reason: "no edge step in this stage".into() }),
     };
     let why = match &outcome {
         Ok(Outcome::Reported(_)) => Some(None),
-        Ok(Outcome::Waiting { reason, .. }) if asked(reason) => Some(Some(reason.clone())),
+        Ok(Outcome::Waiting { reason, .. }) => Some(Some(reason.clone())),
         Err(err) => Some(Some(err.to_string())),
-        Ok(Outcome::Waiting { .. }) => None,
+        Ok(Outcome::NotDue { .. }) => None,
     };
     if let Some(why) = why
         && let Err(err) = rounds::set_waiting(&mut store, &job.name, why.as_deref())
@@ -421,19 +446,11 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
             // At least a second: a trigger that asks for 0 must not spin the loop.
             recheck = recheck.min(Duration::from_secs(secs.max(1)));
         }
-        Ok(Outcome::Waiting { .. }) => {}
+        Ok(Outcome::Waiting { .. } | Outcome::NotDue { .. }) => {}
         Err(err) => tracing::error!(job = job.name, "{err}"),
     }
     (recheck, more, reported)
 }
-
-/// Whether a waiting outcome came from the stage's own step (a policy asked, a result missing),
-/// rather than from the guard that there is nothing to do in this stage or round.
-fn asked(reason: &str) -> bool {
-    !(reason.starts_with("the job is in ") || reason.contains(" was already done") || reason == NO_STEP)
-}
-
-const NO_STEP: &str = "no edge step in this stage";
 
 /// Notes a policy's health; a failure to note it is only logged.
 fn note(store: &mut Store, job: &str, kind: &str, failure: Option<&str>) {
@@ -466,11 +483,7 @@ fn with_fallback<P>(
             }
         },
         Ok(outcome) => {
-            let called = match &outcome {
-                Outcome::Waiting { reason, .. } => asked(reason),
-                Outcome::Reported(_) => true,
-            };
-            if called {
+            if !matches!(outcome, Outcome::NotDue { .. }) {
                 note(store, job, kind, None);
             }
             Ok(outcome)

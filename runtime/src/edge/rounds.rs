@@ -55,11 +55,18 @@ pub enum Outcome {
     Waiting { reason: String, recheck_after_secs: Option<u64> },
     /// A report was committed to the outbox.
     Reported(Box<Report>),
+    /// Nothing for the edge to do in this stage or round (another stage, or this step already
+    /// done); no policy was asked.
+    NotDue { reason: String },
 }
 
 impl Outcome {
     fn wait(reason: impl Into<String>) -> Outcome {
         Outcome::Waiting { reason: reason.into(), recheck_after_secs: None }
+    }
+
+    fn not_due(reason: impl Into<String>) -> Outcome {
+        Outcome::NotDue { reason: reason.into() }
     }
 }
 
@@ -120,10 +127,10 @@ fn due(store: &Store, job: &str, stage: &str) -> Result<Result<(JobRow, i64), Ou
     let row = job_row(store, job)?;
     let round = if stage == "Train" { row.round + 1 } else { row.round };
     if (row.stage.as_str(), row.phase.as_str()) != (stage, "Waiting") {
-        return Ok(Err(Outcome::wait(format!("the job is in {}/{}, not {stage}/Waiting", row.stage, row.phase))));
+        return Ok(Err(Outcome::not_due(format!("the job is in {}/{}, not {stage}/Waiting", row.stage, row.phase))));
     }
     if row.acted.as_deref() == Some(&format!("{round}/{stage}")) {
-        return Ok(Err(Outcome::wait(format!("the {stage} step of round {round} was already done"))));
+        return Ok(Err(Outcome::not_due(format!("the {stage} step of round {round} was already done"))));
     }
     Ok(Ok((row, round)))
 }

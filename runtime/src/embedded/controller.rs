@@ -150,13 +150,10 @@ impl Controller {
             self.reload_jobs()?;
         }
         let applied = super::state::applied_seq(&self.control)?;
-        let (pending, datasets, healths) = {
+        let (pending, datasets, healths, waiting) = {
             let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            (report::pending(&edge, 1000)?, report::dataset_updates(&edge)?, health::all(&edge)?)
-        };
-        let waiting = {
-            let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            rounds::waiting_reasons(&edge)?
+            let pending = report::pending(&edge, 1000)?;
+            (pending, report::dataset_updates(&edge)?, health::all(&edge)?, rounds::waiting_reasons(&edge)?)
         };
         let last_seq = pending.last().map_or(applied, |(seq, _)| *seq);
         for (dataset, samples) in &datasets {
