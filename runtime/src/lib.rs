@@ -5,6 +5,8 @@
 //! ([`store`]) and the edge agent core ([`edge`]).
 
 pub mod api;
+#[cfg(feature = "cloud")]
+pub mod cloud;
 pub mod edge;
 pub mod embedded;
 pub mod lifecycle;

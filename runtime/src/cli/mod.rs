@@ -3,6 +3,9 @@
 mod crd;
 mod delete;
 mod edge;
+mod fetch;
+#[cfg(feature = "cloud")]
+mod operator;
 mod plugin;
 mod run;
 mod status;
@@ -41,6 +44,11 @@ enum Command {
     Edge(edge::EdgeArgs),
     /// Prints the CustomResourceDefinitions (LifelongLearningJob, Dataset) as YAML.
     Crd,
+    /// Downloads a pod's remote inputs (the `storage-initializer` init container).
+    Fetch(fetch::FetchArgs),
+    /// The Kubernetes operator: reconciles LifelongLearningJobs and their pods.
+    #[cfg(feature = "cloud")]
+    Operator(operator::OperatorArgs),
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -67,5 +75,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::run(args),
         Command::Delete(args) => delete::run(args),
         Command::Crd => crd::run(),
+        Command::Fetch(args) => fetch::run(args).await,
+        #[cfg(feature = "cloud")]
+        Command::Operator(args) => operator::run(args).await,
     }
 }

@@ -1,0 +1,1 @@
+//! Leader election: being written.

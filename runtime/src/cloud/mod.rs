@@ -1,0 +1,3 @@
+//! The operator: the kube controller over the stage machine.
+
+pub mod leader;
