@@ -23,7 +23,7 @@ use crate::policy::PolicyRef;
     doc = "Sedna's LifelongLearningJob: endless rounds of train, eval and deploy over a Dataset's new samples."
 )]
 #[kube(printcolumn = r#"{"name":"Stage","type":"string","jsonPath":".status.stage"}"#)]
-#[kube(printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#)]
+#[kube(printcolumn = r#"{"name":"Status","type":"string","jsonPath":".status.phase"}"#)]
 #[kube(printcolumn = r#"{"name":"Round","type":"integer","jsonPath":".status.round"}"#)]
 #[kube(printcolumn = r#"{"name":"Deployed","type":"string","jsonPath":".status.deployed.url"}"#)]
 #[kube(printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#)]

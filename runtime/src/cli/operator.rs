@@ -1,8 +1,94 @@
-//! `perennial operator`: being written.
+//! `perennial operator`: the Kubernetes operator (in the cloud, usually two replicas from
+//! `deploy/operator/`).
 
-#[derive(clap::Args)]
-pub struct OperatorArgs {}
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
-pub async fn run(_args: OperatorArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not yet")
+use anyhow::Context as _;
+use clap::Args;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use perennial::cloud::{self, OperatorOptions, WorkerDefaults, leader::LeaseSettings};
+use perennial::lifecycle::Settings;
+
+#[derive(Args)]
+pub struct OperatorArgs {
+    /// A kubeconfig file; without it, the in-cluster service account (or `~/.kube/config`).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "PERENNIAL_NAMESPACE")]
+    namespace: Option<String>,
+    /// Where `/metrics` (Prometheus) and `/healthz` are served.
+    #[arg(long, env = "PERENNIAL_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// The operator's own image: worker pods' init containers run its `perennial fetch` to
+    /// download S3 inputs.
+    #[arg(long, env = "PERENNIAL_IMAGE", default_value = "ghcr.io/perennial-edge/perennial:0.1.0")]
+    image: String,
+    /// The edge agent's worker API as workers reach it (Sedna's `LC_SERVER`; host network).
+    #[arg(long, env = "PERENNIAL_LC_SERVER", default_value = "http://localhost:9100")]
+    lc_server: String,
+    /// Sedna's `KB_SERVER`, given to train and eval workers.
+    #[arg(long, env = "PERENNIAL_KB_SERVER", default_value = "http://localhost:9020")]
+    kb_server: String,
+    /// Act without a Lease (one replica only).
+    #[arg(long, env = "PERENNIAL_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// The Lease's namespace (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "perennial-system")]
+    lease_namespace: String,
+    /// The Lease's name.
+    #[arg(long, default_value = "perennial-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease and in events (its pod name; default the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// First wait before a failed round goes back to Train (doubling up to 360 s), in seconds.
+    #[arg(long, default_value_t = 10)]
+    retry_backoff_secs: u64,
+    /// Restarts of a stage's worker beyond which the stage fails.
+    #[arg(long, default_value_t = 3)]
+    restart_limit: u32,
+}
+
+pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context("no in-cluster config and no kubeconfig (--kubeconfig)")?,
+    };
+    let client = kube::Client::try_from(config).context("Kubernetes client")?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("perennial-operator-{}", std::process::id()));
+    let backoff = Duration::from_secs(args.retry_backoff_secs.max(1));
+    let options = OperatorOptions {
+        namespace: args.namespace,
+        metrics_addr: args.metrics_addr,
+        settings: Settings {
+            backoff_base: backoff,
+            backoff_max: Duration::from_secs(360).max(backoff),
+            restart_limit: args.restart_limit,
+            ..Settings::default()
+        },
+        workers: WorkerDefaults { lc_server: args.lc_server, kb_server: args.kb_server, fetch_image: args.image },
+        leader: (!args.no_leader_election).then(|| LeaseSettings {
+            namespace: args.lease_namespace,
+            name: args.lease_name,
+            identity: identity.clone(),
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            retry_every: Duration::from_secs(2),
+        }),
+        instance: Some(identity),
+    };
+    cloud::run(client, options).await?;
+    Ok(())
 }

@@ -1,3 +1,115 @@
-//! The operator: the kube controller over the stage machine.
+//! The operator (`perennial operator`): kube-rs's `Controller` over LifelongLearningJobs and the
+//! pods they own, feeding the same stage machine as the embedded mode (`lifecycle`) and carrying
+//! out its actions with the pod builder (`workers::pod`). The decisions are pure and tested
+//! exhaustively; this module is the thin Kubernetes shell, tested against a mock API server
+//! that checks the sequence of calls.
 
+pub mod inbox;
 pub mod leader;
+pub mod metrics;
+pub mod observe;
+pub mod patch;
+pub mod reconcile;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+
+use crate::api::LifelongLearningJob;
+use crate::lifecycle::Settings;
+pub use inbox::Inbox;
+pub use metrics::Metrics;
+pub use reconcile::{Context, WorkerDefaults};
+
+/// How `perennial operator` runs.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// Watch one namespace; `None`: all.
+    pub namespace: Option<String>,
+    pub metrics_addr: SocketAddr,
+    pub settings: Settings,
+    pub workers: WorkerDefaults,
+    /// Lease-based leader election (two replicas, one acts); `None`: act at once, alone.
+    pub leader: Option<leader::LeaseSettings>,
+    /// This replica's name in events (its pod name).
+    pub instance: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("metrics endpoint {address}: {source}")]
+    Metrics { address: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+}
+
+/// Runs the operator until SIGTERM/Ctrl-C, or until it stops being the leader (an error: the
+/// process exits and Kubernetes starts it again as a standby).
+pub async fn run(client: Client, options: OperatorOptions) -> Result<(), OperatorError> {
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(options.metrics_addr)
+        .await
+        .map_err(|source| OperatorError::Metrics { address: options.metrics_addr, source })?;
+    tracing::info!(address = %options.metrics_addr, "serving /metrics and /healthz");
+    let served = metrics.clone();
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, metrics::router(served)).await {
+            tracing::error!("metrics endpoint: {err}");
+        }
+    });
+
+    let elector = options.leader.clone().map(|settings| leader::Elector::new(client.clone(), settings));
+    if let Some(elector) = &elector {
+        tracing::info!("waiting to become the leader");
+        elector.acquire().await?;
+    }
+
+    let (inbox, woken) = Inbox::new();
+    let (jobs, pods): (Api<LifelongLearningJob>, Api<Pod>) = match &options.namespace {
+        Some(namespace) => (Api::namespaced(client.clone(), namespace), Api::namespaced(client.clone(), namespace)),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        settings: options.settings,
+        workers: options.workers.clone(),
+        inbox: Arc::new(inbox),
+        recorder: Recorder::new(client.clone(), reporter),
+        metrics: metrics.clone(),
+    });
+    let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
+    // Only the jobs' pods: selected by Sedna's uid label.
+    let owned = watcher::Config::default().labels(observe::UID_LABEL);
+    let controller = Controller::new(jobs, watcher::Config::default())
+        .owns(pods, owned)
+        .reconcile_on(reports)
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((job, _)) => tracing::debug!(job = %job, "reconciled"),
+                Err(err) => tracing::debug!("reconcile: {err}"),
+            }
+        });
+    tracing::info!(namespace = options.namespace.as_deref().unwrap_or("all"), "reconciling LifelongLearningJobs");
+    match &elector {
+        None => controller.await,
+        Some(elector) => {
+            tokio::select! {
+                () = controller => elector.release().await,
+                lost = elector.hold() => {
+                    metrics.set_healthy(false);
+                    return Err(lost.into());
+                }
+            }
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -25,15 +25,22 @@ use crate::store::Store;
 /// Issues a worker name for a job's stage and round: Sedna's shape (`train-worker-…`) with an
 /// unguessable token, remembered so that only this worker may report for that round.
 pub fn issue_worker_name(store: &mut Store, job: &str, round: i64, stage: &str) -> Result<String, rusqlite::Error> {
-    let mut token = [0u8; 12];
-    getrandom::fill(&mut token).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
-    let prefix = if stage == "deploy" { "inferworker".to_owned() } else { format!("{stage}-worker") };
-    let name = format!("{prefix}-{}", hex::encode(token));
+    let name = new_worker_name(stage).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
     store.conn().execute(
         "INSERT INTO workers (name, job, round, stage) VALUES (?1, ?2, ?3, ?4)",
         params![name, job, round, stage],
     )?;
     Ok(name)
+}
+
+/// A fresh worker name: Sedna's prefix (`train-worker`, `eval-worker`, `inferworker`) and a
+/// 96-bit random token, so that a name cannot be guessed by another process on the node.
+pub fn new_worker_name(stage: &str) -> Result<String, getrandom::Error> {
+    let mut token = [0u8; 12];
+    getrandom::fill(&mut token)?;
+    let prefix =
+        if stage == "deploy" || stage == "inference" { "inferworker".to_owned() } else { format!("{stage}-worker") };
+    Ok(format!("{prefix}-{}", hex::encode(token)))
 }
 
 /// Sedna's report body (`lib/sedna/core/base.py`).

@@ -1,0 +1,133 @@
+//! The operator's Prometheus metrics and its `/metrics` and `/healthz` endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// What failed: `patch_status`, `create_pod`, `delete_pods`, `read_job`, `read_dataset`...
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub stage: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    /// `train`, `eval` or `inference`.
+    pub worker: String,
+}
+
+/// The counters, shared by every reconcile.
+pub struct Metrics {
+    pub reconciles: Counter,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub transitions: Family<TransitionLabels, Counter>,
+    pub pods_created: Family<PodLabels, Counter>,
+    registry: Registry,
+    /// Set once the controller runs (the leader) or waits as a standby: the process is healthy.
+    healthy: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("perennial_operator");
+        let reconciles = Counter::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let transitions = Family::<TransitionLabels, Counter>::default();
+        let pods_created = Family::<PodLabels, Counter>::default();
+        registry.register("reconciles", "Reconciles of LifelongLearningJobs", reconciles.clone());
+        registry.register("errors", "Errors by kind", errors.clone());
+        registry.register("stage_transitions", "Stage transitions (conditions written)", transitions.clone());
+        registry.register("pods_created", "Worker pods created", pods_created.clone());
+        Metrics { reconciles, errors, transitions, pods_created, registry, healthy: AtomicBool::new(true) }
+    }
+}
+
+impl Metrics {
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&ErrorLabels { kind: kind.into() }).inc();
+    }
+
+    pub fn transition(&self, stage: &str, phase: &str) {
+        self.transitions.get_or_create(&TransitionLabels { stage: stage.into(), phase: phase.into() }).inc();
+    }
+
+    pub fn pod_created(&self, worker: &str) {
+        self.pods_created.get_or_create(&PodLabels { worker: worker.into() }).inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+    }
+}
+
+/// `/metrics` and `/healthz`.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new().route("/metrics", get(render)).route("/healthz", get(health)).with_state(metrics)
+}
+
+async fn render(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.render())
+}
+
+async fn health(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.healthy.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unhealthy\n")
+    }
+}
+
+/// Serves the endpoints on `address` until the process ends.
+pub async fn serve(address: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    tracing::info!(%address, "serving /metrics and /healthz");
+    axum::serve(listener, router(metrics)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_render_as_prometheus_text() {
+        let metrics = Metrics::default();
+        metrics.reconciles.inc();
+        metrics.error("create_pod");
+        metrics.transition("Train", "Starting");
+        metrics.pod_created("train");
+        let text = metrics.render();
+        for line in [
+            "perennial_operator_reconciles_total 1",
+            "perennial_operator_errors_total{kind=\"create_pod\"} 1",
+            "perennial_operator_stage_transitions_total{stage=\"Train\",phase=\"Starting\"} 1",
+            "perennial_operator_pods_created_total{worker=\"train\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing from:\n{text}");
+        }
+    }
+}
