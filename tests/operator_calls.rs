@@ -578,3 +578,17 @@ async fn dataset_status_is_a_merge_patch_of_its_two_fields() {
     patch.ok(dataset_json());
     write.await.expect("join").expect("written");
 }
+
+#[tokio::test]
+async fn an_invalid_spec_is_said_on_the_job_and_nothing_else_happens() {
+    let (mut api, ctx, _inbox) = setup();
+    let mut bad = job_json(status_after(&[]));
+    bad["spec"]["dataset"]["trainProb"] = json!(1.5);
+    let bad: Arc<LifelongLearningJob> = Arc::new(serde_json::from_value(bad).expect("job"));
+    let run = tokio::spawn(reconcile::reconcile(bad, ctx));
+    let (reason, kind, note) = api.event().await;
+    assert_eq!((reason.as_str(), kind.as_str()), ("InvalidSpec", "Warning"));
+    assert!(note.contains("trainProb"), "{note}");
+    assert_eq!(run.await.expect("join").expect("reconciled"), kube::runtime::controller::Action::await_change());
+    assert!(api.only_events().await.is_empty());
+}

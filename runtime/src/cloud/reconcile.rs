@@ -123,6 +123,13 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let view = job_view(job);
+    // The CRD's schema refuses most bad input; what it cannot check (policy references, a
+    // trigger's window...) waits here for an edit, said once per change on the job.
+    if let Err(errors) = crate::api::validate_job(job, &|_| true) {
+        ctx.metrics.error("invalid_spec");
+        publish(ctx, &job.object_ref(&()), true, "InvalidSpec", errors.to_string()).await;
+        return Ok(Requeue::await_change());
+    }
 
     let reports = ctx.inbox.peek(&namespace, &name);
     let selector = format!("{UID_LABEL}={}", view.uid);
