@@ -159,7 +159,7 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap().to_owned())
             .collect();
-        assert_eq!(columns, ["Stage", "Phase", "Round", "Deployed", "Age"]);
+        assert_eq!(columns, ["Stage", "Status", "Round", "Deployed", "Age"]);
     }
 
     /// Kubernetes' structural schema rules, the ones the types can break: every node says its

@@ -32,7 +32,15 @@ impl S3Credentials {
     /// From the environment the way Sedna gives it to workers: `S3_ENDPOINT_URL`
     /// (`http(s)://host[:port]`), `ACCESS_KEY_ID`, `SECRET_ACCESS_KEY`. `None` when unset.
     pub fn from_env() -> Option<S3Credentials> {
-        let url = std::env::var("S3_ENDPOINT_URL").ok()?;
+        S3Credentials::from_env_prefixed("")
+    }
+
+    /// As [`from_env`](Self::from_env) with every name prefixed: `"DATASET_"` reads
+    /// `DATASET_S3_ENDPOINT_URL`, `DATASET_ACCESS_KEY_ID` and `DATASET_SECRET_ACCESS_KEY`, the
+    /// dataset's credential that `perennial fetch` is given beside the job's.
+    pub fn from_env_prefixed(prefix: &str) -> Option<S3Credentials> {
+        let var = |name: &str| std::env::var(format!("{prefix}{name}"));
+        let url = var("S3_ENDPOINT_URL").ok()?;
         let (use_https, endpoint) = match url.split_once("://") {
             Some(("http", rest)) => (false, rest),
             Some((_, rest)) => (true, rest),
@@ -41,8 +49,8 @@ impl S3Credentials {
         Some(S3Credentials {
             endpoint: endpoint.trim_end_matches('/').to_owned(),
             use_https,
-            access_key_id: std::env::var("ACCESS_KEY_ID").unwrap_or_default(),
-            secret_access_key: std::env::var("SECRET_ACCESS_KEY").unwrap_or_default(),
+            access_key_id: var("ACCESS_KEY_ID").unwrap_or_default(),
+            secret_access_key: var("SECRET_ACCESS_KEY").unwrap_or_default(),
         })
     }
 

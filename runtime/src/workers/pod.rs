@@ -192,8 +192,8 @@ struct Mounts {
     volumes: Vec<Volume>,
     app_mounts: Vec<VolumeMount>,
     host_path: bool,
-    /// `--job`/`--dataset`, source, destination folder (`@` first: an indirect index).
-    downloads: Vec<(Owner, String, String)>,
+    /// Whose file, the `perennial fetch` flag, source, destination folder.
+    downloads: Vec<(Owner, &'static str, String, String)>,
     /// Credentials the workers need for raw `s3://` values.
     s3_raw: Vec<Owner>,
 }
@@ -232,9 +232,15 @@ impl Mounts {
                 // /downloads/<bucket or host>/<key>; the index of a remote txt dataset is indirect.
                 let local = format!("{DOWNLOADS}/{rest}");
                 let folder = local.rsplit_once('/').map(|(dir, _)| dir.to_owned()).unwrap_or(local.clone());
+                // A round's sample index, written by the edge into the job's output, naming the
+                // dataset's files: read with the job's credential, its files with the dataset's.
                 let indirect = how.name == "ORIGINAL_DATASET_URL" && url != ctx.dataset.spec.url;
-                let destination = if indirect { format!("@{folder}") } else { folder };
-                self.downloads.push((how.owner, url.to_owned(), destination));
+                let flag = match (indirect, how.owner) {
+                    (true, _) => "--dataset-index",
+                    (false, Owner::Job) => "--job",
+                    (false, Owner::Dataset) => "--dataset",
+                };
+                self.downloads.push((how.owner, flag, url.to_owned(), folder));
                 if !self.app_mounts.iter().any(|m| m.name == DOWNLOADS_VOLUME) {
                     self.app_mounts.push(VolumeMount {
                         name: DOWNLOADS_VOLUME.into(),
@@ -254,17 +260,22 @@ impl Mounts {
         }
     }
 
-    /// The init container: `perennial fetch --job SRC DST --dataset SRC DST ...`, each download
-    /// with its own credential (Sedna gives one set for all).
+    /// The init container: `perennial fetch --job SRC DST --dataset SRC DST --dataset-index SRC
+    /// DST ...`, each download with its own credential (Sedna gives one set for all).
     fn initializer(&self, ctx: &PodContext<'_>) -> Container {
         let mut args = vec!["fetch".to_owned()];
-        for (owner, source, destination) in &self.downloads {
-            args.push(if *owner == Owner::Job { "--job" } else { "--dataset" }.into());
+        for (_, flag, source, destination) in &self.downloads {
+            args.push((*flag).to_owned());
             args.push(source.clone());
             args.push(destination.clone());
         }
-        let mut env = vec![plain("INDIRECT_URL_MARK", "@")];
-        let needs = |owner| self.downloads.iter().any(|(o, ..)| *o == owner);
+        let mut env = Vec::new();
+        // A dataset index is the job's file.
+        let needs = |owner| {
+            self.downloads
+                .iter()
+                .any(|(o, flag, ..)| *o == owner || (owner == Owner::Job && *flag == "--dataset-index"))
+        };
         if let (true, Some(credential)) = (needs(Owner::Job), &ctx.job_credential) {
             env.extend(s3_env("", credential));
         }

@@ -209,9 +209,9 @@ fn s3_inputs_are_downloaded_with_their_own_credentials_and_no_key_is_ever_a_valu
             "--job",
             "s3://models/atcii/data/train/2/data.txt",
             "/downloads/models/atcii/data/train/2",
-            "--dataset",
+            "--dataset-index",
             "s3://models/atcii/data/train/2/dataIndex.txt",
-            "@/downloads/models/atcii/data/train/2",
+            "/downloads/models/atcii/data/train/2",
         ]
     );
     let init_env = init.env.clone().unwrap();
