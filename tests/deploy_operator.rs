@@ -32,12 +32,11 @@ const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
     ("sedna.io", "lifelonglearningjobs", &["get", "list", "watch", "patch"]),
     ("sedna.io", "lifelonglearningjobs/status", &["get", "patch"]),
     ("sedna.io", "lifelonglearningjobs/finalizers", &["update"]),
-    ("sedna.io", "datasets", &["get", "list", "watch"]),
+    ("sedna.io", "datasets", &["get"]),
     ("sedna.io", "datasets/status", &["get", "patch"]),
-    ("", "pods", &["get", "list", "watch", "create", "delete", "deletecollection"]),
-    ("", "secrets", &["get", "list", "watch"]),
+    ("", "pods", &["get", "list", "watch", "create", "deletecollection"]),
+    ("", "secrets", &["get"]),
     ("events.k8s.io", "events", &["create", "patch"]),
-    ("", "events", &["create", "patch"]),
 ];
 
 /// Leader election, in the operator's namespace only.

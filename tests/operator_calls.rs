@@ -162,6 +162,7 @@ fn context(client: Client) -> (Arc<Context>, Arc<Inbox>) {
         inbox: inbox.clone(),
         recorder: Recorder::new(client, reporter),
         metrics: Arc::new(Metrics::default()),
+        failures: Default::default(),
     };
     (Arc::new(context), inbox)
 }
@@ -319,6 +320,7 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     let waiting = status_after(&[]);
     let receipt = inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
     api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let status = patch.body["status"].clone();
@@ -362,7 +364,9 @@ async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
     let model = json!({"format": "pkl", "url": "/output/thermal/train/1/model.pkl"});
     let completed = report(1, Stage::Train, Phase::Completed, json!({"output": {"models": [model]}}));
     let receipt = inbox.deliver("ml", "thermal", completed);
-    let run = tokio::spawn(reconcile::reconcile(job(running), ctx));
+    let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx));
+    // Reports are judged against a fresh read, not the watch's cache.
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(running));
     let done = json!({"phase": "Succeeded", "containerStatuses": [{"name": "train", "image": "i", "imageID": "",
         "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-12-01T00:01:00Z"}}}]});
     api.expect("GET", PODS).await.ok(pod_list(vec![pod("train", 1, "thermal-train-x7k2p", done)]));
@@ -389,6 +393,7 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     let ready = report(1, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}}));
     inbox.deliver("ml", "thermal", ready);
     let run = tokio::spawn(reconcile::reconcile(job(status.clone()), ctx.clone()));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(status.clone()));
     let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
     api.expect("GET", PODS).await.ok(pod_list(vec![old]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
@@ -488,6 +493,7 @@ async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_c
     let waiting = status_after(&[]);
     let receipt = inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
     api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let first = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(first.body["metadata"]["resourceVersion"], "10");
@@ -529,6 +535,7 @@ async fn an_unwritten_status_acts_on_nothing_and_keeps_the_report() {
     let (mut api, ctx, inbox) = setup();
     inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(status_after(&[])), ctx));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(status_after(&[])));
     api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     patch.respond(
@@ -591,4 +598,65 @@ async fn an_invalid_spec_is_said_on_the_job_and_nothing_else_happens() {
     assert!(note.contains("trainProb"), "{note}");
     assert_eq!(run.await.expect("join").expect("reconciled"), kube::runtime::controller::Action::await_change());
     assert!(api.only_events().await.is_empty());
+}
+
+#[tokio::test]
+async fn reports_are_judged_against_a_fresh_read_not_the_watch_cache() {
+    let (mut api, ctx, inbox) = setup();
+    // The cache still shows the last round's deploy; the job has moved on to Train/Waiting.
+    let mut cached = status_after(&[]);
+    cached["stage"] = json!("Deploy");
+    cached["phase"] = json!("Starting");
+    let receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(cached), ctx));
+    let mut fresh = job_json(status_after(&[]));
+    fresh["metadata"]["resourceVersion"] = json!("12");
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(fresh);
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["metadata"]["resourceVersion"], "12");
+    assert_eq!(
+        (patch.body["status"]["phase"].as_str(), patch.body["status"]["round"].as_u64()),
+        (Some("Starting"), Some(1))
+    );
+    let status = patch.body["status"].clone();
+    patch.ok(job_json(status));
+    let (_, dataset) = api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+    dataset.ok(dataset_json());
+    let create = api.expect("POST", PODS).await;
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-train-x7k2p"));
+    api.only_events().await;
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied, not dropped as stale");
+}
+
+#[tokio::test]
+async fn a_deploy_restarted_after_a_crash_removes_the_old_inference_pod_first() {
+    let (mut api, ctx, _inbox) = setup();
+    // Deploy/Starting of round 1 written, then the operator died before the old pod was deleted.
+    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
+    let mut status = status_after(&[train_ready()]);
+    status["stage"] = json!("Deploy");
+    status["data"] = json!({"input": {"models": [model]}});
+    status["worker"]["stage"] = json!("Deploy");
+    let run = tokio::spawn(reconcile::reconcile(job(status), ctx));
+    let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
+    api.expect("GET", PODS).await.ok(pod_list(vec![old]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
+    patch.ok(job_json(Value::Null));
+    let delete = api.expect("DELETE", PODS).await;
+    assert!(delete.query().ends_with("worker-type=inference,perennial.io/round!=1"), "{}", delete.query());
+    delete.ok(pod_list(vec![]));
+    let (reasons, dataset) =
+        api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+    assert_eq!(reasons, ["WorkerVanished"]);
+    dataset.ok(dataset_json());
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
+    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    run.await.expect("join").expect("reconciled");
 }

@@ -82,6 +82,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         inbox: Arc::new(inbox),
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
+        failures: Default::default(),
     });
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     // Only the jobs' pods: selected by Sedna's uid label.

@@ -15,20 +15,34 @@ pub const UID_LABEL: &str = "lifelonglearningjob.sedna.io/uid";
 
 /// The pod of `stage` and `round` among a job's pods, as the stage machine reads it. The newest
 /// wins when there are several (a re-created worker beside one still terminating).
-pub fn worker_of(pods: &[Pod], stage: Stage, round: u64) -> Option<WorkerObservation> {
+pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Option<WorkerObservation> {
     let kind = stage.worker_kind();
     pods.iter()
         .filter(|pod| label(pod, WORKER_TYPE_LABEL) == Some(kind))
         .filter(|pod| label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok()) == Some(round))
         .max_by_key(|pod| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .map(|pod| observe(pod, stage, round))
+        .map(|pod| observe(pod, stage, round, now))
 }
 
+/// Whether any of `stage`'s pods belongs to another round than `round`.
+pub fn other_rounds(pods: &[Pod], stage: Stage, round: u64) -> bool {
+    pods.iter()
+        .filter(|pod| label(pod, WORKER_TYPE_LABEL) == Some(stage.worker_kind()))
+        .any(|pod| label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok()) != Some(round))
+}
+
+/// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
+const STUCK: &[&str] =
+    &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"];
+const STUCK_FOR_SECS: i64 = 300;
+
 /// One pod as a worker observation.
-pub fn observe(pod: &Pod, stage: Stage, round: u64) -> WorkerObservation {
+pub fn observe(pod: &Pod, stage: Stage, round: u64, now: Timestamp) -> WorkerObservation {
     let status = pod.status.clone().unwrap_or_default();
     let containers = status.container_statuses.clone().unwrap_or_default();
-    let restarts = containers.iter().map(|c| u32::try_from(c.restart_count).unwrap_or(0)).sum();
+    let init = status.init_container_statuses.clone().unwrap_or_default();
+    // An init container (the downloads) that crash-loops counts like the worker itself.
+    let restarts = containers.iter().chain(&init).map(|c| u32::try_from(c.restart_count).unwrap_or(0)).sum();
     let terminated: Vec<_> =
         containers.iter().filter_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone())).collect();
     let finished_at = terminated
@@ -40,7 +54,10 @@ pub fn observe(pod: &Pod, stage: Stage, round: u64) -> WorkerObservation {
         .or_else(|| ready_transition(pod))
         .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
     let deleting = pod.metadata.deletion_timestamp.is_some();
+    let created = pod.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let stuck = stuck_reason(&containers, &init).filter(|_| now.as_second() - created.as_second() >= STUCK_FOR_SECS);
     let phase = match status.phase.as_deref() {
+        _ if stuck.is_some() && !deleting => WorkerPhase::Failed,
         // A pod being deleted is waited for, not counted as running: its replacement comes
         // once it is gone.
         _ if deleting => WorkerPhase::Pending,
@@ -51,7 +68,7 @@ pub fn observe(pod: &Pod, stage: Stage, round: u64) -> WorkerObservation {
         _ => WorkerPhase::Pending,
     };
     let detail = match phase {
-        WorkerPhase::Failed => failure_detail(pod),
+        WorkerPhase::Failed => stuck.or_else(|| failure_detail(pod)),
         _ => None,
     };
     WorkerObservation {
@@ -88,6 +105,19 @@ fn ready_transition(pod: &Pod) -> Option<Timestamp> {
     conditions.iter().find(|c| c.type_ == "Ready")?.last_transition_time.as_ref().map(|t| t.0)
 }
 
+/// The first container (init containers too) waiting on a reason that does not clear by itself.
+fn stuck_reason(
+    containers: &[k8s_openapi::api::core::v1::ContainerStatus],
+    init: &[k8s_openapi::api::core::v1::ContainerStatus],
+) -> Option<String> {
+    init.iter().chain(containers).find_map(|c| {
+        let waiting = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref().filter(|r| STUCK.contains(r))?;
+        let message = waiting.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+        Some(format!("container {} stuck in {reason}{message}", c.name))
+    })
+}
+
 /// Why a pod failed: the pod's reason and message, or the first failed container's.
 fn failure_detail(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
@@ -97,8 +127,8 @@ fn failure_detail(pod: &Pod) -> Option<String> {
             None => reason.clone(),
         });
     }
-    let containers = status.container_statuses.as_ref()?;
-    containers.iter().find_map(|c| {
+    let init = status.init_container_statuses.iter().flatten();
+    init.chain(status.container_statuses.iter().flatten()).find_map(|c| {
         let t = c.state.as_ref()?.terminated.as_ref()?;
         (t.exit_code != 0).then(|| {
             let why = t.reason.as_deref().unwrap_or("Error");
@@ -111,6 +141,10 @@ fn failure_detail(pod: &Pod) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:01:00Z".parse().expect("time")
+    }
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).expect("a pod")
@@ -135,11 +169,11 @@ mod tests {
             train_pod("new", 2, "2026-01-01T00:05:00Z", json!({"phase": "Running"})),
             train_pod("other-round", 3, "2026-01-01T00:09:00Z", json!({"phase": "Running"})),
         ];
-        let seen = worker_of(&pods, Stage::Train, 2).expect("a worker");
+        let seen = worker_of(&pods, Stage::Train, 2, now()).expect("a worker");
         assert_eq!((seen.name.as_str(), seen.phase), ("new", WorkerPhase::Running));
         assert_eq!(seen.node.as_deref(), Some("edge-1"));
-        assert!(worker_of(&pods, Stage::Eval, 2).is_none());
-        assert!(worker_of(&pods, Stage::Train, 1).is_none());
+        assert!(worker_of(&pods, Stage::Eval, 2, now()).is_none());
+        assert!(worker_of(&pods, Stage::Train, 1, now()).is_none());
     }
 
     #[test]
@@ -153,7 +187,7 @@ mod tests {
             (json!({"phase": "Failed"}), WorkerPhase::Failed),
         ];
         for (status, phase) in cases {
-            let seen = observe(&train_pod("p", 1, "2026-01-01T00:00:00Z", status.clone()), Stage::Train, 1);
+            let seen = observe(&train_pod("p", 1, "2026-01-01T00:00:00Z", status.clone()), Stage::Train, 1, now());
             assert_eq!(seen.phase, phase, "{status}");
         }
         let done = train_pod(
@@ -167,11 +201,12 @@ mod tests {
                  "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-01-01T00:04:00Z"}}}
             ]}),
         );
-        let seen = observe(&done, Stage::Train, 1);
+        let seen = observe(&done, Stage::Train, 1, now());
         assert_eq!(seen.restarts, 3);
         assert_eq!(seen.finished_at, Some("2026-01-01T00:04:00Z".parse().expect("time")));
         // No container statuses: the creation time, so that the result grace still ends.
-        let bare = observe(&train_pod("p", 1, "2026-01-01T00:00:00Z", json!({"phase": "Succeeded"})), Stage::Train, 1);
+        let bare =
+            observe(&train_pod("p", 1, "2026-01-01T00:00:00Z", json!({"phase": "Succeeded"})), Stage::Train, 1, now());
         assert_eq!(bare.finished_at, Some("2026-01-01T00:00:00Z".parse().expect("time")));
     }
 
@@ -183,7 +218,7 @@ mod tests {
             "2026-01-01T00:00:00Z",
             json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}),
         );
-        assert_eq!(observe(&evicted, Stage::Train, 1).detail.as_deref(), Some("Evicted: low on memory"));
+        assert_eq!(observe(&evicted, Stage::Train, 1, now()).detail.as_deref(), Some("Evicted: low on memory"));
         let crashed = train_pod(
             "p",
             1,
@@ -194,9 +229,45 @@ mod tests {
             ]}),
         );
         assert_eq!(
-            observe(&crashed, Stage::Train, 1).detail.as_deref(),
+            observe(&crashed, Stage::Train, 1, now()).detail.as_deref(),
             Some("container train exited 137 (OOMKilled)")
         );
+    }
+
+    #[test]
+    fn a_pod_stuck_on_its_image_or_config_fails_after_a_while_init_containers_count() {
+        let stuck = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Pending", "initContainerStatuses": [
+                {"name": "storage-initializer", "restartCount": 2, "ready": false, "image": "i", "imageID": "",
+                 "state": {"running": {}}}
+            ], "containerStatuses": [
+                {"name": "train", "restartCount": 0, "ready": false, "image": "i", "imageID": "",
+                 "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
+            ]}),
+        );
+        let early = observe(&stuck, Stage::Train, 1, now());
+        assert_eq!((early.phase, early.restarts), (WorkerPhase::Pending, 2), "a pull may still succeed");
+        let later = observe(&stuck, Stage::Train, 1, "2026-01-01T00:05:00Z".parse().expect("time"));
+        assert_eq!(later.phase, WorkerPhase::Failed);
+        assert_eq!(later.detail.as_deref(), Some("container train stuck in ImagePullBackOff: no such image"));
+        let failed_init = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Failed", "initContainerStatuses": [
+                {"name": "storage-initializer", "restartCount": 0, "ready": false, "image": "i", "imageID": "",
+                 "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
+            ]}),
+        );
+        assert_eq!(
+            observe(&failed_init, Stage::Train, 1, now()).detail.as_deref(),
+            Some("container storage-initializer exited 2 (Error)")
+        );
+        assert!(other_rounds(&[stuck.clone()], Stage::Train, 2));
+        assert!(!other_rounds(&[stuck], Stage::Train, 1));
     }
 
     #[test]
@@ -212,7 +283,7 @@ mod tests {
             }
             vec![pod(value)]
         };
-        let phase = |pods: Vec<Pod>| worker_of(&pods, Stage::Deploy, 4).map(|w| w.phase);
+        let phase = |pods: Vec<Pod>| worker_of(&pods, Stage::Deploy, 4, now()).map(|w| w.phase);
         assert_eq!(phase(inference("False", false)), Some(WorkerPhase::Pending));
         assert_eq!(phase(inference("True", false)), Some(WorkerPhase::Running));
         assert_eq!(phase(inference("True", true)), Some(WorkerPhase::Pending));

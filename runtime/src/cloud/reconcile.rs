@@ -25,7 +25,7 @@ use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
 use super::patch;
 use crate::api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use crate::lifecycle::{self, Action, JobView, Observations, Settings, WorkerSpec};
-use crate::workers::pod::{Credential, PodContext, build_pod, endpoint_url};
+use crate::workers::pod::{Credential, PodContext, ROUND_LABEL, build_pod, endpoint_url};
 
 /// Holds a job until its pods are removed and its edge is told (`kubectl delete` waits for it).
 pub const FINALIZER: &str = "lifelonglearningjob.perennial.io/cleanup";
@@ -55,6 +55,8 @@ pub struct Context {
     pub inbox: Arc<Inbox>,
     pub recorder: Recorder,
     pub metrics: Arc<super::metrics::Metrics>,
+    /// Failed reconciles in a row, per job (`namespace/name`): the error backoff.
+    pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,22 +92,34 @@ fn kube_error<'a>(what: &'static str, object: &'a str) -> impl FnOnce(kube::Erro
 pub async fn reconcile(job: Arc<LifelongLearningJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconciles.inc();
     let namespace = job.namespace().unwrap_or_else(|| "default".into());
+    let key = crate::api::key(&job.metadata);
     let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
-    finalizer(&jobs, FINALIZER, job, |event| async {
+    let outcome = finalizer(&jobs, FINALIZER, job, |event| async {
         match event {
             finalizer::Event::Apply(job) => apply(&job, &ctx).await,
             finalizer::Event::Cleanup(job) => cleanup(&job, &ctx).await,
         }
     })
     .await
-    .map_err(|err| Error::Finalizer(Box::new(err)))
+    .map_err(|err| Error::Finalizer(Box::new(err)));
+    if outcome.is_ok() {
+        ctx.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&key);
+    }
+    outcome
 }
 
 /// After an error: counted, logged, tried again after a while.
 pub fn error_policy(job: Arc<LifelongLearningJob>, error: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.error(error.kind());
-    tracing::warn!(job = crate::api::key(&job.metadata), "{error}");
-    Requeue::requeue(Duration::from_secs(5))
+    let key = crate::api::key(&job.metadata);
+    tracing::warn!(job = key, "{error}");
+    // 5 s doubling to 5 min while the job keeps failing, so a lasting error (RBAC, a missing
+    // subresource) does not hammer the API server.
+    let mut failures = ctx.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let count = failures.entry(key).or_insert(0);
+    *count = count.saturating_add(1);
+    let wait = Duration::from_secs(5).saturating_mul(1 << (*count - 1).min(6)).min(Duration::from_secs(300));
+    Requeue::requeue(wait)
 }
 
 /// The stage machine's view of the job's spec.
@@ -132,15 +146,23 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     }
 
     let reports = ctx.inbox.peek(&namespace, &name);
+    // The job comes from the watch's cache. Reports are judged against the status as it is:
+    // one judged stale against an old status would be acknowledged and lost.
+    let mut current = job.clone();
+    if !reports.is_empty() {
+        current = match jobs.get_opt(&name).await.map_err(kube_error("read_job", &key))? {
+            Some(fresh) if fresh.metadata.uid.as_deref() == Some(view.uid.as_str()) => fresh,
+            _ => return Ok(Requeue::await_change()),
+        };
+    }
     let selector = format!("{UID_LABEL}={}", view.uid);
     let listed = pods.list(&ListParams::default().labels(&selector)).await.map_err(kube_error("list_pods", &key))?;
 
-    let mut current = job.clone();
     let mut tries = 0;
     let (before, step) = loop {
         let status = current.status.clone().unwrap_or_default();
         let stage = status.stage.unwrap_or(Stage::Train);
-        let worker = observe::worker_of(&listed.items, stage, status.round);
+        let worker = observe::worker_of(&listed.items, stage, status.round, Timestamp::now());
         let observed = Observations { reports: reports.clone(), worker };
         let step = lifecycle::step(&view, &status, &observed, Timestamp::now(), &ctx.settings);
         let old = serde_json::to_value(&status).unwrap_or_default();
@@ -174,12 +196,31 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         let warning = condition.type_ == Phase::Failed;
         publish(ctx, &reference, warning, &format!("{}{}", condition.stage, condition.type_), note).await;
     }
+    // A Deploy whose old inference pod survived (a failed delete, a leader change between the
+    // status write and the delete): it goes before the new one starts (host network: ports).
+    let stopping = step.actions.iter().any(|a| matches!(a, Action::StopWorkers { stage: Stage::Deploy }));
+    if let (false, Some(round)) = (stopping, starting_deploy(&step.actions))
+        && observe::other_rounds(&listed.items, Stage::Deploy, round)
+    {
+        let selector = format!("{UID_LABEL}={},{WORKER_TYPE_LABEL}=inference,{ROUND_LABEL}!={round}", view.uid);
+        pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
+            .await
+            .map_err(kube_error("delete_pods", &key))?;
+    }
     for action in &step.actions {
         act(job, ctx, &reference, action).await?;
     }
     Ok(match step.recheck_after {
         Some(after) => Requeue::requeue(after.min(RESYNC)),
         None => Requeue::requeue(RESYNC),
+    })
+}
+
+/// The round of the inference worker the actions start, if they start one.
+fn starting_deploy(actions: &[Action]) -> Option<u64> {
+    actions.iter().find_map(|action| match action {
+        Action::StartWorker(spec) if spec.stage == Stage::Deploy => Some(spec.round),
+        _ => None,
     })
 }
 
