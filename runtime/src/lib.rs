@@ -10,6 +10,7 @@ pub mod cloud;
 pub mod edge;
 pub mod embedded;
 pub mod lifecycle;
+pub mod link;
 pub mod policy;
 pub mod storage;
 pub mod store;

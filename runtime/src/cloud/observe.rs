@@ -266,7 +266,7 @@ mod tests {
             observe(&failed_init, Stage::Train, 1, now()).detail.as_deref(),
             Some("container storage-initializer exited 2 (Error)")
         );
-        assert!(other_rounds(&[stuck.clone()], Stage::Train, 2));
+        assert!(other_rounds(std::slice::from_ref(&stuck), Stage::Train, 2));
         assert!(!other_rounds(&[stuck], Stage::Train, 1));
     }
 

@@ -1,0 +1,34 @@
+//! The cloud–edge link. Its protocol core is plain data and functions (no sockets, no async, no
+//! SQLite); the shells (WebSocket over TLS on both ends, the edge's SQLite outbox, the cloud's
+//! durable per-node watermark) only move frames and rows. Every decision is made in the core:
+//! - [`messages`]: the frames, their JSON, the size cap and version negotiation;
+//! - [`handshake`]: `hello` → `welcome` / `refused` (version, node identity);
+//! - [`sender`]: the edge's report window over its outbox, acks, rejects, resend after a cut;
+//! - [`receiver`]: the cloud's per-node report ordering, duplicates, cumulative acks;
+//! - [`desired`]: the node's jobs and datasets, full on connect, then changes, acknowledged;
+//! - [`heartbeat`]: ping, pong and declaring a silent connection dead.
+//!
+//! One connection per node. On each connection the edge sends `hello`; the cloud answers
+//! `welcome` (with its report watermark) and a full `desired`; then reports flow up from the
+//! outbox and desired changes flow down, both acknowledged. A cut (or a restart of either end)
+//! loses nothing: the edge resends every report not acknowledged, the cloud sends its full
+//! desired state again, and both sides drop what they already have.
+
+pub mod desired;
+pub mod handshake;
+pub mod heartbeat;
+pub mod messages;
+pub mod receiver;
+pub mod sender;
+pub mod socket;
+#[cfg(test)]
+mod tests;
+
+pub use desired::{Changes, DESIRED_WINDOW, DesiredError, DesiredReceiver, DesiredSender, Kind, object_key};
+pub use handshake::{Accepted, HandshakeError, Welcomed, accept_hello, hello, read_welcome};
+pub use heartbeat::{DEFAULT_HEARTBEAT_SECS, Heartbeat, HeartbeatAction};
+pub use messages::{
+    FrameError, MAX_FRAME_BYTES, MIN_SUPPORTED, Message, PROTOCOL_VERSION, Side, WINDOW, decode, encode, negotiate,
+};
+pub use receiver::{ReceiveError, Receiver, Verdict};
+pub use sender::{Delete, Fetch, SendError, Sender};
