@@ -32,7 +32,7 @@ const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
     ("sedna.io", "lifelonglearningjobs", &["get", "list", "watch", "patch"]),
     ("sedna.io", "lifelonglearningjobs/status", &["get", "patch"]),
     ("sedna.io", "lifelonglearningjobs/finalizers", &["update"]),
-    ("sedna.io", "datasets", &["get"]),
+    ("sedna.io", "datasets", &["get", "list", "watch"]),
     ("sedna.io", "datasets/status", &["get", "patch"]),
     ("", "pods", &["get", "list", "watch", "create", "deletecollection"]),
     ("", "secrets", &["get"]),

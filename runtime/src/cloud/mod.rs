@@ -17,10 +17,11 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 
-use crate::api::LifelongLearningJob;
+use crate::api::{Dataset, LifelongLearningJob};
 use crate::lifecycle::Settings;
 pub use inbox::Inbox;
 pub use metrics::Metrics;
@@ -87,8 +88,16 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     // Only the jobs' pods: selected by Sedna's uid label.
     let owned = watcher::Config::default().labels(observe::UID_LABEL);
-    let controller = Controller::new(jobs, watcher::Config::default())
+    let datasets: Api<Dataset> = match &options.namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    };
+    let controller = Controller::new(jobs, watcher::Config::default());
+    let known = controller.store();
+    // A Dataset created or changed after its jobs (its node, its credential) wakes them.
+    let controller = controller
         .owns(pods, owned)
+        .watches(datasets, watcher::Config::default(), move |dataset| jobs_of_dataset(&known.state(), &dataset))
         .reconcile_on(reports)
         .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, context)
@@ -113,4 +122,40 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The jobs that use `dataset` (same namespace, `spec.dataset.name`).
+pub fn jobs_of_dataset(jobs: &[Arc<LifelongLearningJob>], dataset: &Dataset) -> Vec<ObjectRef<LifelongLearningJob>> {
+    let (namespace, name) = (dataset.namespace(), dataset.name_any());
+    jobs.iter()
+        .filter(|job| job.namespace() == namespace && job.spec.dataset.name == name)
+        .map(|job| ObjectRef::from_obj(job.as_ref()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dataset_wakes_the_jobs_that_use_it() {
+        let job = |namespace: &str, name: &str, dataset: &str| {
+            let value = serde_json::json!({
+                "apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"dataset": {"name": dataset, "trainProb": 0.8},
+                         "trainSpec": {"template": {}, "trigger": {}}, "evalSpec": {"template": {}},
+                         "deploySpec": {"template": {}}, "outputDir": "/o"}
+            });
+            Arc::new(serde_json::from_value::<LifelongLearningJob>(value).expect("job"))
+        };
+        let jobs = vec![job("ml", "a", "d"), job("ml", "b", "other"), job("lab", "c", "d"), job("ml", "e", "d")];
+        let dataset: Dataset = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sedna.io/v1alpha1", "kind": "Dataset", "metadata": {"name": "d", "namespace": "ml"},
+            "spec": {"url": "/i", "format": "txt", "nodeName": "n"}
+        }))
+        .expect("dataset");
+        let woken: Vec<String> = jobs_of_dataset(&jobs, &dataset).iter().map(|r| r.name.clone()).collect();
+        assert_eq!(woken, ["a", "e"]);
+    }
 }
