@@ -130,6 +130,16 @@ impl ApiServer {
         }
     }
 
+    /// Events, then the dataset read and the train pod created (answered as `name`).
+    async fn train_pod_after_events(&mut self, name: &str) -> Value {
+        let (_, dataset) = self.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+        dataset.ok(dataset_json());
+        let create = self.expect("POST", PODS).await;
+        let body = create.body.clone();
+        create.respond(StatusCode::CREATED, created(body.clone(), name));
+        body
+    }
+
     /// The rest of the calls must be events only; returns their reasons.
     async fn only_events(&mut self) -> Vec<String> {
         let mut reasons = Vec::new();
@@ -520,11 +530,7 @@ async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_c
     assert_eq!(second.body["status"].get("policies"), None, "untouched fields are not in the patch");
     let status = second.body["status"].clone();
     second.ok(job_json(status));
-    let (_, dataset) = api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
-    dataset.ok(dataset_json());
-    let create = api.expect("POST", PODS).await;
-    let body = create.body.clone();
-    create.respond(StatusCode::CREATED, created(body, "thermal-train-x7k2p"));
+    api.train_pod_after_events("thermal-train-x7k2p").await;
     api.only_events().await;
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied once the write succeeded");
@@ -621,11 +627,7 @@ async fn reports_are_judged_against_a_fresh_read_not_the_watch_cache() {
     );
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
-    let (_, dataset) = api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
-    dataset.ok(dataset_json());
-    let create = api.expect("POST", PODS).await;
-    let body = create.body.clone();
-    create.respond(StatusCode::CREATED, created(body, "thermal-train-x7k2p"));
+    api.train_pod_after_events("thermal-train-x7k2p").await;
     api.only_events().await;
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied, not dropped as stale");
