@@ -6,14 +6,9 @@ mod support {
     pub mod s3;
 }
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use s3s::auth::SimpleAuth;
-use s3s::service::S3ServiceBuilder;
 use support::s3::{ACCESS_KEY, S3Server, SECRET_KEY};
 
 const DATASET_ACCESS: &str = "dataset-reader";
@@ -37,57 +32,19 @@ const FETCH_ENV: &[&str] = &[
     "ALL_PROXY",
 ];
 
-/// A second S3 server with its own keys (the shared one has the job's).
-struct DatasetServer {
-    address: SocketAddr,
-    root: tempfile::TempDir,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl DatasetServer {
-    async fn start() -> DatasetServer {
-        let root = tempfile::tempdir().unwrap();
-        let mut builder = S3ServiceBuilder::new(s3s_fs::FileSystem::new(root.path()).unwrap());
-        builder.set_auth(SimpleAuth::from_single(DATASET_ACCESS, DATASET_SECRET));
-        let service = builder.build();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let http = ConnBuilder::new(TokioExecutor::new());
-            while let Ok((socket, _)) = listener.accept().await {
-                let connection = http.serve_connection(TokioIo::new(socket), service.clone()).into_owned();
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-            }
-        });
-        DatasetServer { address, root, task }
-    }
-
-    fn put(&self, bucket: &str, key: &str, bytes: &[u8]) {
-        let path = self.root.path().join(bucket).join(key);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, bytes).unwrap();
-    }
-}
-
-impl Drop for DatasetServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// The two servers, on a runtime of their own while the tests run the binary.
 struct World {
     job: S3Server,
-    dataset: DatasetServer,
+    dataset: S3Server,
     _rt: tokio::runtime::Runtime,
 }
 
 impl World {
     fn start() -> World {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        let (job, dataset) = rt.block_on(async { (S3Server::start().await, DatasetServer::start().await) });
+        let (job, dataset) = rt.block_on(async {
+            (S3Server::start().await, S3Server::start_with_keys(DATASET_ACCESS, DATASET_SECRET).await)
+        });
         World { job, dataset, _rt: rt }
     }
 

@@ -648,13 +648,11 @@ async fn a_deploy_restarted_after_a_crash_removes_the_old_inference_pod_first() 
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
     patch.ok(job_json(Value::Null));
-    let delete = api.expect("DELETE", PODS).await;
-    assert!(delete.query().ends_with("worker-type=inference,perennial.io/round!=1"), "{}", delete.query());
-    delete.ok(pod_list(vec![]));
-    let (reasons, dataset) =
-        api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+    let (reasons, delete) = api.events_then("DELETE", PODS).await;
     assert_eq!(reasons, ["WorkerVanished"]);
-    dataset.ok(dataset_json());
+    assert!(delete.query().ends_with("worker-type=inference"), "{}", delete.query());
+    delete.ok(pod_list(vec![]));
+    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
     let create = api.expect("POST", PODS).await;
     assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
     let body = create.body.clone();

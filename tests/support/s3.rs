@@ -18,16 +18,23 @@ pub struct S3Server {
     pub address: SocketAddr,
     /// Each folder here is a bucket.
     pub root: tempfile::TempDir,
+    access_key: &'static str,
+    secret_key: &'static str,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl S3Server {
     /// Starts a server on an ephemeral port of 127.0.0.1, on the current tokio runtime.
     pub async fn start() -> S3Server {
+        S3Server::start_with_keys(ACCESS_KEY, SECRET_KEY).await
+    }
+
+    /// The same, accepting only the given keys (a second owner's server).
+    pub async fn start_with_keys(access_key: &'static str, secret_key: &'static str) -> S3Server {
         let root = tempfile::tempdir().expect("temp dir");
         let fs = s3s_fs::FileSystem::new(root.path()).expect("s3s-fs over the temp dir");
         let mut builder = S3ServiceBuilder::new(fs);
-        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        builder.set_auth(SimpleAuth::from_single(access_key, secret_key));
         let service = builder.build();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1");
         let address = listener.local_addr().expect("local address");
@@ -40,15 +47,15 @@ impl S3Server {
                 });
             }
         });
-        S3Server { address, root, task }
+        S3Server { address, root, access_key, secret_key, task }
     }
 
     pub fn credentials(&self) -> S3Credentials {
         S3Credentials {
             endpoint: self.address.to_string(),
             use_https: false,
-            access_key_id: ACCESS_KEY.into(),
-            secret_access_key: SECRET_KEY.into(),
+            access_key_id: self.access_key.into(),
+            secret_access_key: self.secret_key.into(),
         }
     }
 

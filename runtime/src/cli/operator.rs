@@ -79,14 +79,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             ..Settings::default()
         },
         workers: WorkerDefaults { lc_server: args.lc_server, kb_server: args.kb_server, fetch_image: args.image },
-        leader: (!args.no_leader_election).then(|| LeaseSettings {
-            namespace: args.lease_namespace,
-            name: args.lease_name,
-            identity: identity.clone(),
-            duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
-            retry_every: Duration::from_secs(2),
-        }),
+        leader: (!args.no_leader_election)
+            .then(|| LeaseSettings::new(args.lease_namespace, args.lease_name, identity.clone())),
         instance: Some(identity),
     };
     cloud::run(client, options).await?;

@@ -1,6 +1,5 @@
 //! The operator's Prometheus metrics and its `/metrics` and `/healthz` endpoints.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -100,13 +99,6 @@ async fn health(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "unhealthy\n")
     }
-}
-
-/// Serves the endpoints on `address` until the process ends.
-pub async fn serve(address: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    tracing::info!(%address, "serving /metrics and /healthz");
-    axum::serve(listener, router(metrics)).await
 }
 
 #[cfg(test)]

@@ -71,10 +71,9 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
 
     let (inbox, woken) = Inbox::new();
-    let (jobs, pods): (Api<LifelongLearningJob>, Api<Pod>) = match &options.namespace {
-        Some(namespace) => (Api::namespaced(client.clone(), namespace), Api::namespaced(client.clone(), namespace)),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
-    };
+    let scope = options.namespace.as_deref();
+    let jobs = scoped::<LifelongLearningJob>(&client, scope);
+    let (pods, datasets) = (scoped::<Pod>(&client, scope), scoped::<Dataset>(&client, scope));
     let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
     let context = Arc::new(Context {
         client: client.clone(),
@@ -88,10 +87,6 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     // Only the jobs' pods: selected by Sedna's uid label.
     let owned = watcher::Config::default().labels(observe::UID_LABEL);
-    let datasets: Api<Dataset> = match &options.namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    };
     let controller = Controller::new(jobs, watcher::Config::default());
     let known = controller.store();
     // A Dataset created or changed after its jobs (its node, its credential) wakes them.
@@ -122,6 +117,18 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// An API over one namespace, or all of them.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
 }
 
 /// The jobs that use `dataset` (same namespace, `spec.dataset.name`).

@@ -24,13 +24,6 @@ pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Opti
         .map(|pod| observe(pod, stage, round, now))
 }
 
-/// Whether any of `stage`'s pods belongs to another round than `round`.
-pub fn other_rounds(pods: &[Pod], stage: Stage, round: u64) -> bool {
-    pods.iter()
-        .filter(|pod| label(pod, WORKER_TYPE_LABEL) == Some(stage.worker_kind()))
-        .any(|pod| label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok()) != Some(round))
-}
-
 /// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
 const STUCK: &[&str] =
     &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"];
@@ -266,8 +259,6 @@ mod tests {
             observe(&failed_init, Stage::Train, 1, now()).detail.as_deref(),
             Some("container storage-initializer exited 2 (Error)")
         );
-        assert!(other_rounds(std::slice::from_ref(&stuck), Stage::Train, 2));
-        assert!(!other_rounds(&[stuck], Stage::Train, 1));
     }
 
     #[test]

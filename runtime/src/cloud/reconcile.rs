@@ -25,7 +25,7 @@ use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
 use super::patch;
 use crate::api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use crate::lifecycle::{self, Action, JobView, Observations, Settings, WorkerSpec};
-use crate::workers::pod::{Credential, PodContext, ROUND_LABEL, build_pod, endpoint_url};
+use crate::workers::pod::{Credential, PodContext, build_pod, endpoint_url};
 
 /// Holds a job until its pods are removed and its edge is told (`kubectl delete` waits for it).
 pub const FINALIZER: &str = "lifelonglearningjob.perennial.io/cleanup";
@@ -91,8 +91,7 @@ fn kube_error<'a>(what: &'static str, object: &'a str) -> impl FnOnce(kube::Erro
 /// and when the edge has reports for it).
 pub async fn reconcile(job: Arc<LifelongLearningJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconciles.inc();
-    let namespace = job.namespace().unwrap_or_else(|| "default".into());
-    let key = crate::api::key(&job.metadata);
+    let (namespace, key) = (namespace_of(&job), crate::api::key(&job.metadata));
     let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
     let outcome = finalizer(&jobs, FINALIZER, job, |event| async {
         match event {
@@ -106,6 +105,11 @@ pub async fn reconcile(job: Arc<LifelongLearningJob>, ctx: Arc<Context>) -> Resu
         ctx.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&key);
     }
     outcome
+}
+
+/// The job's namespace (`default` when left out, as `api::key` says).
+fn namespace_of(job: &LifelongLearningJob) -> String {
+    job.namespace().unwrap_or_else(|| "default".into())
 }
 
 /// After an error: counted, logged, tried again after a while.
@@ -131,9 +135,7 @@ pub fn job_view(job: &LifelongLearningJob) -> JobView {
 }
 
 async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {
-    let namespace = job.namespace().unwrap_or_else(|| "default".into());
-    let name = job.name_any();
-    let key = format!("{namespace}/{name}");
+    let (namespace, name, key) = (namespace_of(job), job.name_any(), crate::api::key(&job.metadata));
     let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let view = job_view(job);
@@ -150,10 +152,8 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     // one judged stale against an old status would be acknowledged and lost.
     let mut current = job.clone();
     if !reports.is_empty() {
-        current = match jobs.get_opt(&name).await.map_err(kube_error("read_job", &key))? {
-            Some(fresh) if fresh.metadata.uid.as_deref() == Some(view.uid.as_str()) => fresh,
-            _ => return Ok(Requeue::await_change()),
-        };
+        let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else { return Ok(Requeue::await_change()) };
+        current = fresh;
     }
     let selector = format!("{UID_LABEL}={}", view.uid);
     let listed = pods.list(&ListParams::default().labels(&selector)).await.map_err(kube_error("list_pods", &key))?;
@@ -162,9 +162,10 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     let (before, step) = loop {
         let status = current.status.clone().unwrap_or_default();
         let stage = status.stage.unwrap_or(Stage::Train);
-        let worker = observe::worker_of(&listed.items, stage, status.round, Timestamp::now());
+        let now = Timestamp::now();
+        let worker = observe::worker_of(&listed.items, stage, status.round, now);
         let observed = Observations { reports: reports.clone(), worker };
-        let step = lifecycle::step(&view, &status, &observed, Timestamp::now(), &ctx.settings);
+        let step = lifecycle::step(&view, &status, &observed, now, &ctx.settings);
         let old = serde_json::to_value(&status).unwrap_or_default();
         let new = serde_json::to_value(&step.status).unwrap_or_default();
         let version = current.metadata.resource_version.clone().unwrap_or_default();
@@ -174,10 +175,10 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
             Err(kube::Error::Api(status)) if status.is_conflict() && tries + 1 < STATUS_TRIES => {
                 tries += 1;
                 tracing::debug!(job = key, "the status changed since it was read; reading it again");
-                current = match jobs.get_opt(&name).await.map_err(kube_error("read_job", &key))? {
-                    Some(fresh) if fresh.metadata.uid.as_deref() == Some(view.uid.as_str()) => fresh,
-                    _ => return Ok(Requeue::await_change()), // deleted meanwhile
+                let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else {
+                    return Ok(Requeue::await_change()); // deleted meanwhile
                 };
+                current = fresh;
             }
             Err(kube::Error::Api(status)) if status.is_conflict() => return Err(Error::Conflicts(key)),
             Err(err) => return Err(kube_error("patch_status", &key)(err)),
@@ -196,17 +197,6 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         let warning = condition.type_ == Phase::Failed;
         publish(ctx, &reference, warning, &format!("{}{}", condition.stage, condition.type_), note).await;
     }
-    // A Deploy whose old inference pod survived (a failed delete, a leader change between the
-    // status write and the delete): it goes before the new one starts (host network: ports).
-    let stopping = step.actions.iter().any(|a| matches!(a, Action::StopWorkers { stage: Stage::Deploy }));
-    if let (false, Some(round)) = (stopping, starting_deploy(&step.actions))
-        && observe::other_rounds(&listed.items, Stage::Deploy, round)
-    {
-        let selector = format!("{UID_LABEL}={},{WORKER_TYPE_LABEL}=inference,{ROUND_LABEL}!={round}", view.uid);
-        pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
-            .await
-            .map_err(kube_error("delete_pods", &key))?;
-    }
     for action in &step.actions {
         act(job, ctx, &reference, action).await?;
     }
@@ -216,12 +206,16 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     })
 }
 
-/// The round of the inference worker the actions start, if they start one.
-fn starting_deploy(actions: &[Action]) -> Option<u64> {
-    actions.iter().find_map(|action| match action {
-        Action::StartWorker(spec) if spec.stage == Stage::Deploy => Some(spec.round),
-        _ => None,
-    })
+/// The job as the API server has it now, if it is still the same job (not deleted, not
+/// re-created under the same name).
+async fn read_fresh(
+    jobs: &Api<LifelongLearningJob>,
+    name: &str,
+    uid: &str,
+    key: &str,
+) -> Result<Option<LifelongLearningJob>, Error> {
+    let fresh = jobs.get_opt(name).await.map_err(kube_error("read_job", key))?;
+    Ok(fresh.filter(|job| job.metadata.uid.as_deref() == Some(uid)))
 }
 
 /// The conditions `after` has that `before` did not (the list is capped: found by the last
@@ -245,8 +239,7 @@ async fn act(
     reference: &k8s_openapi::api::core::v1::ObjectReference,
     action: &Action,
 ) -> Result<(), Error> {
-    let namespace = job.namespace().unwrap_or_else(|| "default".into());
-    let key = format!("{namespace}/{}", job.name_any());
+    let (namespace, key) = (namespace_of(job), crate::api::key(&job.metadata));
     match action {
         Action::StartWorker(spec) => match start_worker(job, ctx, spec).await {
             Ok(pod) => {
@@ -282,8 +275,7 @@ async fn act(
 
 /// Creates the stage's pod from the job's template; returns its name.
 async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpec) -> Result<String, Error> {
-    let namespace = job.namespace().unwrap_or_else(|| "default".into());
-    let key = format!("{namespace}/{}", job.name_any());
+    let (namespace, key) = (namespace_of(job), crate::api::key(&job.metadata));
     let datasets: Api<Dataset> = Api::namespaced(ctx.client.clone(), &namespace);
     let dataset_name = &job.spec.dataset.name;
     let dataset = datasets.get(dataset_name).await.map_err(kube_error("read_dataset", &key))?;
@@ -333,9 +325,7 @@ async fn credential(
 /// the job is gone), its waiting reports are dropped, and the edge forgets it (the job leaves
 /// the node's desired state).
 async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {
-    let namespace = job.namespace().unwrap_or_else(|| "default".into());
-    let name = job.name_any();
-    let key = format!("{namespace}/{name}");
+    let (namespace, name, key) = (namespace_of(job), job.name_any(), crate::api::key(&job.metadata));
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let uid = job.metadata.uid.clone().unwrap_or_default();
     pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&format!("{UID_LABEL}={uid}")))

@@ -379,6 +379,11 @@ impl Machine<'_> {
                 "WorkerVanished",
                 format!("the {stage} worker of round {round} is gone; starting it again"),
             );
+            // As on Ready: an inference worker of another round that survived (a stop that
+            // failed, a crash between the status write and the stop) goes first.
+            if stage == Stage::Deploy {
+                self.actions.push(Action::StopWorkers { stage });
+            }
             self.actions.push(Action::StartWorker(self.worker_spec(stage, round)));
             self.status.worker = Some(known);
             return;

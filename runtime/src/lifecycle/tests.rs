@@ -310,8 +310,19 @@ fn replaces(expected: WorkerSpec) -> impl Fn(&[Action]) -> bool {
     move |a| matches!(a, [Action::StopWorkers { stage: Deploy }, Action::StartWorker(s)] if *s == expected)
 }
 
+/// A vanished worker started again (an inference worker replacing any other, as on Ready).
 fn restarts(expected: WorkerSpec) -> impl Fn(&[Action]) -> bool {
-    move |a| matches!(a, [Action::Event { warning: true, reason: "WorkerVanished", .. }, Action::StartWorker(s)] if *s == expected)
+    move |a| match a {
+        [Action::Event { warning: true, reason: "WorkerVanished", .. }, Action::StartWorker(s)] => {
+            expected.stage != Deploy && *s == expected
+        }
+        [
+            Action::Event { warning: true, reason: "WorkerVanished", .. },
+            Action::StopWorkers { stage: Deploy },
+            Action::StartWorker(s),
+        ] => expected.stage == Deploy && *s == expected,
+        _ => false,
+    }
 }
 
 /// A failed stage: its workers stopped, a warning.

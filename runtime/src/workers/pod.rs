@@ -66,6 +66,35 @@ enum Owner {
     Dataset,
 }
 
+/// One download of `perennial fetch`, by its flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fetch {
+    Job,
+    Dataset,
+    /// A round's sample index, written by the edge into the job's output, naming the dataset's
+    /// files: the index read with the job's credential, its files with the dataset's.
+    DatasetIndex,
+}
+
+impl Fetch {
+    fn flag(self) -> &'static str {
+        match self {
+            Fetch::Job => "--job",
+            Fetch::Dataset => "--dataset",
+            Fetch::DatasetIndex => "--dataset-index",
+        }
+    }
+
+    /// The credentials the download reads with.
+    fn credentials(self) -> &'static [Owner] {
+        match self {
+            Fetch::Job => &[Owner::Job],
+            Fetch::Dataset => &[Owner::Dataset],
+            Fetch::DatasetIndex => &[Owner::Job, Owner::Dataset],
+        }
+    }
+}
+
 /// How one env value that is a URL reaches the worker.
 struct UrlEnv {
     name: &'static str,
@@ -192,8 +221,8 @@ struct Mounts {
     volumes: Vec<Volume>,
     app_mounts: Vec<VolumeMount>,
     host_path: bool,
-    /// Whose file, the `perennial fetch` flag, source, destination folder.
-    downloads: Vec<(Owner, &'static str, String, String)>,
+    /// How `perennial fetch` gets it, source, destination folder.
+    downloads: Vec<(Fetch, String, String)>,
     /// Credentials the workers need for raw `s3://` values.
     s3_raw: Vec<Owner>,
 }
@@ -232,15 +261,14 @@ impl Mounts {
                 // /downloads/<bucket or host>/<key>; the index of a remote txt dataset is indirect.
                 let local = format!("{DOWNLOADS}/{rest}");
                 let folder = local.rsplit_once('/').map(|(dir, _)| dir.to_owned()).unwrap_or(local.clone());
-                // A round's sample index, written by the edge into the job's output, naming the
-                // dataset's files: read with the job's credential, its files with the dataset's.
+                // A remote dataset's round index (see `Fetch::DatasetIndex`).
                 let indirect = how.name == "ORIGINAL_DATASET_URL" && url != ctx.dataset.spec.url;
-                let flag = match (indirect, how.owner) {
-                    (true, _) => "--dataset-index",
-                    (false, Owner::Job) => "--job",
-                    (false, Owner::Dataset) => "--dataset",
+                let fetch = match (indirect, how.owner) {
+                    (true, _) => Fetch::DatasetIndex,
+                    (false, Owner::Job) => Fetch::Job,
+                    (false, Owner::Dataset) => Fetch::Dataset,
                 };
-                self.downloads.push((how.owner, flag, url.to_owned(), folder));
+                self.downloads.push((fetch, url.to_owned(), folder));
                 if !self.app_mounts.iter().any(|m| m.name == DOWNLOADS_VOLUME) {
                     self.app_mounts.push(VolumeMount {
                         name: DOWNLOADS_VOLUME.into(),
@@ -264,18 +292,13 @@ impl Mounts {
     /// DST ...`, each download with its own credential (Sedna gives one set for all).
     fn initializer(&self, ctx: &PodContext<'_>) -> Container {
         let mut args = vec!["fetch".to_owned()];
-        for (_, flag, source, destination) in &self.downloads {
-            args.push((*flag).to_owned());
+        for (fetch, source, destination) in &self.downloads {
+            args.push(fetch.flag().to_owned());
             args.push(source.clone());
             args.push(destination.clone());
         }
         let mut env = Vec::new();
-        // A dataset index is the job's file.
-        let needs = |owner| {
-            self.downloads
-                .iter()
-                .any(|(o, flag, ..)| *o == owner || (owner == Owner::Job && *flag == "--dataset-index"))
-        };
+        let needs = |owner| self.downloads.iter().any(|(fetch, ..)| fetch.credentials().contains(&owner));
         if let (true, Some(credential)) = (needs(Owner::Job), &ctx.job_credential) {
             env.extend(s3_env("", credential));
         }
