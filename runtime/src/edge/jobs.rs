@@ -32,10 +32,20 @@ pub fn job_spec(store: &Store, job: &str) -> Result<Option<JobSpec>, rusqlite::E
 /// Registers a job, or updates its spec. A job that comes back under the same name with
 /// another uid is a new job: its old state is dropped in the same transaction.
 pub fn register_job(store: &mut Store, name: &str, uid: &str, spec: &JobSpec) -> Result<(), rusqlite::Error> {
+    let tx = store.write()?;
+    register_in(&tx, name, uid, spec)?;
+    tx.commit()
+}
+
+/// [`register_job`] inside the caller's transaction.
+pub fn register_in(
+    tx: &rusqlite::Transaction<'_>,
+    name: &str,
+    uid: &str,
+    spec: &JobSpec,
+) -> Result<(), rusqlite::Error> {
     let spec_json =
         serde_json::to_string(spec).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
-    let spec_json = spec_json.as_str();
-    let tx = store.write()?;
     let known: Option<String> =
         tx.query_row("SELECT uid FROM jobs WHERE name = ?1", [name], |row| row.get(0)).optional()?;
     match known {
@@ -43,14 +53,14 @@ pub fn register_job(store: &mut Store, name: &str, uid: &str, spec: &JobSpec) ->
             tx.execute("UPDATE jobs SET spec = ?2 WHERE name = ?1", params![name, spec_json])?;
         }
         Some(_) => {
-            forget(&tx, name)?;
+            forget(tx, name)?;
             tx.execute("INSERT INTO jobs (name, uid, spec) VALUES (?1, ?2, ?3)", params![name, uid, spec_json])?;
         }
         None => {
             tx.execute("INSERT INTO jobs (name, uid, spec) VALUES (?1, ?2, ?3)", params![name, uid, spec_json])?;
         }
     }
-    tx.commit()
+    Ok(())
 }
 
 /// Forgets a job and everything the edge kept for it.
@@ -60,7 +70,7 @@ pub fn forget_job(store: &mut Store, name: &str) -> Result<(), rusqlite::Error> 
     tx.commit()
 }
 
-fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
+pub(crate) fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
     for table in ["batches", "results", "outbox", "workers"] {
         tx.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [name])?;
     }

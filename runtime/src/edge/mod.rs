@@ -18,6 +18,7 @@ pub mod index_file;
 pub mod ingest;
 pub mod jobs;
 pub mod lines;
+pub mod link_state;
 pub mod output;
 pub mod report;
 pub mod rounds;

@@ -154,6 +154,19 @@ pub fn apply_notice(
     failed: bool,
 ) -> Result<bool, rusqlite::Error> {
     let tx = store.write()?;
+    let applied = apply_notice_in(&tx, job, stage, round, failed)?;
+    tx.commit()?;
+    Ok(applied)
+}
+
+/// [`apply_notice`] inside the caller's transaction.
+pub fn apply_notice_in(
+    tx: &rusqlite::Transaction<'_>,
+    job: &str,
+    stage: &str,
+    round: i64,
+    failed: bool,
+) -> Result<bool, rusqlite::Error> {
     let edge_round: Option<i64> =
         tx.query_row("SELECT round FROM jobs WHERE name = ?1", [job], |r| r.get(0)).optional()?;
     let Some(edge_round) = edge_round else { return Ok(false) };
@@ -168,7 +181,6 @@ pub fn apply_notice(
         "UPDATE jobs SET stage = ?2, phase = 'Waiting', round = MAX(round, ?3) WHERE name = ?1",
         params![job, stage, round],
     )?;
-    tx.commit()?;
     Ok(true)
 }
 

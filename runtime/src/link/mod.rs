@@ -6,7 +6,12 @@
 //! - [`sender`]: the edge's report window over its outbox, acks, rejects, resend after a cut;
 //! - [`receiver`]: the cloud's per-node report ordering, duplicates, cumulative acks;
 //! - [`desired`]: the node's jobs and datasets, full on connect, then changes, acknowledged;
-//! - [`heartbeat`]: ping, pong and declaring a silent connection dead.
+//! - [`heartbeat`]: ping, pong and declaring a silent connection dead;
+//! - [`scope`]: a node reports only on its own jobs and datasets.
+//!
+//! The shells: [`socket`] (TLS, WebSocket, token, hello), [`cloud_server`] (the operator's
+//! listener over a [`cloud_server::CloudSide`]) and [`edge_client`] (the agent's connection over
+//! its SQLite, [`edge_client::EdgeState`]).
 //!
 //! One connection per node. On each connection the edge sends `hello`; the cloud answers
 //! `welcome` (with its report watermark) and a full `desired`; then reports flow up from the
@@ -14,12 +19,17 @@
 //! loses nothing: the edge resends every report not acknowledged, the cloud sends its full
 //! desired state again, and both sides drop what they already have.
 
+pub mod cloud_server;
 pub mod desired;
+pub mod edge_client;
 pub mod handshake;
 pub mod heartbeat;
 pub mod messages;
 pub mod receiver;
+pub mod scope;
 pub mod sender;
+#[cfg(test)]
+mod shell_tests;
 pub mod socket;
 #[cfg(test)]
 mod tests;
@@ -32,3 +42,9 @@ pub use messages::{
 };
 pub use receiver::{ReceiveError, Receiver, Verdict};
 pub use sender::{Delete, Fetch, SendError, Sender};
+
+/// Waits until `flag` is true (or its sender is gone). The guard `wait_for` returns is dropped
+/// here, so callers can await after it.
+pub(crate) async fn until_true(flag: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = flag.wait_for(|set| *set).await;
+}

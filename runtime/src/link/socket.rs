@@ -135,6 +135,17 @@ pub async fn accept(
     last_applied_report: impl FnOnce(&str) -> u64,
     heartbeat_secs: u32,
 ) -> Result<(String, Accepted, ServerStream), LinkError> {
+    let (node, mut ws) = upgrade(tcp, tls, tokens).await?;
+    let accepted = greet(&node, &mut ws, last_applied_report(&node), heartbeat_secs).await?;
+    Ok((node, accepted, ws))
+}
+
+/// TLS and the WebSocket upgrade, the bearer token checked in it: the token's node and the stream.
+pub async fn upgrade(
+    tcp: TcpStream,
+    tls: &TlsAcceptor,
+    tokens: &NodeTokens,
+) -> Result<(String, ServerStream), LinkError> {
     let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let opened = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let stream = tls.accept(tcp).await.map_err(|err| LinkError::Io(format!("TLS from {peer}"), err))?;
@@ -154,6 +165,7 @@ pub async fn accept(
                     Ok(response)
                 }
                 None => {
+                    tracing::warn!(peer, "link refused: a missing or unknown bearer token");
                     let mut refusal = ErrorResponse::new(Some(
                         "the link needs a node's bearer token: this one is missing or unknown".to_owned(),
                     ));
@@ -169,19 +181,29 @@ pub async fn accept(
     })
     .await
     .map_err(|_| LinkError::Timeout(HANDSHAKE_TIMEOUT))?;
-    let (node, mut ws) = opened?;
-    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, recv(&mut ws))
+    opened
+}
+
+/// Reads `node`'s `hello` and answers it: `welcome` (with the node's report watermark), or
+/// `refused` and a close.
+pub async fn greet(
+    node: &str,
+    ws: &mut ServerStream,
+    last_applied_report: u64,
+    heartbeat_secs: u32,
+) -> Result<Accepted, LinkError> {
+    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, recv(ws))
         .await
         .map_err(|_| LinkError::Timeout(HANDSHAKE_TIMEOUT))??
         .ok_or(LinkError::Closed)?;
-    match accept_hello(&node, &first, last_applied_report(&node), heartbeat_secs) {
+    match accept_hello(node, &first, last_applied_report, heartbeat_secs) {
         Ok(accepted) => {
-            send(&mut ws, &accepted.welcome).await?;
-            Ok((node, accepted, ws))
+            send(ws, &accepted.welcome).await?;
+            Ok(accepted)
         }
         Err(refused) => {
-            tracing::warn!(node, peer, "link refused: {refused}");
-            let _ = send(&mut ws, &refused.refusal()).await;
+            tracing::warn!(node, "link refused: {refused}");
+            let _ = send(ws, &refused.refusal()).await;
             let _ = ws.close(None).await;
             Err(refused.into())
         }
@@ -265,4 +287,4 @@ pub async fn recv<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

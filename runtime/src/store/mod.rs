@@ -109,6 +109,21 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE policy_health ADD COLUMN digest TEXT;
     ALTER TABLE policy_health ADD COLUMN rejected TEXT;
     "#,
+    // 9: the node's desired state from the cloud link (jobs and datasets as sent), and the seq
+    // of the last one committed, so that the agent runs on from it while the cloud is away.
+    r#"
+    CREATE TABLE desired (
+        kind  TEXT NOT NULL,                             -- 'job' or 'dataset'
+        key   TEXT NOT NULL,                             -- namespace/name
+        body  TEXT NOT NULL,                             -- JSON, as the cloud sent it
+        PRIMARY KEY (kind, key)
+    ) WITHOUT ROWID;
+    CREATE TABLE link (
+        id           INTEGER PRIMARY KEY CHECK (id = 1),
+        desired_seq  INTEGER NOT NULL
+    );
+    INSERT INTO link (id, desired_seq) VALUES (1, 0);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

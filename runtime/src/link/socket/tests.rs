@@ -9,13 +9,14 @@ use super::*;
 use crate::link::handshake::hello;
 use crate::link::messages::PROTOCOL_VERSION;
 
-struct Pki {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
+pub(crate) struct Pki {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
 }
 
-fn pki() -> Pki {
+/// A CA, and a certificate it signed for localhost and 127.0.0.1.
+pub(crate) fn pki() -> Pki {
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("CA");

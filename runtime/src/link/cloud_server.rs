@@ -1,0 +1,254 @@
+//! The cloud's shell of the link: accept nodes, apply their reports in order, send their desired
+//! state, keep each connection alive. One connection per node: a new one from the same node
+//! ends the old one first, so that a node's reports are never applied by two at once. What to
+//! apply, and where it is durable, is the [`CloudSide`]'s (the operator's job status, a test's
+//! SQLite); every protocol decision is the core's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+
+use super::desired::{DesiredSender, Kind};
+use super::heartbeat::{Heartbeat, HeartbeatAction};
+use super::messages::Message;
+use super::receiver::{Receiver, Verdict};
+use super::scope;
+use super::socket::{self, LinkError, NodeTokens, ServerStream};
+use super::until_true;
+
+/// What one node should hold: its jobs and datasets, by `namespace/name`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeDesired {
+    pub jobs: BTreeMap<String, Value>,
+    pub datasets: BTreeMap<String, Value>,
+}
+
+/// How a report ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// Durable, with the node's watermark moved to its seq.
+    Applied,
+    /// Never to be applied: the reason goes back to the edge and into the log.
+    Rejected(String),
+    /// Not applied now (the store is unreachable): the connection ends and the edge resends.
+    Failed(String),
+}
+
+/// The cloud's durable side of the link.
+pub trait CloudSide: Send + Sync + 'static {
+    /// The highest report seq of `node` applied durably (0: none).
+    fn last_applied_report(&self, node: &str) -> impl Future<Output = Result<u64, String>> + Send;
+    /// Applies report `seq` of `node` durably, idempotently (a seq at or under the node's
+    /// watermark is already applied), and moves the watermark with it.
+    fn apply(&self, node: &str, seq: u64, body: Value) -> impl Future<Output = Applied> + Send;
+    /// The node's desired state, as it changes.
+    fn desired(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>>;
+}
+
+pub struct ServerSettings {
+    pub tls: Arc<ServerConfig>,
+    /// Replaced when a token Secret changes.
+    pub tokens: watch::Receiver<Arc<NodeTokens>>,
+    pub heartbeat_secs: u32,
+}
+
+/// One running connection per node: a way to end it, and a lock its session holds.
+#[derive(Default)]
+struct Nodes {
+    by_name: Mutex<HashMap<String, (watch::Sender<bool>, Arc<tokio::sync::Mutex<()>>)>>,
+}
+
+impl Nodes {
+    /// Ends `node`'s current connection, and returns this one's end signal and lock.
+    fn take_over(&self, node: &str) -> (watch::Receiver<bool>, Arc<tokio::sync::Mutex<()>>) {
+        let mut nodes = self.by_name.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (end, ended) = watch::channel(false);
+        let lock = match nodes.insert(node.to_owned(), (end, Arc::default())) {
+            Some((old, lock)) => {
+                let _ = old.send(true);
+                lock
+            }
+            None => Arc::default(),
+        };
+        if let Some(entry) = nodes.get_mut(node) {
+            entry.1 = lock.clone();
+        }
+        (ended, lock)
+    }
+}
+
+/// Accepts nodes on `listener` until `stop` turns true.
+pub async fn serve<C: CloudSide>(
+    listener: TcpListener,
+    settings: ServerSettings,
+    side: Arc<C>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let acceptor = TlsAcceptor::from(settings.tls.clone());
+    let nodes = Arc::new(Nodes::default());
+    let mut sessions = tokio::task::JoinSet::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::warn!("link listener: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = until_true(&mut stop) => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, tokens, side, nodes, stop) =
+            (acceptor.clone(), settings.tokens.borrow().clone(), side.clone(), nodes.clone(), stop.clone());
+        let heartbeat_secs = settings.heartbeat_secs;
+        sessions.spawn(async move {
+            if let Err(err) = connection(tcp, &acceptor, &tokens, side.as_ref(), &nodes, heartbeat_secs, stop).await {
+                tracing::warn!(%peer, "link connection ended: {err}");
+            }
+        });
+        // Reap the finished ones so the set does not grow with every reconnect.
+        while sessions.try_join_next().is_some() {}
+    }
+    sessions.shutdown().await;
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("node {node}: {message}")]
+    Protocol { node: String, message: String },
+    #[error("node {node}: report {seq} could not be applied, the edge will resend it: {message}")]
+    Failed { node: String, seq: u64, message: String },
+    #[error("node {node}: no frame for two heartbeat intervals: the connection is dead")]
+    Silent { node: String },
+}
+
+async fn connection<C: CloudSide>(
+    tcp: TcpStream,
+    acceptor: &TlsAcceptor,
+    tokens: &NodeTokens,
+    side: &C,
+    nodes: &Nodes,
+    heartbeat_secs: u32,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), SessionError> {
+    let (node, mut ws) = socket::upgrade(tcp, acceptor, tokens).await?;
+    let (mut ended, lock) = nodes.take_over(&node);
+    // The node's previous connection finishes the report it is applying, then lets go.
+    let _exclusive = lock.lock_owned().await;
+    let protocol = |message: String| SessionError::Protocol { node: node.clone(), message };
+    let watermark = side.last_applied_report(&node).await.map_err(|err| protocol(format!("its watermark: {err}")))?;
+    let accepted = socket::greet(&node, &mut ws, watermark, heartbeat_secs).await?;
+    tracing::info!(node, watermark, "link up");
+    let mut receiver = Receiver::new(watermark);
+    receiver.connected();
+    let mut desired_source = side.desired(&node);
+    let mut current = desired_source.borrow_and_update().clone();
+    let mut desired = DesiredSender::new();
+    sync_desired(&mut desired, &NodeDesired::default(), &current, &node);
+    socket::send(&mut ws, &desired.connected(accepted.last_applied_desired)).await?;
+    let interval = Duration::from_secs(u64::from(heartbeat_secs.max(1)));
+    let epoch = Instant::now();
+    let mut heartbeat = Heartbeat::new(interval, epoch.elapsed());
+    loop {
+        while let Some(change) = desired.next_change() {
+            write(&mut ws, &change, interval * 2, &node).await?;
+        }
+        let next_poll = tokio::time::Instant::from_std(epoch + heartbeat.next_poll());
+        tokio::select! {
+            frame = socket::recv(&mut ws) => {
+                let Some(frame) = frame? else { return Ok(()) };
+                heartbeat.received(epoch.elapsed());
+                match frame {
+                    Message::Report { seq, body } => {
+                        let verdict = receiver.receive(seq).map_err(|err| protocol(err.to_string()))?;
+                        let answers = match verdict {
+                            Verdict::Apply => {
+                                let outcome = match scope::check(&body, &current) {
+                                    Ok(()) => side.apply(&node, seq, body).await,
+                                    Err(why) => Applied::Rejected(why),
+                                };
+                                match outcome {
+                                    Applied::Applied => receiver.applied(seq),
+                                    Applied::Rejected(reason) => {
+                                        tracing::warn!(node, seq, "report refused: {reason}");
+                                        receiver.rejected(seq, &reason)
+                                    }
+                                    Applied::Failed(message) => {
+                                        return Err(SessionError::Failed { node: node.clone(), seq, message });
+                                    }
+                                }
+                                .map_err(|err| protocol(err.to_string()))?
+                            }
+                            Verdict::Duplicate(answer) | Verdict::Rejected(answer) => vec![answer],
+                            Verdict::Waiting => Vec::new(),
+                        };
+                        for answer in &answers {
+                            write(&mut ws, answer, interval * 2, &node).await?;
+                        }
+                    }
+                    Message::DesiredAck { seq } => desired.ack(seq).map_err(|err| protocol(err.to_string()))?,
+                    Message::Ping { nonce } => write(&mut ws, &Message::Pong { nonce }, interval * 2, &node).await?,
+                    Message::Pong { nonce } => {
+                        heartbeat.pong(nonce, epoch.elapsed());
+                    }
+                    other => return Err(protocol(format!("a {} frame mid-connection", other.kind()))),
+                }
+            }
+            changed = desired_source.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                let next = desired_source.borrow_and_update().clone();
+                sync_desired(&mut desired, &current, &next, &node);
+                current = next;
+            }
+            _ = tokio::time::sleep_until(next_poll) => match heartbeat.poll(epoch.elapsed()) {
+                HeartbeatAction::SendPing(nonce) => write(&mut ws, &Message::Ping { nonce }, interval * 2, &node).await?,
+                HeartbeatAction::Dead => return Err(SessionError::Silent { node: node.clone() }),
+                HeartbeatAction::Nothing => {}
+            },
+            _ = until_true(&mut ended) => {
+                tracing::info!(node, "a new connection from the node replaces this one");
+                let _ = ws.close(None).await;
+                return Ok(());
+            }
+            _ = until_true(&mut stop) => {
+                let _ = ws.close(None).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Moves the sender from `before` to `after`.
+fn sync_desired(sender: &mut DesiredSender, before: &NodeDesired, after: &NodeDesired, node: &str) {
+    for (kind, was, now) in [(Kind::Job, &before.jobs, &after.jobs), (Kind::Dataset, &before.datasets, &after.datasets)]
+    {
+        for key in was.keys().filter(|key| !now.contains_key(*key)) {
+            sender.remove(kind, key);
+        }
+        for (key, object) in now.iter().filter(|(key, object)| was.get(*key) != Some(object)) {
+            if let Err(err) = sender.set(kind, object.clone()) {
+                tracing::error!(node, key, "not sent to the node: {err}");
+            }
+        }
+    }
+}
+
+async fn write(ws: &mut ServerStream, frame: &Message, limit: Duration, node: &str) -> Result<(), SessionError> {
+    match tokio::time::timeout(limit, socket::send(ws, frame)).await {
+        Ok(sent) => Ok(sent?),
+        Err(_) => Err(SessionError::Silent { node: node.to_owned() }),
+    }
+}
