@@ -116,7 +116,7 @@ fn trigger_latency() {
         let (store, stop, job) = (store.clone(), stop.clone(), job.clone());
         let index = Box::new(edge::LocalFile { path: index.clone() });
         let read_model = agent::model_reader(rt.handle().clone(), None, vec![output.display().to_string()]);
-        let mut runners = [agent::JobRunner { job, policies, index, output: op, read_model, settings }];
+        let mut runners = vec![agent::JobRunner { job, policies, index, output: op, read_model, settings }];
         std::thread::spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}, None))
     };
     std::thread::sleep(Duration::from_millis(300));

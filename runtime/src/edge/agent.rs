@@ -150,7 +150,7 @@ const STOP_CHECK: Duration = Duration::from_millis(500);
 /// it has a backlog (one batch per turn, so that no job holds up the others).
 pub fn run_jobs(
     store: &Mutex<Store>,
-    jobs: &mut [JobRunner],
+    jobs: &mut Vec<JobRunner>,
     stop: &AtomicBool,
     wakes: Wakes,
     reported: &dyn Fn(),
@@ -189,15 +189,29 @@ pub fn run_jobs(
             .min()
             .unwrap_or_else(|| Instant::now() + STOP_CHECK);
         let wait = next.saturating_duration_since(Instant::now()).min(STOP_CHECK);
-        let mut swaps = Vec::new();
+        let mut wakes = Vec::new();
         match woken.recv_timeout(wait) {
-            Ok(wake) => woke(wake, &mut due, &mut removed, &mut swaps),
+            Ok(wake) => wakes.push(wake),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
         }
-        // Coalesce a burst of events.
-        while let Ok(wake) = woken.try_recv() {
-            woke(wake, &mut due, &mut removed, &mut swaps);
+        // Coalesce a burst of events; in order, so that a job added in it can be woken in it.
+        wakes.extend(woken.try_iter());
+        let mut swaps = Vec::new();
+        for wake in wakes {
+            match wake {
+                Wake::Add(runner) => {
+                    // A local index added now is seen by the stat fallback (no change watcher).
+                    jobs.push(*runner);
+                    due.push(Instant::now());
+                    missing_said.push(false);
+                    removed.push(false);
+                }
+                Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
+                Wake::Remove(i) if i < due.len() => removed[i] = true,
+                Wake::Swap(i, config) if i < due.len() => swaps.push((i, config)),
+                Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) => {}
+            }
         }
         // Between two turns: no call is under way, so no sample is decided by both.
         for (i, config) in swaps {
@@ -314,19 +328,8 @@ fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: 
     runner.policies.release();
 }
 
-/// Applies a wake-up: a job due now, or removed for good (its policies were released after its
-/// last turn).
-fn woke(wake: Wake, due: &mut [Instant], removed: &mut [bool], swaps: &mut Vec<(usize, Box<JobConfig>)>) {
-    match wake {
-        Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
-        Wake::Remove(i) if i < due.len() => removed[i] = true,
-        Wake::Swap(i, config) if i < due.len() => swaps.push((i, config)),
-        _ => {}
-    }
-}
-
-/// What wakes the loop, for a job given by its index in the list given to [`run_jobs`].
-#[derive(Clone, Debug, PartialEq)]
+/// What wakes the loop, for a job given by its index in the list given to [`run_jobs`] (jobs
+/// added later take the next indexes, in the order they were sent).
 pub enum Wake {
     /// Look at the job now: its index file changed, or the control plane moved its stage.
     Job(usize),
@@ -334,6 +337,8 @@ pub enum Wake {
     Remove(usize),
     /// The job's policy references changed: swap them in between two turns.
     Swap(usize, Box<JobConfig>),
+    /// A job that came to this node (the cloud link's desired state): run it too.
+    Add(Box<JobRunner>),
 }
 
 /// The loop's wake-up channel.

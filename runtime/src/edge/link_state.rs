@@ -26,6 +26,18 @@ pub struct NodeJob {
     /// The stage the control plane moved the job to (Waiting), with its round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<StageNotice>,
+    /// The workers the control plane started for the job on this node (their pods'
+    /// `WORKER_NAME`): only these may report through the worker API.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<NodeWorker>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeWorker {
+    pub name: String,
+    pub round: i64,
+    /// `train`, `eval` or `deploy`.
+    pub stage: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -168,6 +180,14 @@ impl EdgeState for Store {
             register_in(&tx, key, &job.metadata.uid, &job.config.spec).map_err(sql)?;
             if let Some(notice) = &job.notice {
                 apply_notice_in(&tx, key, &notice.stage, notice.round, notice.failed).map_err(sql)?;
+            }
+            for worker in &job.workers {
+                // A name already known keeps what it reported.
+                tx.execute(
+                    "INSERT OR IGNORE INTO workers (name, job, round, stage) VALUES (?1, ?2, ?3, ?4)",
+                    params![worker.name, key, worker.round, worker.stage],
+                )
+                .map_err(sql)?;
             }
         }
         for key in &changes.removed_jobs {

@@ -59,15 +59,18 @@ pub struct ServerSettings {
     pub heartbeat_secs: u32,
 }
 
+/// The lock a node's session holds while it runs.
+type SessionLock = Arc<tokio::sync::Mutex<()>>;
+
 /// One running connection per node: a way to end it, and a lock its session holds.
 #[derive(Default)]
 struct Nodes {
-    by_name: Mutex<HashMap<String, (watch::Sender<bool>, Arc<tokio::sync::Mutex<()>>)>>,
+    by_name: Mutex<HashMap<String, (watch::Sender<bool>, SessionLock)>>,
 }
 
 impl Nodes {
     /// Ends `node`'s current connection, and returns this one's end signal and lock.
-    fn take_over(&self, node: &str) -> (watch::Receiver<bool>, Arc<tokio::sync::Mutex<()>>) {
+    fn take_over(&self, node: &str) -> (watch::Receiver<bool>, SessionLock) {
         let mut nodes = self.by_name.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (end, ended) = watch::channel(false);
         let lock = match nodes.insert(node.to_owned(), (end, Arc::default())) {

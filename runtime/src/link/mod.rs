@@ -28,8 +28,6 @@ pub mod messages;
 pub mod receiver;
 pub mod scope;
 pub mod sender;
-#[cfg(test)]
-mod shell_tests;
 pub mod socket;
 #[cfg(test)]
 mod tests;

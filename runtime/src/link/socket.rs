@@ -147,7 +147,7 @@ pub async fn upgrade(
     tokens: &NodeTokens,
 ) -> Result<(String, ServerStream), LinkError> {
     let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let opened = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let stream = tls.accept(tcp).await.map_err(|err| LinkError::Io(format!("TLS from {peer}"), err))?;
         let mut node = None;
         // The shape tungstenite's `Callback` asks for.
@@ -180,8 +180,7 @@ pub async fn upgrade(
         Ok::<_, LinkError>((node.unwrap_or_default(), ws))
     })
     .await
-    .map_err(|_| LinkError::Timeout(HANDSHAKE_TIMEOUT))?;
-    opened
+    .map_err(|_| LinkError::Timeout(HANDSHAKE_TIMEOUT))?
 }
 
 /// Reads `node`'s `hello` and answers it: `welcome` (with the node's report watermark), or

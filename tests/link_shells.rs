@@ -2,94 +2,30 @@
 //! proxy that can cut or freeze the connection, the edge's real SQLite store as its outbox and
 //! desired state, and a cloud side applying reports to its own SQLite file.
 
+mod support {
+    pub mod link;
+}
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use super::Changes;
-use super::cloud_server::{self, Applied, CloudSide, NodeDesired, ServerSettings};
-use super::edge_client::{self, ClientSettings, LinkEvents};
-use super::socket::tests::{Pki, pki};
-use super::socket::{NodeTokens, client_tls, server_tls};
-use crate::edge::report::{Report, enqueue};
-use crate::store::Store;
+use perennial::edge::report::{Report, enqueue};
+use perennial::link::Changes;
+use perennial::link::cloud_server::{self, NodeDesired, ServerSettings};
+use perennial::link::edge_client::{self, ClientSettings, LinkEvents};
+use perennial::link::socket::{NodeTokens, client_tls, server_tls};
+use perennial::store::Store;
+use support::link::{Pki, TestCloud, pki};
 
 const JOB: &str = "ml/thermal";
-
-/// The cloud's durable side for the tests: every applied report, and each node's watermark, in
-/// one SQLite file (the operator keeps them in job status).
-struct TestCloud {
-    path: PathBuf,
-    desired: watch::Sender<Arc<NodeDesired>>,
-}
-
-impl TestCloud {
-    fn new(path: &Path, desired: NodeDesired) -> TestCloud {
-        let conn = rusqlite::Connection::open(path).expect("cloud db");
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS applied (node TEXT, seq INTEGER, body TEXT, PRIMARY KEY (node, seq));
-             CREATE TABLE IF NOT EXISTS watermark (node TEXT PRIMARY KEY, seq INTEGER);",
-        )
-        .expect("schema");
-        TestCloud { path: path.to_owned(), desired: watch::channel(Arc::new(desired)).0 }
-    }
-
-    fn applied(&self) -> Vec<(u64, Value)> {
-        let conn = rusqlite::Connection::open(&self.path).expect("cloud db");
-        let mut statement = conn.prepare("SELECT seq, body FROM applied ORDER BY rowid").expect("query");
-        statement
-            .query_map([], |row| Ok((row.get::<_, i64>(0)? as u64, row.get::<_, String>(1)?)))
-            .expect("rows")
-            .map(|row| {
-                let (seq, body) = row.expect("row");
-                (seq, serde_json::from_str(&body).expect("json"))
-            })
-            .collect()
-    }
-}
-
-impl CloudSide for TestCloud {
-    async fn last_applied_report(&self, node: &str) -> Result<u64, String> {
-        let conn = rusqlite::Connection::open(&self.path).map_err(|e| e.to_string())?;
-        let seq: Option<i64> = conn
-            .query_row("SELECT seq FROM watermark WHERE node = ?1", [node], |r| r.get(0))
-            .optional()
-            .map_err(|e| e.to_string())?;
-        Ok(seq.unwrap_or(0) as u64)
-    }
-
-    async fn apply(&self, node: &str, seq: u64, body: Value) -> Applied {
-        let mut conn = rusqlite::Connection::open(&self.path).expect("cloud db");
-        let tx = conn.transaction().expect("tx");
-        let watermark: i64 =
-            tx.query_row("SELECT COALESCE(MAX(seq), 0) FROM watermark WHERE node = ?1", [node], |r| r.get(0)).unwrap();
-        if seq as i64 <= watermark {
-            return Applied::Applied;
-        }
-        tx.execute(
-            "INSERT INTO applied (node, seq, body) VALUES (?1, ?2, ?3)",
-            params![node, seq as i64, body.to_string()],
-        )
-        .expect("insert");
-        tx.execute("INSERT OR REPLACE INTO watermark (node, seq) VALUES (?1, ?2)", params![node, seq as i64])
-            .expect("watermark");
-        tx.commit().expect("commit");
-        Applied::Applied
-    }
-
-    fn desired(&self, _node: &str) -> watch::Receiver<Arc<NodeDesired>> {
-        self.desired.subscribe()
-    }
-}
 
 /// A TCP proxy between the edge and the cloud that can cut every connection through it, or
 /// freeze them (a half-open link: sockets open, nothing gets through).
@@ -117,7 +53,7 @@ impl Proxy {
                     let (mut a, mut b) = (inbound, outbound);
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
-                        _ = super::until_true(&mut frozen) => {
+                        _ = async { let _ = frozen.wait_for(|frozen| *frozen).await; } => {
                             // Half-open: hold both sockets, move nothing, until cut.
                             std::future::pending::<()>().await;
                         }
