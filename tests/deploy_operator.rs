@@ -304,12 +304,15 @@ fn deployment_runs_two_safe_replicas() {
     assert_eq!(container.image.as_deref(), Some(IMAGE));
     assert_eq!(container.command, Some(vec!["perennial".to_owned(), "operator".to_owned()]));
 
-    // Probes on /healthz at the named port `metrics`.
+    // Alive on /healthz (leader or standby), ready on /readyz (the leader only: the Service
+    // sends edge nodes there), both at the named port `metrics`.
     let ports = named_ports(container);
     assert!(ports.contains_key("metrics") && ports.contains_key("link"), "{ports:?}");
-    for (which, probe) in [("liveness", &container.liveness_probe), ("readiness", &container.readiness_probe)] {
+    for (which, probe, path) in
+        [("liveness", &container.liveness_probe, "/healthz"), ("readiness", &container.readiness_probe, "/readyz")]
+    {
         let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("no {which} probe"));
-        assert_eq!(get.path.as_deref(), Some("/healthz"), "{which}");
+        assert_eq!(get.path.as_deref(), Some(path), "{which}");
         assert_eq!(get.port, IntOrString::String("metrics".into()), "{which}");
     }
 
@@ -323,6 +326,19 @@ fn deployment_runs_two_safe_replicas() {
     let metrics = env.get("PERENNIAL_METRICS_ADDR").and_then(|v| v.value.clone()).expect("PERENNIAL_METRICS_ADDR");
     assert_eq!(metrics, format!("0.0.0.0:{}", ports["metrics"]), "metrics listen on the container port `metrics`");
     assert_eq!(env.get("PERENNIAL_IMAGE").and_then(|v| v.value.as_deref()), container.image.as_deref());
+    // The link listens on the container port `link`, with the certificate of a mounted TLS Secret.
+    let link = env.get("PERENNIAL_LINK_ADDR").and_then(|v| v.value.clone()).expect("PERENNIAL_LINK_ADDR");
+    assert_eq!(link, format!("0.0.0.0:{}", ports["link"]));
+    let mounts: BTreeMap<String, String> =
+        container.volume_mounts.iter().flatten().map(|m| (m.mount_path.clone(), m.name.clone())).collect();
+    for (name, file) in [("PERENNIAL_LINK_CERT", "tls.crt"), ("PERENNIAL_LINK_KEY", "tls.key")] {
+        let path = env.get(name).and_then(|v| v.value.clone()).unwrap_or_else(|| panic!("{name}"));
+        let (folder, found) = path.rsplit_once('/').expect("a path");
+        assert_eq!(found, file, "{name}");
+        let volume = pod.volumes.iter().flatten().find(|v| Some(&v.name) == mounts.get(folder)).expect("mounted");
+        let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
+        assert_eq!(secret, Some("perennial-link-tls"), "{name} comes from the link's TLS Secret");
+    }
 
     // Non-root, read-only, no privilege, no capabilities, the runtime's seccomp profile.
     let pod_security = pod.security_context.clone().unwrap_or_default();

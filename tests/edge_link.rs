@@ -1,9 +1,10 @@
 //! `perennial edge` as a child process, linked to a cloud side on 127.0.0.1 over real TLS: its
 //! job comes down as desired state; with the cloud gone it goes on (samples split, a round's
 //! report queued); killed with SIGKILL and restarted still offline, it runs from its own state;
-//! when the cloud is back the queued report arrives, once. Then the job's trigger is changed on
-//! the cloud: swapped in on the edge; a trigger whose configure refuses its config is rejected
-//! with the reason, the previous one serving on.
+//! when the cloud is back the queued report arrives, once, and the dataset's count after it. Then
+//! the job's trigger is changed on the cloud: swapped in on the edge, its plugin and digest sent
+//! back for the job's status; a trigger whose configure refuses its config is rejected with the
+//! reason, the previous one serving on.
 
 mod support {
     pub mod link;
@@ -68,6 +69,9 @@ fn threshold(samples: u32) -> Value {
 fn desired(job: Value) -> NodeDesired {
     let mut desired = NodeDesired::default();
     desired.jobs.insert(JOB.into(), job);
+    let dataset =
+        json!({"metadata": {"namespace": "ml", "name": "readings", "uid": "d-1"}, "spec": {"nodeName": "edge-1"}});
+    desired.datasets.insert("ml/readings".into(), dataset);
     desired
 }
 
@@ -152,7 +156,7 @@ async fn the_edge_works_offline_survives_sigkill_and_delivers_what_it_queued_onc
     cloud.stop().await;
     append_samples(&files, 0, 200);
     until("round 1's report queued", Duration::from_secs(30), || {
-        query::<i64>(&files, "SELECT COUNT(*) FROM outbox").unwrap_or(0) == 1
+        query::<i64>(&files, "SELECT COUNT(*) FROM outbox WHERE body LIKE '%\"phase\":\"Train\"%'").unwrap_or(0) == 1
     })
     .await;
     edge.kill().expect("SIGKILL");
@@ -174,36 +178,47 @@ async fn the_edge_works_offline_survives_sigkill_and_delivers_what_it_queued_onc
         query::<i64>(&files, "SELECT COUNT(*) FROM outbox").unwrap_or(-1) == 0
     })
     .await;
-    let applied = side.applied();
-    assert_eq!(applied.len(), 1, "{applied:?}");
-    let report = &applied[0].1;
+    let stage_reports: Vec<Value> =
+        side.applied().into_iter().map(|(_, body)| body).filter(|body| body.get("phase").is_some()).collect();
+    assert_eq!(stage_reports.len(), 1, "round 1's report, once: {stage_reports:?}");
+    let report = &stage_reports[0];
     assert_eq!(
         (report["job"].as_str(), report["phase"].as_str(), report["status"].as_str()),
         (Some(JOB), Some("Train"), Some("Ready"))
     );
     assert_eq!((report["jobUid"].as_str(), report["round"].as_i64()), (Some("uid-1"), Some(1)));
+    // The dataset's sample count follows, for its status.
+    until("the dataset's count", Duration::from_secs(30), || {
+        side.applied().iter().any(|(_, body)| body["dataset"] == "ml/readings" && body["numberOfSamples"] == 250)
+    })
+    .await;
 
-    // A policy change on the cloud is swapped in on the edge.
-    side.desired.send_replace(Arc::new(desired(job(&files.index, &files.output, threshold(300)))));
-    until("the new trigger serving", Duration::from_secs(30), || {
-        query::<String>(&files, "SELECT digest FROM policy_health WHERE job = 'ml/thermal' AND kind = 'trigger'")
-            .is_some()
+    // A policy change on the cloud is swapped in on the edge, and its status goes back up.
+    let plugin = perennial::policy::builtin::built_plugin_path("count-or-age-trigger").expect("the example plugin");
+    let count_or_age = |samples: u32| json!({"plugin": plugin, "config": {"samples": samples, "maxAgeHours": 1}});
+    side.desired.send_replace(Arc::new(desired(job(&files.index, &files.output, count_or_age(300)))));
+    let trigger_status = || {
+        side.applied()
+            .into_iter()
+            .rev()
+            .find_map(|(_, body)| body.get("policies").map(|policies| policies["trigger"].clone()))
+    };
+    until("the new trigger serving, said to the cloud", Duration::from_secs(30), || {
+        trigger_status().is_some_and(|t| t["plugin"] == json!(plugin) && t["health"] == "Serving")
     })
     .await;
+    let swapped = trigger_status().expect("the trigger's status");
+    let digest = swapped["digest"].as_str().expect("a digest").to_owned();
     // One whose configure refuses its config is rejected; the previous one serves on.
-    let refused =
-        json!({"plugin": "builtin:threshold-trigger", "config": {"condition": {"operator": "~", "threshold": 1}}});
-    side.desired.send_replace(Arc::new(desired(job(&files.index, &files.output, refused))));
-    until("the bad trigger rejected", Duration::from_secs(30), || {
-        query::<String>(&files, "SELECT rejected FROM policy_health WHERE job = 'ml/thermal' AND kind = 'trigger'")
-            .is_some_and(|why| why.contains("operator"))
+    side.desired.send_replace(Arc::new(desired(job(&files.index, &files.output, count_or_age(0)))));
+    until("the bad trigger rejected, said to the cloud", Duration::from_secs(30), || {
+        trigger_status().is_some_and(|t| t["health"] == "LoadFailed")
     })
     .await;
-    assert!(
-        query::<String>(&files, "SELECT digest FROM policy_health WHERE job = 'ml/thermal' AND kind = 'trigger'")
-            .is_some(),
-        "the swapped-in trigger still serves"
-    );
+    let rejected = trigger_status().expect("the trigger's status");
+    let message = rejected["message"].as_str().unwrap_or_default();
+    assert!(message.contains("samples: must be at least 1"), "{message}");
+    assert_eq!(rejected["digest"], digest.as_str(), "the swapped-in trigger still serves");
     edge.kill().expect("SIGKILL");
     let _ = edge.wait();
     cloud.stop().await;

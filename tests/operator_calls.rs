@@ -660,3 +660,89 @@ async fn a_deploy_restarted_after_a_crash_removes_the_old_inference_pod_first() 
     assert_eq!(api.only_events().await, ["WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
 }
+
+/// The operator's side of the edge link: what a node reports, applied and acknowledged.
+mod link {
+    use perennial::cloud::link::{NodeBook, OperatorSide};
+    use perennial::link::cloud_server::{Applied, CloudSide};
+
+    use super::*;
+
+    fn side(ctx: &Arc<Context>, inbox: &Arc<Inbox>) -> Arc<OperatorSide> {
+        Arc::new(OperatorSide::new(Arc::new(NodeBook::default()), inbox.clone(), ctx.client.clone()))
+    }
+
+    #[tokio::test]
+    async fn an_edge_report_is_applied_through_the_stage_machine_and_acknowledged_once_written() {
+        let (mut api, ctx, inbox) = setup();
+        let side = side(&ctx, &inbox);
+        let body = json!({"job": "ml/thermal", "jobUid": UID, "round": 1, "phase": "Train", "status": "Ready",
+                          "input": {"dataURL": "/output/thermal/data/train/1/data.txt", "outputDir": "/output/thermal/train/1"}});
+        let applying = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply("edge-1", 7, body).await }
+        });
+        // Handed to the inbox, not yet acknowledged: the status is not written.
+        while inbox.peek("ml", "thermal").is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!applying.is_finished());
+        assert_eq!(side.last_applied_report("edge-1").await, Ok(0));
+        let waiting = status_after(&[]);
+        let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
+        api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
+        api.expect("GET", PODS).await.ok(pod_list(vec![]));
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(patch.body["status"]["phase"], "Starting", "the report was applied");
+        let status = patch.body["status"].clone();
+        patch.ok(job_json(status));
+        api.train_pod_after_events("thermal-train-x7k2p").await;
+        api.event().await;
+        run.await.expect("join").expect("reconciled");
+        let applied = tokio::time::timeout(Duration::from_secs(1), applying).await.expect("answered").expect("join");
+        assert_eq!(applied, Applied::Applied);
+        assert_eq!(side.last_applied_report("edge-1").await, Ok(7), "the node's watermark moved");
+    }
+
+    #[tokio::test]
+    async fn the_policies_an_edge_runs_replace_the_jobs_policies_in_its_status() {
+        let (mut api, ctx, inbox) = setup();
+        let side = side(&ctx, &inbox);
+        let trigger = json!({"plugin": "oci://x/t:1", "digest": "ab12", "health": "LoadFailed",
+                             "message": "rejected oci://x/t:2: configure refused; the previous one serves"});
+        let body = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger}});
+        let applying = tokio::spawn(async move { side.apply("edge-1", 3, body).await });
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(
+            patch.body,
+            json!({"status": {"policies": {"trigger": trigger, "splitter": null, "selector": null}}}),
+            "every kind said: one the edge no longer runs is removed"
+        );
+        patch.ok(job_json(Value::Null));
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+    }
+
+    #[tokio::test]
+    async fn a_dataset_count_is_written_and_a_gone_dataset_refused() {
+        let (mut api, ctx, inbox) = setup();
+        let side = side(&ctx, &inbox);
+        let path = "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data/status";
+        let body = json!({"dataset": "ml/thermal-data", "numberOfSamples": 250});
+        let applying = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply("edge-1", 4, body).await }
+        });
+        let patch = api.expect("PATCH", path).await;
+        assert_eq!(patch.body["status"]["numberOfSamples"], 250);
+        patch.ok(dataset_json());
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+
+        let applying = tokio::spawn(async move {
+            side.apply("edge-1", 5, json!({"dataset": "ml/thermal-data", "numberOfSamples": 260})).await
+        });
+        let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                          "message": "datasets \"thermal-data\" not found", "code": 404});
+        api.expect("PATCH", path).await.respond(StatusCode::NOT_FOUND, gone);
+        assert_eq!(applying.await.expect("join"), Applied::Rejected("dataset ml/thermal-data is gone".into()));
+    }
+}

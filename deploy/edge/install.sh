@@ -1,35 +1,65 @@
 #!/bin/sh
-# Installs the Perennial edge agent as a systemd service on this node.
+# Installs the Perennial edge agent as a systemd service on this node; run it again to upgrade.
 #   sudo ./install.sh --binary ./perennial --cloud-url wss://link.example.com:10000/v1/link \
 #        --token-file ./node.token --ca-file ./ca.pem [--node-name NAME] [--bind-port 9100]
+# Everything is checked before anything is written: a refused install leaves the node as it was.
 set -eu
 
-binary="" cloud_url="" token_file="" ca_file="" node_name="$(hostname)" bind_port=9100
-prefix="${PERENNIAL_INSTALL_ROOT:-}"   # tests install under a scratch root
+fail() {
+    echo "install.sh: $*" >&2
+    exit 2
+}
+
+binary="" cloud_url="" token_file="" ca_file="" node_name="" bind_port=9100
+prefix="${PERENNIAL_INSTALL_ROOT:-}"   # tests install under a scratch root, without systemctl
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --binary) binary="$2"; shift 2 ;;
-        --cloud-url) cloud_url="$2"; shift 2 ;;
-        --token-file) token_file="$2"; shift 2 ;;
-        --ca-file) ca_file="$2"; shift 2 ;;
-        --node-name) node_name="$2"; shift 2 ;;
-        --bind-port) bind_port="$2"; shift 2 ;;
-        *) echo "install.sh: unknown option $1" >&2; exit 2 ;;
+        --binary | --cloud-url | --token-file | --ca-file | --node-name | --bind-port)
+            [ $# -ge 2 ] || fail "$1 needs a value"
+            case "$1" in
+                --binary) binary="$2" ;;
+                --cloud-url) cloud_url="$2" ;;
+                --token-file) token_file="$2" ;;
+                --ca-file) ca_file="$2" ;;
+                --node-name) node_name="$2" ;;
+                --bind-port) bind_port="$2" ;;
+            esac
+            shift 2
+            ;;
+        -h | --help)
+            sed -n '2,4s/^# \{0,1\}//p' "$0"
+            exit 0
+            ;;
+        *) fail "unknown option $1 (see --help)" ;;
     esac
 done
-for required in binary cloud_url token_file ca_file; do
-    eval "value=\$$required"
-    if [ -z "$value" ]; then
-        echo "install.sh: --$(echo "$required" | tr _ -) is required" >&2
-        exit 2
-    fi
-done
-case "$cloud_url" in wss://*) ;; *) echo "install.sh: --cloud-url must be wss:// (the link is TLS only)" >&2; exit 2 ;; esac
-[ -s "$token_file" ] || { echo "install.sh: --token-file $token_file is missing or empty" >&2; exit 2; }
-[ -s "$ca_file" ] || { echo "install.sh: --ca-file $ca_file is missing or empty" >&2; exit 2; }
 
+[ -n "$binary" ] || fail "--binary is required"
+[ -n "$cloud_url" ] || fail "--cloud-url is required"
+[ -n "$token_file" ] || fail "--token-file is required"
+[ -n "$ca_file" ] || fail "--ca-file is required"
+[ -f "$binary" ] && [ -r "$binary" ] || fail "--binary $binary is not a readable file"
+case "$cloud_url" in
+    *[[:space:]\"\'\\]*) fail "--cloud-url must not hold spaces, quotes or backslashes" ;;
+    wss://?*) ;;
+    *) fail "--cloud-url must be wss://host:port/v1/link (the link is TLS only)" ;;
+esac
+[ -s "$token_file" ] && [ -r "$token_file" ] || fail "--token-file $token_file is missing or empty"
+[ -s "$ca_file" ] && [ -r "$ca_file" ] || fail "--ca-file $ca_file is missing or empty"
+# The node's name as the operator knows it (the Kubernetes node name); default: the host's.
+[ -n "$node_name" ] || node_name="$(uname -n)"
+case "$node_name" in
+    "" | *[!A-Za-z0-9._-]*) fail "--node-name '$node_name' is not a node name" ;;
+esac
+case "$bind_port" in
+    "" | *[!0-9]* | ??????*) fail "--bind-port $bind_port is not a port" ;;
+esac
+[ "$bind_port" -ge 1 ] && [ "$bind_port" -le 65535 ] || fail "--bind-port $bind_port is not a port"
 here="$(cd "$(dirname "$0")" && pwd)"
+unit="$here/perennial-edge.service"
+[ -f "$unit" ] || fail "$unit is missing: run install.sh from its folder (deploy/edge/)"
+
 install -d -m 0755 "$prefix/usr/local/bin" "$prefix/etc/systemd/system"
 install -d -m 0700 "$prefix/etc/perennial" "$prefix/var/lib/perennial"
 install -m 0755 "$binary" "$prefix/usr/local/bin/perennial"
@@ -45,10 +75,12 @@ NODENAME=$node_name
 BIND_PORT=$bind_port
 RUST_LOG=info
 ENV
-install -m 0644 "$here/perennial-edge.service" "$prefix/etc/systemd/system/perennial-edge.service"
+install -m 0644 "$unit" "$prefix/etc/systemd/system/perennial-edge.service"
 if [ -z "$prefix" ]; then
     systemctl daemon-reload
-    systemctl enable --now perennial-edge
+    systemctl enable perennial-edge
+    # restart, not start: a second run (an upgrade) runs the new binary and settings.
+    systemctl restart perennial-edge
     echo "perennial-edge is running: systemctl status perennial-edge"
 else
     echo "installed under $prefix (no systemctl)"

@@ -114,6 +114,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     for job in configs {
         match runner(&host, job.clone(), &settings).await {
             Ok(runner) => {
+                record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
                 running.by_name.insert(job.name.clone(), (runners.len(), job));
                 runners.push(runner);
             }
@@ -139,7 +140,8 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let (stop_link, link_stopped) = watch::channel(false);
     let link_task = link.map(|link| {
         let (changes, changed) = async_mpsc::unbounded_channel();
-        tokio::spawn(follow_desired(changed, running, wake, host, settings));
+        tokio::spawn(follow_desired(changed, running, wake, host, settings, store.clone()));
+        tokio::spawn(queue_status_changes(store.clone(), outbox.clone()));
         tokio::spawn(edge_client::run(
             link,
             store.clone(),
@@ -272,6 +274,7 @@ async fn follow_desired(
     wake: mpsc::Sender<Wake>,
     host: PolicyHost,
     settings: RunnerSettings,
+    store: Arc<Mutex<Store>>,
 ) {
     while let Some(change) = changes.recv().await {
         for key in &change.removed_jobs {
@@ -298,10 +301,13 @@ async fn follow_desired(
                     match runner(&host, config.clone(), &settings).await {
                         Ok(runner) => {
                             tracing::info!(job = key, "the job came to this node");
+                            record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
                             let index = running.next_index;
                             running.next_index += 1;
                             running.by_name.insert(key.clone(), (index, config));
                             let _ = wake.send(Wake::Add(Box::new(runner)));
+                            // Compiling the policies used memory the idle job does not need.
+                            release_freed_memory();
                         }
                         Err(err) => {
                             running.by_name.remove(key);
@@ -312,6 +318,55 @@ async fn follow_desired(
             }
         }
     }
+}
+
+/// Notes which policies serve a job just loaded, for its status on the cloud.
+fn record_serving(store: &mut Store, runner: &agent::JobRunner) {
+    let (job, policies) = (&runner.job, &runner.policies);
+    let mut serving = vec![
+        ("trigger", &job.trigger.plugin, policies.trigger.info().digest.clone()),
+        ("selector", &job.selector.plugin, policies.selector.info().digest.clone()),
+    ];
+    if let (Some(reference), Some(splitter)) = (&job.splitter, &policies.splitter) {
+        serving.push(("splitter", &reference.plugin, splitter.info().digest.clone()));
+    }
+    for (kind, plugin, digest) in serving {
+        if let Err(err) = edge::health::swapped(store, &job.name, kind, plugin, &digest, unix_now()) {
+            tracing::warn!(job = job.name, "recording the {kind} policy: {err}");
+        }
+    }
+}
+
+/// Queues the datasets' sample counts and the jobs' policies for the cloud when they change.
+async fn queue_status_changes(store: Arc<Mutex<Store>>, outbox: Arc<Notify>) {
+    let mut sent = edge::status_report::SentPolicies::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (store, mut taken) = (store.clone(), std::mem::take(&mut sent));
+        let queued = tokio::task::spawn_blocking(move || {
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            let queued = edge::status_report::queue_changes(&mut store, &mut taken, unix_now());
+            (queued, taken)
+        })
+        .await;
+        match queued {
+            Ok((Ok(count), taken)) => {
+                sent = taken;
+                if count > 0 {
+                    outbox.notify_one();
+                }
+            }
+            Ok((Err(err), taken)) => {
+                sent = taken;
+                tracing::warn!("queueing status for the cloud: {err}");
+            }
+            Err(err) => tracing::warn!("queueing status for the cloud: {err}"),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// Hands memory freed after start-up (compiling policies) back to the system, so that a small

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use perennial::cloud::link::LinkOptions;
 use perennial::cloud::{self, OperatorOptions, WorkerDefaults, leader::LeaseSettings};
 use perennial::lifecycle::Settings;
 
@@ -19,7 +20,7 @@ pub struct OperatorArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "PERENNIAL_NAMESPACE")]
     namespace: Option<String>,
-    /// Where `/metrics` (Prometheus) and `/healthz` are served.
+    /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` (the leader) are served.
     #[arg(long, env = "PERENNIAL_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
     /// The operator's own image: worker pods' init containers run its `perennial fetch` to
@@ -35,7 +36,7 @@ pub struct OperatorArgs {
     /// Act without a Lease (one replica only).
     #[arg(long, env = "PERENNIAL_NO_LEADER_ELECTION")]
     no_leader_election: bool,
-    /// The Lease's namespace (the operator's own).
+    /// The operator's own namespace: its Lease's.
     #[arg(long, env = "POD_NAMESPACE", default_value = "perennial-system")]
     lease_namespace: String,
     /// The Lease's name.
@@ -44,6 +45,22 @@ pub struct OperatorArgs {
     /// This replica's identity in the Lease and in events (its pod name; default the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Where the edge link listens (WebSocket over TLS); without it, no edge node connects.
+    #[arg(long, env = "PERENNIAL_LINK_ADDR", requires_all = ["link_cert", "link_key"])]
+    link_addr: Option<SocketAddr>,
+    /// The link's TLS certificate chain (PEM), e.g. `tls.crt` of a mounted TLS Secret.
+    #[arg(long, env = "PERENNIAL_LINK_CERT")]
+    link_cert: Option<PathBuf>,
+    /// The link's TLS private key (PEM).
+    #[arg(long, env = "PERENNIAL_LINK_KEY")]
+    link_key: Option<PathBuf>,
+    /// The Secret holding each edge node's token, keyed by node name: `namespace/name`, or a
+    /// name in the operator's namespace.
+    #[arg(long, env = "PERENNIAL_LINK_TOKENS", default_value = "perennial-edge/perennial-edge-tokens")]
+    link_tokens: String,
+    /// The link's heartbeat: a silent connection is dropped after two, in seconds.
+    #[arg(long, default_value_t = perennial::link::DEFAULT_HEARTBEAT_SECS)]
+    link_heartbeat_secs: u32,
     /// First wait before a failed round goes back to Train (doubling up to 360 s), in seconds.
     #[arg(long, default_value_t = 10)]
     retry_backoff_secs: u64,
@@ -69,6 +86,20 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("perennial-operator-{}", std::process::id()));
     let backoff = Duration::from_secs(args.retry_backoff_secs.max(1));
+    let link = match (args.link_addr, args.link_cert, args.link_key) {
+        (Some(addr), Some(cert_file), Some(key_file)) => Some(LinkOptions {
+            addr,
+            cert_file,
+            key_file,
+            tokens_namespace: match args.link_tokens.split_once('/') {
+                Some((namespace, _)) => namespace.to_owned(),
+                None => args.lease_namespace.clone(),
+            },
+            tokens_secret: args.link_tokens.rsplit('/').next().unwrap_or_default().to_owned(),
+            heartbeat_secs: args.link_heartbeat_secs.max(1),
+        }),
+        _ => None,
+    };
     let options = OperatorOptions {
         namespace: args.namespace,
         metrics_addr: args.metrics_addr,
@@ -82,6 +113,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         leader: (!args.no_leader_election)
             .then(|| LeaseSettings::new(args.lease_namespace, args.lease_name, identity.clone())),
         instance: Some(identity),
+        link,
     };
     cloud::run(client, options).await?;
     Ok(())

@@ -1,4 +1,4 @@
-//! The operator's Prometheus metrics and its `/metrics` and `/healthz` endpoints.
+//! The operator's Prometheus metrics and its `/metrics`, `/healthz` and `/readyz` endpoints.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +40,8 @@ pub struct Metrics {
     registry: Registry,
     /// Set once the controller runs (the leader) or waits as a standby: the process is healthy.
     healthy: AtomicBool,
+    /// The leader, serving (its edge link open): the Service sends edge nodes only here.
+    ready: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -53,7 +55,15 @@ impl Default for Metrics {
         registry.register("errors", "Errors by kind", errors.clone());
         registry.register("stage_transitions", "Stage transitions (conditions written)", transitions.clone());
         registry.register("pods_created", "Worker pods created", pods_created.clone());
-        Metrics { reconciles, errors, transitions, pods_created, registry, healthy: AtomicBool::new(true) }
+        Metrics {
+            reconciles,
+            errors,
+            transitions,
+            pods_created,
+            registry,
+            healthy: AtomicBool::new(true),
+            ready: AtomicBool::new(false),
+        }
     }
 }
 
@@ -82,11 +92,27 @@ impl Metrics {
     pub fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
     }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
 }
 
-/// `/metrics` and `/healthz`.
+/// `/metrics`, `/healthz` (alive: leader or standby) and `/readyz` (the leader, serving).
 pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new().route("/metrics", get(render)).route("/healthz", get(health)).with_state(metrics)
+    Router::new()
+        .route("/metrics", get(render))
+        .route("/healthz", get(health))
+        .route("/readyz", get(readiness))
+        .with_state(metrics)
+}
+
+async fn readiness(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "standby\n")
+    }
 }
 
 async fn render(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
@@ -104,6 +130,17 @@ async fn health(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn only_the_serving_leader_is_ready() {
+        let metrics = Arc::new(Metrics::default());
+        let alive = || async { health(State(metrics.clone())).await.into_response().status() };
+        let ready = || async { readiness(State(metrics.clone())).await.into_response().status() };
+        assert_eq!(alive().await, StatusCode::OK, "a standby is alive");
+        assert_eq!(ready().await, StatusCode::SERVICE_UNAVAILABLE, "a standby is not ready");
+        metrics.set_ready(true);
+        assert_eq!(ready().await, StatusCode::OK);
+    }
 
     #[test]
     fn counters_render_as_prometheus_text() {

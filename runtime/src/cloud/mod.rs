@@ -6,7 +6,9 @@
 
 pub mod inbox;
 pub mod leader;
+pub mod link;
 pub mod metrics;
+pub mod node_state;
 pub mod observe;
 pub mod patch;
 pub mod reconcile;
@@ -39,6 +41,8 @@ pub struct OperatorOptions {
     pub leader: Option<leader::LeaseSettings>,
     /// This replica's name in events (its pod name).
     pub instance: Option<String>,
+    /// The edge link's listener; `None`: no edge nodes (reports come from nowhere).
+    pub link: Option<link::LinkOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +51,8 @@ pub enum OperatorError {
     Metrics { address: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error(transparent)]
+    Link(#[from] link::LinkSetupError),
 }
 
 /// Runs the operator until SIGTERM/Ctrl-C, or until it stops being the leader (an error: the
@@ -64,6 +70,8 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         }
     });
 
+    // A bad certificate is said at once, not after winning the election.
+    let link_tls = options.link.as_ref().map(link::load_tls).transpose()?;
     let elector = options.leader.clone().map(|settings| leader::Elector::new(client.clone(), settings));
     if let Some(elector) = &elector {
         tracing::info!("waiting to become the leader");
@@ -84,6 +92,15 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         metrics: metrics.clone(),
         failures: Default::default(),
     });
+    let stop_link = match (&options.link, link_tls) {
+        (Some(options), Some(tls)) => {
+            Some(start_link(&client, options.clone(), tls, &context, (&jobs, &datasets, &pods)))
+        }
+        _ => None,
+    };
+    if options.link.is_none() {
+        metrics.set_ready(true);
+    }
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     // Only the jobs' pods: selected by Sedna's uid label.
     let owned = watcher::Config::default().labels(observe::UID_LABEL);
@@ -115,8 +132,41 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
             }
         }
     }
+    if let Some(stop) = stop_link {
+        stop.send_replace(true);
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The edge link, on the leader: the nodes' desired state followed, their tokens read, and the
+/// listener opened once the desired state is complete (ready from then on). Returns its stop.
+fn start_link(
+    client: &Client,
+    options: link::LinkOptions,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    context: &Context,
+    (jobs, datasets, pods): (&Api<LifelongLearningJob>, &Api<Dataset>, &Api<Pod>),
+) -> tokio::sync::watch::Sender<bool> {
+    let book = Arc::new(link::NodeBook::default());
+    let (complete, completed) = tokio::sync::oneshot::channel();
+    tokio::spawn(link::follow_cluster(jobs.clone(), datasets.clone(), pods.clone(), book.clone(), complete));
+    let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(crate::link::socket::NodeTokens::default()));
+    tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
+    let side = Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let metrics = context.metrics.clone();
+    tokio::spawn(async move {
+        if completed.await.is_err() {
+            return;
+        }
+        metrics.set_ready(true);
+        if let Err(err) = link::listen(&options, tls, read_tokens, side, stopped).await {
+            tracing::error!("{err}");
+            metrics.set_ready(false);
+        }
+    });
+    stop
 }
 
 /// An API over one namespace, or all of them.

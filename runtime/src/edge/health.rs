@@ -4,6 +4,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
+use crate::api::{PolicyHealth, PolicyStatus};
 use crate::store::Store;
 
 /// A policy's health: `None` when serving, the failure otherwise; after a hot swap, the plugin
@@ -60,6 +61,20 @@ pub fn rejected(store: &mut Store, job: &str, kind: &str, reason: &str, now: u64
         params![job, kind, now as i64, reason],
     )?;
     Ok(())
+}
+
+/// Folds a recorded health into the job's status entry for its kind (plugin and digest after a
+/// swap, the rejection or the failure as the message). Both control planes show it so.
+pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, found: &Health) {
+    let policy = policies.entry(found.kind.clone()).or_default();
+    if let (Some(plugin), Some(digest)) = (&found.plugin, &found.digest) {
+        (policy.plugin, policy.digest) = (plugin.clone(), digest.clone());
+    }
+    (policy.health, policy.message) = match (&found.rejected, &found.failure) {
+        (Some(why), _) => (PolicyHealth::LoadFailed, Some(format!("rejected {why}; the previous one serves"))),
+        (None, Some(why)) => (PolicyHealth::Failing, Some(why.clone())),
+        (None, None) => (PolicyHealth::Serving, None),
+    };
 }
 
 /// Every recorded health.

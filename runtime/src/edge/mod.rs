@@ -22,6 +22,7 @@ pub mod link_state;
 pub mod output;
 pub mod report;
 pub mod rounds;
+pub mod status_report;
 pub mod worker_api;
 
 pub use index_file::{FileStat, IndexFile, LocalFile, S3Index};

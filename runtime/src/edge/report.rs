@@ -31,6 +31,20 @@ pub struct Report {
     pub reason: Option<String>,
 }
 
+impl Report {
+    /// The stage machine's reading of the report (both control planes apply it so).
+    pub fn to_lifecycle(&self) -> crate::lifecycle::Report {
+        crate::lifecycle::Report {
+            job_uid: self.job_uid.clone(),
+            round: u64::try_from(self.round).unwrap_or(0),
+            stage: crate::api::Stage::parse(&self.phase),
+            status: crate::api::Phase::parse(&self.status),
+            data: crate::api::ConditionData { input: self.input.clone(), output: self.output.clone() },
+            reason: self.reason.clone(),
+        }
+    }
+}
+
 /// Queues `report` in the outbox, inside the caller's transaction.
 pub fn enqueue(tx: &rusqlite::Transaction<'_>, report: &Report, now: u64) -> Result<(), rusqlite::Error> {
     let body = serde_json::to_string(report).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;

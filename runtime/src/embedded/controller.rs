@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::progress::Progress;
-use crate::api::{LifelongLearningJobStatus, Phase, PolicyHealth, Stage};
+use crate::api::{LifelongLearningJobStatus, Phase, Stage};
 use crate::edge::agent::{JobConfig, Wake};
 use crate::edge::{health, report, rounds, worker_api};
 use crate::lifecycle::{self, Action, EdgeNotice, JobView, Observations, Settings, WorkerSpec};
@@ -172,24 +172,14 @@ impl Controller {
             let reports: Vec<lifecycle::Report> = pending
                 .iter()
                 .filter(|(seq, r)| *seq > applied && r.job == job.key)
-                .map(|(_, r)| to_lifecycle(r))
+                .map(|(_, r)| r.to_lifecycle())
                 .collect();
             let stage = job.status.stage.unwrap_or(Stage::Train);
             let worker = workers.observe(&job.key, stage, job.status.round);
             let observed = Observations { reports, worker };
             let mut status = job.status.clone();
             for found in healths.iter().filter(|h| h.job == job.key) {
-                let policy = status.policies.entry(found.kind.clone()).or_default();
-                if let (Some(plugin), Some(digest)) = (&found.plugin, &found.digest) {
-                    (policy.plugin, policy.digest) = (plugin.clone(), digest.clone());
-                }
-                (policy.health, policy.message) = match (&found.rejected, &found.failure) {
-                    (Some(why), _) => {
-                        (PolicyHealth::LoadFailed, Some(format!("rejected {why}; the previous one serves")))
-                    }
-                    (None, Some(why)) => (PolicyHealth::Failing, Some(why.clone())),
-                    (None, None) => (PolicyHealth::Serving, None),
-                };
+                health::apply_to(&mut status.policies, found);
             }
             // A splitter swapped out for Sedna's rule (computed natively) has no plugin.
             status.policies.retain(|_, policy| !policy.plugin.is_empty());
@@ -392,16 +382,4 @@ fn process(
 fn after_failure(status: &LifelongLearningJobStatus) -> bool {
     let n = status.conditions.len();
     n >= 2 && status.conditions[n - 2].type_ == Phase::Failed
-}
-
-/// An edge report as the stage machine reads it.
-fn to_lifecycle(report: &report::Report) -> lifecycle::Report {
-    lifecycle::Report {
-        job_uid: report.job_uid.clone(),
-        round: u64::try_from(report.round).unwrap_or(0),
-        stage: Stage::parse(&report.phase),
-        status: Phase::parse(&report.status),
-        data: crate::api::ConditionData { input: report.input.clone(), output: report.output.clone() },
-        reason: report.reason.clone(),
-    }
 }
