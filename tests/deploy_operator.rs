@@ -6,6 +6,10 @@
 //!
 //! Without `kubectl` the tests skip, except under CI (`CI` set), where they fail.
 
+mod support {
+    pub mod manifests;
+}
+
 use std::any::TypeId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;
@@ -143,11 +147,7 @@ where
 {
     let name = value["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     let id = format!("{} {name}", K::KIND);
-    let object: K = serde_json::from_value(value.clone()).unwrap_or_else(|err| panic!("{id}: {err}"));
-    let back = serde_json::to_value(&object).unwrap();
-    let mut differences = Vec::new();
-    compare(value, &back, "", &mut differences);
-    assert!(differences.is_empty(), "{id} does not read back as its type (a misspelt field?): {differences:#?}");
+    let object: K = support::manifests::typed(value, &id);
     let labels = value["metadata"]["labels"]
         .as_object()
         .map(|labels| labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
@@ -160,32 +160,6 @@ where
         namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
     });
     object
-}
-
-/// The differences between the document and its typed form, by JSON pointer.
-fn compare(original: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
-    match (original, typed) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (key, value) in a {
-                match b.get(key) {
-                    Some(other) => compare(value, other, &format!("{path}/{key}"), out),
-                    None => out.push(format!("{path}/{key}: not a field of the type")),
-                }
-            }
-            for key in b.keys().filter(|key| !a.contains_key(*key)) {
-                out.push(format!("{path}/{key}: added by the type"));
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (index, (x, y)) in a.iter().zip(b).enumerate() {
-                compare(x, y, &format!("{path}/{index}"), out);
-            }
-        }
-        // YAML's `1` is JSON's 1, which a float field writes back as 1.0.
-        (Value::Number(a), Value::Number(b)) if a.as_f64() == b.as_f64() => {}
-        (a, b) if a == b => {}
-        (a, b) => out.push(format!("{path}: {a} reads back as {b}")),
-    }
 }
 
 fn only<'a, T>(items: &'a [T], what: &str) -> &'a T {

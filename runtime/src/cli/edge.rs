@@ -286,7 +286,9 @@ async fn follow_desired(
         for (key, object) in &change.jobs {
             let Ok(NodeJob { config, .. }) = node_job(key, object) else { continue };
             match running.by_name.get_mut(key) {
-                Some((index, current)) if current.uid == config.uid => {
+                // Policies and trainProb change in place; the rest (the index, the output) needs
+                // the job opened again, below.
+                Some((index, current)) if current.uid == config.uid && current.spec.same_files(&config.spec) => {
                     if *current != config {
                         let _ = wake.send(Wake::Swap(*index, Box::new(config.clone())));
                         *current = config;
@@ -295,13 +297,17 @@ async fn follow_desired(
                 }
                 known => {
                     if let Some((index, _)) = known {
-                        // Same name, another uid: a new job; the old one's state was dropped.
+                        // Another uid (a new job: the old one's state was dropped), or the same
+                        // job on other files: the old runner stops, a new one starts.
                         let _ = wake.send(Wake::Remove(*index));
                     }
                     match runner(&host, config.clone(), &settings).await {
                         Ok(runner) => {
                             tracing::info!(job = key, "the job came to this node");
-                            record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
+                            // The jobs thread may hold the store a while: not on this runtime's thread.
+                            tokio::task::block_in_place(|| {
+                                record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner)
+                            });
                             let index = running.next_index;
                             running.next_index += 1;
                             running.by_name.insert(key.clone(), (index, config));

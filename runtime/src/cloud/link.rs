@@ -198,12 +198,21 @@ pub async fn follow_cluster(
     let (job_store, job_writer) = reflector::store();
     let (dataset_store, dataset_writer) = reflector::store();
     let (pod_store, pod_writer) = reflector::store();
-    let jobs = reflector(job_writer, watcher(jobs, watcher::Config::default())).default_backoff().map(|_| ());
-    let datasets =
-        reflector(dataset_writer, watcher(datasets, watcher::Config::default())).default_backoff().map(|_| ());
+    // A watch error (RBAC, a missing CRD) is retried with backoff, and said.
+    fn said<T>(what: &'static str) -> impl Fn(Result<T, watcher::Error>) {
+        move |event| {
+            if let Err(err) = event {
+                tracing::warn!("watching {what} for the edge link: {err}");
+            }
+        }
+    }
+    let jobs = reflector(job_writer, watcher(jobs, watcher::Config::default())).default_backoff().map(said("jobs"));
+    let datasets = reflector(dataset_writer, watcher(datasets, watcher::Config::default()))
+        .default_backoff()
+        .map(said("datasets"));
     let pods = reflector(pod_writer, watcher(pods, watcher::Config::default().labels(UID_LABEL)))
         .default_backoff()
-        .map(|_| ());
+        .map(said("pods"));
     let mut events =
         std::pin::pin!(futures::stream::select(jobs, futures::stream::select(datasets, pods)).ready_chunks(1024));
     let mut ready = Some(ready);

@@ -51,12 +51,14 @@ pub fn desired_by_node(
     nodes
 }
 
-/// The job as its node runs it; `None` for a job no node should run: being deleted, refused by
-/// validation (it waits for an edit), or whose Dataset names no node.
+/// The job as its node runs it; `None` for a job no node should run: being deleted, or whose
+/// Dataset names no node or is being deleted. A job edited into something the operator refuses
+/// stays (the edge would otherwise forget its rounds): its node keeps running it, and a policy
+/// reference that does not load is refused there, the previous policy serving on.
 pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<Pod>]) -> Option<NodeJob> {
     if job.metadata.deletion_timestamp.is_some()
         || dataset.spec.node_name.is_empty()
-        || crate::api::validate_job(job, &|_| true).is_err()
+        || dataset.metadata.deletion_timestamp.is_some()
     {
         return None;
     }
@@ -123,6 +125,8 @@ pub fn worker_of_pod(pod: &Pod) -> Option<NodeWorker> {
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
     use crate::api::JobCondition;
@@ -201,15 +205,19 @@ mod tests {
     }
 
     #[test]
-    fn deleted_and_invalid_jobs_are_on_no_node() {
+    fn deleted_jobs_leave_their_node_and_refused_edits_do_not() {
+        let deleted = || Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
         let mut deleting = (*job("a", "d1", Value::Null)).clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        let mut invalid = (*job("b", "d1", Value::Null)).clone();
-        invalid.spec.dataset.train_prob = 7.0;
-        let nodes = desired_by_node(&[Arc::new(deleting), Arc::new(invalid)], &[dataset("d1", "edge-1")], &[]);
-        assert!(nodes["edge-1"].jobs.is_empty(), "{:?}", nodes["edge-1"].jobs.keys());
-        assert_eq!(nodes["edge-1"].datasets.len(), 1, "the dataset still lives there");
+        deleting.metadata.deletion_timestamp = deleted();
+        let mut refused = (*job("b", "d1", Value::Null)).clone();
+        refused.spec.train_spec.trigger.as_mut().expect("a trigger").check_period_seconds = Some(-1);
+        assert!(crate::api::validate_job(&refused, &|_| true).is_err(), "the operator refuses it");
+        let mut going = (*dataset("d2", "edge-1")).clone();
+        going.metadata.deletion_timestamp = deleted();
+        let jobs = [Arc::new(deleting), Arc::new(refused), job("c", "d2", Value::Null)];
+        let nodes = desired_by_node(&jobs, &[dataset("d1", "edge-1"), Arc::new(going)], &[]);
+        assert_eq!(nodes["edge-1"].jobs.keys().collect::<Vec<_>>(), ["ml/b"], "kept: its node keeps its rounds");
+        assert_eq!(nodes["edge-1"].datasets.keys().collect::<Vec<_>>(), ["ml/d1"]);
     }
 
     #[test]

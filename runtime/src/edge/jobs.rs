@@ -22,6 +22,14 @@ pub struct JobSpec {
     pub train_prob: f64,
 }
 
+impl JobSpec {
+    /// Whether `other` reads and writes the same files (only its trainProb may differ).
+    pub fn same_files(&self, other: &JobSpec) -> bool {
+        (&self.dataset, &self.dataset_url, &self.dataset_format, &self.output_dir)
+            == (&other.dataset, &other.dataset_url, &other.dataset_format, &other.output_dir)
+    }
+}
+
 /// The stored spec of `job`.
 pub fn job_spec(store: &Store, job: &str) -> Result<Option<JobSpec>, rusqlite::Error> {
     let spec: Option<String> =

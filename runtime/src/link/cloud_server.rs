@@ -4,8 +4,9 @@
 //! apply, and where it is durable, is the [`CloudSide`]'s (the operator's job status, a test's
 //! SQLite); every protocol decision is the core's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,9 @@ pub struct ServerSettings {
 
 /// The lock a node's session holds while it runs.
 type SessionLock = Arc<tokio::sync::Mutex<()>>;
+
+/// A report being applied: its seq and, once done, how it ended.
+type Applying<'a> = Pin<Box<dyn Future<Output = (u64, Applied)> + Send + 'a>>;
 
 /// One running connection per node: a way to end it, and a lock its session holds.
 #[derive(Default)]
@@ -159,58 +163,72 @@ async fn connection<C: CloudSide>(
     let mut current = desired_source.borrow_and_update().clone();
     let mut desired = DesiredSender::new();
     sync_desired(&mut desired, &NodeDesired::default(), &current, &node);
-    socket::send(&mut ws, &desired.connected(accepted.last_applied_desired)).await?;
     let interval = Duration::from_secs(u64::from(heartbeat_secs.max(1)));
+    write(&mut ws, &desired.connected(accepted.last_applied_desired), interval * 2, &node).await?;
     let epoch = Instant::now();
     let mut heartbeat = Heartbeat::new(interval, epoch.elapsed());
-    loop {
+    // Reports to apply, in order, one at a time; while one is being applied (a status write
+    // may take a while) frames are still read and pings answered.
+    let mut queued: VecDeque<(u64, Value)> = VecDeque::new();
+    let mut applying: Option<Applying<'_>> = None;
+    let outcome = loop {
         while let Some(change) = desired.next_change() {
             write(&mut ws, &change, interval * 2, &node).await?;
         }
+        if applying.is_none()
+            && let Some((seq, body)) = queued.pop_front()
+        {
+            let in_scope = scope::check(&body, &current);
+            let node = node.as_str();
+            applying = Some(Box::pin(async move {
+                match in_scope {
+                    Ok(()) => (seq, side.apply(node, seq, body).await),
+                    Err(why) => (seq, Applied::Rejected(why)),
+                }
+            }));
+        }
         let next_poll = tokio::time::Instant::from_std(epoch + heartbeat.next_poll());
         tokio::select! {
+            done = async { applying.as_mut().expect("guarded by the branch's condition").await }, if applying.is_some() => {
+                applying = None;
+                let (seq, outcome) = done;
+                let answers = match outcome {
+                    Applied::Applied => receiver.applied(seq),
+                    Applied::Rejected(reason) => {
+                        tracing::warn!(node, seq, "report refused: {reason}");
+                        receiver.rejected(seq, &reason)
+                    }
+                    Applied::Failed(message) => {
+                        break Err(SessionError::Failed { node: node.clone(), seq, message });
+                    }
+                }
+                .map_err(|err| protocol(err.to_string()))?;
+                for answer in &answers {
+                    write(&mut ws, answer, interval * 2, &node).await?;
+                }
+            }
             frame = socket::recv(&mut ws) => {
-                let Some(frame) = frame? else { return Ok(()) };
+                let Some(frame) = frame? else { break Ok(()) };
                 heartbeat.received(epoch.elapsed());
                 match frame {
-                    Message::Report { seq, body } => {
-                        let verdict = receiver.receive(seq).map_err(|err| protocol(err.to_string()))?;
-                        let answers = match verdict {
-                            Verdict::Apply => {
-                                let outcome = match scope::check(&body, &current) {
-                                    Ok(()) => side.apply(&node, seq, body).await,
-                                    Err(why) => Applied::Rejected(why),
-                                };
-                                match outcome {
-                                    Applied::Applied => receiver.applied(seq),
-                                    Applied::Rejected(reason) => {
-                                        tracing::warn!(node, seq, "report refused: {reason}");
-                                        receiver.rejected(seq, &reason)
-                                    }
-                                    Applied::Failed(message) => {
-                                        return Err(SessionError::Failed { node: node.clone(), seq, message });
-                                    }
-                                }
-                                .map_err(|err| protocol(err.to_string()))?
-                            }
-                            Verdict::Duplicate(answer) | Verdict::Rejected(answer) => vec![answer],
-                            Verdict::Waiting => Vec::new(),
-                        };
-                        for answer in &answers {
-                            write(&mut ws, answer, interval * 2, &node).await?;
+                    Message::Report { seq, body } => match receiver.receive(seq).map_err(|err| protocol(err.to_string()))? {
+                        Verdict::Apply => queued.push_back((seq, body)),
+                        Verdict::Duplicate(answer) | Verdict::Rejected(answer) => {
+                            write(&mut ws, &answer, interval * 2, &node).await?
                         }
-                    }
+                        Verdict::Waiting => {}
+                    },
                     Message::DesiredAck { seq } => desired.ack(seq).map_err(|err| protocol(err.to_string()))?,
                     Message::Ping { nonce } => write(&mut ws, &Message::Pong { nonce }, interval * 2, &node).await?,
                     Message::Pong { nonce } => {
                         heartbeat.pong(nonce, epoch.elapsed());
                     }
-                    other => return Err(protocol(format!("a {} frame mid-connection", other.kind()))),
+                    other => break Err(protocol(format!("a {} frame mid-connection", other.kind()))),
                 }
             }
             changed = desired_source.changed() => {
                 if changed.is_err() {
-                    return Ok(());
+                    break Ok(());
                 }
                 let next = desired_source.borrow_and_update().clone();
                 sync_desired(&mut desired, &current, &next, &node);
@@ -218,20 +236,19 @@ async fn connection<C: CloudSide>(
             }
             _ = tokio::time::sleep_until(next_poll) => match heartbeat.poll(epoch.elapsed()) {
                 HeartbeatAction::SendPing(nonce) => write(&mut ws, &Message::Ping { nonce }, interval * 2, &node).await?,
-                HeartbeatAction::Dead => return Err(SessionError::Silent { node: node.clone() }),
+                HeartbeatAction::Dead => break Err(SessionError::Silent { node: node.clone() }),
                 HeartbeatAction::Nothing => {}
             },
             _ = until_true(&mut ended) => {
                 tracing::info!(node, "a new connection from the node replaces this one");
-                let _ = ws.close(None).await;
-                return Ok(());
+                break Ok(());
             }
-            _ = until_true(&mut stop) => {
-                let _ = ws.close(None).await;
-                return Ok(());
-            }
+            _ = until_true(&mut stop) => break Ok(()),
         }
-    }
+    };
+    // A peer that does not take the close is not waited for: the node's lock goes with us.
+    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+    outcome
 }
 
 /// Moves the sender from `before` to `after`.

@@ -284,6 +284,3 @@ pub async fn recv<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
 }
-
-#[cfg(test)]
-pub(crate) mod tests;
