@@ -115,10 +115,10 @@ pub async fn serve<C: CloudSide>(
         };
         let _ = tcp.set_nodelay(true);
         let (acceptor, tokens, side, nodes, stop) =
-            (acceptor.clone(), settings.tokens.borrow().clone(), side.clone(), nodes.clone(), stop.clone());
+            (acceptor.clone(), settings.tokens.clone(), side.clone(), nodes.clone(), stop.clone());
         let heartbeat_secs = settings.heartbeat_secs;
         sessions.spawn(async move {
-            if let Err(err) = connection(tcp, &acceptor, &tokens, side.as_ref(), &nodes, heartbeat_secs, stop).await {
+            if let Err(err) = connection(tcp, &acceptor, tokens, side.as_ref(), &nodes, heartbeat_secs, stop).await {
                 tracing::warn!(%peer, "link connection ended: {err}");
             }
         });
@@ -143,13 +143,16 @@ enum SessionError {
 async fn connection<C: CloudSide>(
     tcp: TcpStream,
     acceptor: &TlsAcceptor,
-    tokens: &NodeTokens,
+    mut tokens: watch::Receiver<Arc<NodeTokens>>,
     side: &C,
     nodes: &Nodes,
     heartbeat_secs: u32,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
-    let (node, mut ws) = socket::upgrade(tcp, acceptor, tokens).await?;
+    let known = tokens.borrow_and_update().clone();
+    let (node, token, mut ws) = socket::upgrade(tcp, acceptor, &known).await?;
+    // Whether the tokens can still change (their source may be gone: then they stay as read).
+    let mut tokens_followed = true;
     let (mut ended, lock) = nodes.take_over(&node);
     // The node's previous connection finishes the report it is applying, then lets go.
     let _exclusive = lock.lock_owned().await;
@@ -224,6 +227,13 @@ async fn connection<C: CloudSide>(
                         heartbeat.pong(nonce, epoch.elapsed());
                     }
                     other => break Err(protocol(format!("a {} frame mid-connection", other.kind()))),
+                }
+            }
+            changed = tokens.changed(), if tokens_followed => {
+                if changed.is_err() {
+                    tokens_followed = false;
+                } else if !tokens.borrow_and_update().admits(&token, &node) {
+                    break Err(protocol("its token was revoked: the session ends".to_owned()));
                 }
             }
             changed = desired_source.changed() => {

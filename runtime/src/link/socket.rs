@@ -115,6 +115,22 @@ impl NodeTokens {
     pub fn node_for(&self, token: &str) -> Option<&str> {
         self.by_digest.get(&digest(token)).map(String::as_str)
     }
+
+    /// Whether the token a connection presented (its [`TokenId`]) still opens `node`'s link.
+    pub fn admits(&self, token: &TokenId, node: &str) -> bool {
+        self.by_digest.get(&token.0).is_some_and(|found| found == node)
+    }
+}
+
+/// The token a connection presented, as its digest: checked again when the tokens change, so
+/// that a revoked token ends the sessions it opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenId([u8; 32]);
+
+impl TokenId {
+    pub fn of(token: &str) -> TokenId {
+        TokenId(digest(token.trim()))
+    }
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -135,21 +151,23 @@ pub async fn accept(
     last_applied_report: impl FnOnce(&str) -> u64,
     heartbeat_secs: u32,
 ) -> Result<(String, Accepted, ServerStream), LinkError> {
-    let (node, mut ws) = upgrade(tcp, tls, tokens).await?;
+    let (node, _, mut ws) = upgrade(tcp, tls, tokens).await?;
     let accepted = greet(&node, &mut ws, last_applied_report(&node), heartbeat_secs).await?;
     Ok((node, accepted, ws))
 }
 
-/// TLS and the WebSocket upgrade, the bearer token checked in it: the token's node and the stream.
+/// TLS and the WebSocket upgrade, the bearer token checked in it: the token's node, the token's
+/// id and the stream.
 pub async fn upgrade(
     tcp: TcpStream,
     tls: &TlsAcceptor,
     tokens: &NodeTokens,
-) -> Result<(String, ServerStream), LinkError> {
+) -> Result<(String, TokenId, ServerStream), LinkError> {
     let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let stream = tls.accept(tcp).await.map_err(|err| LinkError::Io(format!("TLS from {peer}"), err))?;
         let mut node = None;
+        let mut presented = TokenId([0; 32]);
         // The shape tungstenite's `Callback` asks for.
         #[allow(clippy::result_large_err)]
         let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
@@ -162,6 +180,7 @@ pub async fn upgrade(
             match tokens.node_for(token.trim()) {
                 Some(found) => {
                     node = Some(found.to_owned());
+                    presented = TokenId::of(token);
                     Ok(response)
                 }
                 None => {
@@ -177,7 +196,7 @@ pub async fn upgrade(
         let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(ws_config()))
             .await
             .map_err(|err| LinkError::WebSocket(format!("from {peer}: {err}")))?;
-        Ok::<_, LinkError>((node.unwrap_or_default(), ws))
+        Ok::<_, LinkError>((node.unwrap_or_default(), presented, ws))
     })
     .await
     .map_err(|_| LinkError::Timeout(HANDSHAKE_TIMEOUT))?
