@@ -2,7 +2,7 @@
 //! gets a receipt that resolves once the status that applied it has been written, so that the
 //! edge's outbox is acknowledged only for what is durable in the API server. A report that is
 //! never applied (the operator stopped) is resent by the edge and, being keyed by (uid, round,
-//! stage), applied once.
+//! stage), applied once; one resent while the first still waits joins it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -15,7 +15,9 @@ use crate::lifecycle::Report;
 
 struct Waiting {
     report: Report,
-    applied: oneshot::Sender<()>,
+    /// One receipt per delivery: an edge that resent the report after a timed-out wait holds
+    /// the same report twice, applied once.
+    applied: Vec<oneshot::Sender<()>>,
 }
 
 /// Reports by job (`namespace/name`), oldest first, and the trigger that wakes the job's
@@ -36,7 +38,13 @@ impl Inbox {
     pub fn deliver(&self, namespace: &str, name: &str, report: Report) -> oneshot::Receiver<()> {
         let (applied, receipt) = oneshot::channel();
         let key = (namespace.to_owned(), name.to_owned());
-        self.lock().entry(key).or_default().push(Waiting { report, applied });
+        let mut waiting = self.lock();
+        let reports = waiting.entry(key).or_default();
+        match reports.iter_mut().find(|w| w.report == report) {
+            Some(same) => same.applied.push(applied),
+            None => reports.push(Waiting { report, applied: vec![applied] }),
+        }
+        drop(waiting);
         let _ = self.wake.send(ObjectRef::new(name).within(namespace));
         receipt
     }
@@ -54,7 +62,9 @@ impl Inbox {
         let key = (namespace.to_owned(), name.to_owned());
         if let Some(reports) = waiting.get_mut(&key) {
             for done in reports.drain(..count.min(reports.len())) {
-                let _ = done.applied.send(());
+                for receipt in done.applied {
+                    let _ = receipt.send(());
+                }
             }
             if reports.is_empty() {
                 waiting.remove(&key);
@@ -95,6 +105,16 @@ mod tests {
         assert_eq!(second.await, Ok(()));
         assert!(inbox.peek("ns", "job").is_empty());
         assert!(inbox.peek("ns", "other").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_report_delivered_again_while_it_waits_is_applied_once_and_both_answered() {
+        let (inbox, _woken) = Inbox::new();
+        let first = inbox.deliver("ns", "job", report(1));
+        let again = inbox.deliver("ns", "job", report(1));
+        assert_eq!(inbox.peek("ns", "job").len(), 1, "one copy for the stage machine");
+        inbox.applied("ns", "job", 1);
+        assert_eq!((first.await, again.await), (Ok(()), Ok(())));
     }
 
     #[tokio::test]
