@@ -14,4 +14,5 @@ pub mod link;
 pub mod policy;
 pub mod storage;
 pub mod store;
+pub mod tls;
 pub mod workers;

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Before anything can open a TLS connection (kube, the link, S3 and HTTPS plugin fetches).
+    perennial::tls::install_crypto_provider();
     let args = cli::Cli::parse();
     cli::init_tracing(&args);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

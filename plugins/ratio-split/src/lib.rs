@@ -44,16 +44,16 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     // Eight bytes per iteration: the same hash, with fewer loop back-edges (each one costs an
     // interruption check in WebAssembly).
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
-        let mut word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+    let (words, rest) = bytes.as_chunks::<8>();
+    for chunk in words {
+        let mut word = u64::from_le_bytes(*chunk);
         for _ in 0..8 {
             hash ^= word & 0xff;
             hash = hash.wrapping_mul(PRIME);
             word >>= 8;
         }
     }
-    for &byte in chunks.remainder() {
+    for &byte in rest {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(PRIME);
     }

@@ -37,10 +37,36 @@ pub fn crds_yaml() -> String {
     documents().into_iter().map(|(_, yaml)| yaml).collect::<Vec<_>>().join("---\n")
 }
 
+/// The CRDs as every kubectl and API server take them: LifelongLearningJob, then Dataset.
+pub fn crds() -> [CustomResourceDefinition; 2] {
+    [LifelongLearningJob::crd(), Dataset::crd()].map(without_null_in_enums)
+}
+
+/// Drops the `null` that schemars lists in the `enum` of an optional enum field (`Option<Stage>`):
+/// kubectl's client-side validation refuses a CRD with one ("unknown object type \"nil\""), and
+/// the field's `nullable: true` already allows the null.
+fn without_null_in_enums(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn strip(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Array(values)) = map.get_mut("enum") {
+                    values.retain(|v| !v.is_null());
+                }
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes to JSON");
+    strip(&mut value);
+    serde_json::from_value(value).expect("the CRD reads back without the nulls")
+}
+
 /// Each CRD's file name under `deploy/crds/` (`<group>_<plural>.yaml`, as Sedna names its own)
 /// and its YAML.
 fn documents() -> Vec<(String, String)> {
-    [LifelongLearningJob::crd(), Dataset::crd()]
+    crds()
         .into_iter()
         .map(|crd: CustomResourceDefinition| {
             let file = format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
@@ -120,12 +146,12 @@ mod tests {
         let read: Vec<CustomResourceDefinition> = serde_yaml_ng::Deserializer::from_str(&text)
             .map(|document| serde::Deserialize::deserialize(document).unwrap())
             .collect();
-        assert_eq!(read, [LifelongLearningJob::crd(), Dataset::crd()]);
+        assert_eq!(read, crds());
         assert!(text.contains(" - '='\n") && !text.contains(" - =\n"));
     }
 
     fn crd_values() -> Vec<Value> {
-        [LifelongLearningJob::crd(), Dataset::crd()].iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
+        crds().iter().map(|crd| serde_json::to_value(crd).unwrap()).collect()
     }
 
     fn open_api_schema(crd: &Value) -> &Value {
@@ -218,6 +244,40 @@ mod tests {
             "[]" => &node["items"],
             _ => &node["properties"][name],
         })
+    }
+
+    /// What `kubectl apply` (client side, validation on) needs: no `null` in an `enum` (kubectl
+    /// 1.20 to 1.33 refuse the CRD: unknown object type "nil"), and the whole object small enough
+    /// for the last-applied annotation (all annotations of an object: 256 KiB), with room to grow.
+    #[test]
+    fn kubectl_applies_them() {
+        fn nulls_in_enums(value: &Value, path: &str, found: &mut Vec<String>) {
+            match value {
+                Value::Object(map) => {
+                    if map.get("enum").and_then(Value::as_array).is_some_and(|v| v.iter().any(Value::is_null)) {
+                        found.push(path.to_owned());
+                    }
+                    map.iter().for_each(|(key, v)| nulls_in_enums(v, &format!("{path}.{key}"), found));
+                }
+                Value::Array(items) => items.iter().for_each(|v| nulls_in_enums(v, path, found)),
+                _ => {}
+            }
+        }
+        for crd in crd_values() {
+            let mut found = Vec::new();
+            nulls_in_enums(&crd, "", &mut found);
+            assert!(found.is_empty(), "{}: null in enum at {found:?}", crd["metadata"]["name"]);
+            let size = serde_json::to_string(&crd).unwrap().len();
+            assert!(
+                size < 200 * 1024,
+                "{} is {size} bytes as JSON: too big for kubectl apply",
+                crd["metadata"]["name"]
+            );
+        }
+        // The optional enums stay nullable (a merge patch may clear them).
+        let schema = job_schema();
+        assert_eq!(at(&schema, "status.stage")["nullable"], true);
+        assert_eq!(at(&schema, "status.stage")["enum"], json!(["Train", "Eval", "Deploy"]));
     }
 
     #[test]

@@ -83,6 +83,7 @@ pub enum StorageError {
 /// An operator and the path inside it that `url` names.
 pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String), StorageError> {
     // The HTTP transport (reqwest with rustls) that the S3 and HTTP services use.
+    crate::tls::install_crypto_provider();
     opendal::install_default();
     let invalid = |message: &str| StorageError::Invalid { url: url.to_owned(), message: message.to_owned() };
     let io = |source| StorageError::Io { url: url.to_owned(), source };
@@ -121,6 +122,7 @@ pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String
 /// only for messages. Credentials come from Sedna's Secret format, never from the environment
 /// of the process or instance metadata.
 pub fn s3_operator(url: &str, bucket: &str, root: &str, s3: Option<&S3Credentials>) -> Result<Operator, StorageError> {
+    crate::tls::install_crypto_provider();
     opendal::install_default();
     let creds = s3.ok_or_else(|| StorageError::NoCredentials { url: url.to_owned() })?;
     let scheme = if creds.use_https { "https" } else { "http" };

@@ -120,7 +120,9 @@ fn url_env(stage: Stage) -> &'static [UrlEnv] {
         u("TEST_DATASET_URL", true, Owner::Job),
         u("ORIGINAL_DATASET_URL", true, Owner::Dataset),
     ];
-    const DEPLOY: &[UrlEnv] = &[u("MODEL_URLS", false, Owner::Job), u("OUTPUT_URL", false, Owner::Job)];
+    // The inference worker mounts only `<outputDir>/deploy` (its model); `OUTPUT_URL` is the raw
+    // outputDir, as Sedna gives it, so that other jobs' outputs beside it stay out of the pod.
+    const DEPLOY: &[UrlEnv] = &[u("MODEL_URLS", false, Owner::Job)];
     match stage {
         Stage::Train => TRAIN,
         Stage::Eval => EVAL,

@@ -162,6 +162,25 @@ fn sednas_identity_labels_owner_network_and_restart_policy() {
     }
 }
 
+/// The inference pod mounts its model's folder and nothing else of the job's outputs: not the
+/// outputDir, which holds every round's data and, beside it, other jobs' outputs.
+#[test]
+fn the_inference_pod_mounts_only_the_deployed_model() {
+    let pod = build(&CASES[2]);
+    let spec = pod.spec.as_ref().unwrap();
+    let host_paths: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.as_str()))
+        .filter(|path| !["/lifelong/unseen_task/", "/data/"].contains(path)) // the template's own
+        .collect();
+    assert_eq!(host_paths, ["/output/deploy"]);
+    let env = env_of(&pod);
+    assert_eq!(value(&env, "MODEL_URLS"), Some("/home/data/output/deploy/index.pkl"));
+    assert_eq!(value(&env, "OUTPUT_URL"), Some("/output"), "raw, as Sedna gives it");
+}
+
 #[test]
 fn host_paths_are_mounted_under_home_data() {
     let pod = build(&CASES[0]);

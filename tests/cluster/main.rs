@@ -1,0 +1,17 @@
+//! The cluster half against a real Kubernetes API server (`PERENNIAL_TEST_KUBECONFIG`): the
+//! CRDs and `deploy/operator` applied with kubectl, `perennial operator` run as its
+//! ServiceAccount, a linked `perennial edge`, whole rounds with the test playing the kubelet and
+//! the workers, leader failover, deletion. `.ci/run` starts `../shared/k8s/up` for it; README
+//! says how to run it against any cluster. Without a cluster the suite fails: it is never
+//! skipped in silence.
+
+// The rcgen CA of the link tests (its test cloud is not used here).
+#[allow(dead_code)]
+#[path = "../support/link.rs"]
+mod link_support;
+
+mod failover;
+mod harness;
+mod install;
+mod rounds;
+mod stack;

@@ -1,0 +1,218 @@
+//! Whole rounds on the real API server: the operator as its ServiceAccount (deploy/operator's
+//! RBAC, nothing more), a linked edge agent holding the job by its Dataset's node, three rounds
+//! with the pods checked against Sedna's contract, the Dataset's count, the policies in status,
+//! a hot swap by `kubectl patch`, then the job and its Dataset deleted.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use crate::harness::until;
+use crate::stack::{DATASET, JOB, World};
+
+/// What Sedna's GM gives every worker pod (reference/sedna.md §2.3), checked on each pod.
+fn check_sedna_contract(pod: &Pod, kind: &str, job_uid: &str, node: &str, namespace: &str) {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("lifelonglearningjob.sedna.io/name").map(String::as_str), Some(JOB), "{name}");
+    assert_eq!(labels.get("lifelonglearningjob.sedna.io/uid").map(String::as_str), Some(job_uid), "{name}");
+    assert_eq!(labels.get("lifelonglearningjob.sedna.io/worker-type").map(String::as_str), Some(kind), "{name}");
+    let owner = &pod.metadata.owner_references.as_ref().expect("an owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("LifelongLearningJob", job_uid, Some(true))
+    );
+    assert!(name.starts_with(&format!("{JOB}-{}-", if kind == "inference" { "inference" } else { kind })), "{name}");
+    let spec = pod.spec.as_ref().expect("spec");
+    assert_eq!(spec.host_network, Some(true), "{name}: Sedna forces hostNetwork");
+    assert_eq!(spec.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"), "{name}");
+    assert_eq!(spec.node_name.as_deref(), Some(node), "{name}: the template's node");
+    let env: Vec<String> = spec.containers[0].env.iter().flatten().map(|e| e.name.clone()).collect();
+    let wanted: &[&str] = match kind {
+        "train" => &[
+            "NAMESPACE",
+            "JOB_NAME",
+            "WORKER_NAME",
+            "HAS_COMPLETED_INITIAL_TRAINING",
+            "LC_SERVER",
+            "KB_SERVER",
+            "OUTPUT_URL",
+            "TRAIN_DATASET_URL",
+            "ORIGINAL_DATASET_URL",
+            "DATA_PATH_PREFIX",
+        ],
+        "eval" => &[
+            "NAMESPACE",
+            "JOB_NAME",
+            "WORKER_NAME",
+            "LC_SERVER",
+            "KB_SERVER",
+            "MODEL_URLS",
+            "OUTPUT_URL",
+            "TEST_DATASET_URL",
+            "ORIGINAL_DATASET_URL",
+            "DATA_PATH_PREFIX",
+        ],
+        _ => &["NAMESPACE", "JOB_NAME", "WORKER_NAME", "LC_SERVER", "OUTPUT_URL", "MODEL_URLS"],
+    };
+    for variable in wanted {
+        assert!(env.iter().any(|e| e == variable), "{name}: no {variable} in {env:?}");
+    }
+    // The template's own env comes first, as Sedna appends its own after it.
+    assert_eq!(env[0], "metric_name", "{name}");
+    let value = |key: &str| {
+        spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == key)
+            .and_then(|e| e.value.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(value("NAMESPACE"), namespace);
+    assert_eq!(value("JOB_NAME"), JOB);
+    if kind == "train" {
+        assert!(value("TRAIN_DATASET_URL").starts_with("/home/data/"), "{name}: {}", value("TRAIN_DATASET_URL"));
+    }
+    if kind == "inference" {
+        assert_eq!(spec.restart_policy.as_deref(), Some("Always"), "{name}");
+    } else {
+        assert_eq!(spec.restart_policy.as_deref(), Some("OnFailure"), "{name}");
+    }
+}
+
+fn policy(job: &Value, kind: &str) -> (String, String, String) {
+    let p = &job["status"]["policies"][kind];
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (text(&p["plugin"]), text(&p["digest"]), text(&p["health"]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
+    let world = World::new("rounds").await;
+    let operator = world.start_operator("replica-a");
+    let _edge = world.start_edge(operator.link_port);
+    let kubelet = world.kubelet();
+    world.apply_job(40);
+
+    // The job comes down to its Dataset's node, and the edge reports it holds it.
+    until("the edge to hold the job", Duration::from_secs(60), || async {
+        (world.edge_query(&format!("SELECT COUNT(*) FROM jobs WHERE name = '{}/{JOB}'", world.namespace))? == 1)
+            .then_some(())
+    })
+    .await;
+
+    for round in 1..=3u64 {
+        world.append_samples(50);
+        let job = world.until_deployed(round, Duration::from_secs(90)).await;
+        assert_eq!(job["status"]["roundsCompleted"].as_u64(), Some(round), "{}", job["status"]);
+    }
+    let job = world.job().await.expect("the job");
+    let uid = job["metadata"]["uid"].as_str().expect("uid").to_owned();
+    for kind in ["train", "eval", "inference"] {
+        let pods = kubelet.pods(kind);
+        assert_eq!(
+            pods.len(),
+            3,
+            "one {kind} pod a round: {:?}",
+            pods.iter().map(|p| &p.metadata.name).collect::<Vec<_>>()
+        );
+        for pod in &pods {
+            check_sedna_contract(pod, kind, &uid, &world.node, &world.namespace);
+        }
+    }
+    // Sedna's conditions, in order (capped at 30: the last round and a half), each once: no
+    // report applied twice.
+    let conditions: Vec<String> = job["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .map(|c| format!("{} {}", c["stage"].as_str().unwrap_or(""), c["type"].as_str().unwrap_or("")))
+        .collect();
+    let one_round = [
+        "Train Waiting",
+        "Train Ready",
+        "Train Starting",
+        "Train Running",
+        "Train Completed",
+        "Eval Waiting",
+        "Eval Ready",
+        "Eval Starting",
+        "Eval Running",
+        "Eval Completed",
+        "Deploy Waiting",
+        "Deploy Ready",
+        "Deploy Starting",
+        "Deploy Completed",
+        "Train Waiting",
+    ];
+    assert_eq!(conditions[conditions.len() - one_round.len()..], one_round[..], "{conditions:?}");
+
+    // The Dataset's count and the edge's policies reach their status.
+    until("the Dataset's numberOfSamples", Duration::from_secs(30), || async {
+        let dataset = world.datasets().get(DATASET).await.ok()?;
+        let count = serde_json::to_value(&dataset).ok()?["status"]["numberOfSamples"].as_u64()?;
+        (count == world.samples() as u64).then_some(())
+    })
+    .await;
+    let (plugin, digest, health) = policy(&job, "trigger");
+    assert_eq!((plugin.as_str(), health.as_str()), ("builtin:threshold-trigger", "Serving"), "{}", job["status"]);
+    assert_eq!(digest.len(), 64, "a sha256 digest: {digest}");
+
+    // A hot swap by `kubectl patch`: the example count-or-age trigger, from its file.
+    let path = perennial::policy::builtin::built_plugin_path("count-or-age-trigger").expect("the example plugin");
+    let patch = serde_json::json!({"spec": {"trainSpec": {"trigger": {"policy": {
+        "plugin": format!("file://{path}"), "config": {"samples": 20, "maxAgeHours": 1}}}}}});
+    world.cluster.kubectl_ok(&[
+        "patch",
+        "ll",
+        JOB,
+        "-n",
+        &world.namespace,
+        "--type",
+        "merge",
+        "-p",
+        &patch.to_string(),
+    ]);
+    let swapped = until("the swapped trigger in status", Duration::from_secs(60), || async {
+        let job = world.job().await?;
+        let (plugin, digest, health) = policy(&job, "trigger");
+        (plugin.contains("count_or_age") && health == "Serving").then_some(digest)
+    })
+    .await;
+    assert_ne!(swapped, digest, "a new digest serves");
+    // The new trigger decides the next round: 20 samples (the old one wanted 40).
+    world.append_samples(25);
+    world.until_deployed(4, Duration::from_secs(90)).await;
+
+    // `kubectl get ll` and `describe` show the job as a user sees it.
+    let table = world.cluster.kubectl_ok(&["get", "ll", "-n", &world.namespace]);
+    let row: Vec<&str> = table.lines().nth(1).expect("a row").split_whitespace().collect();
+    assert_eq!(&row[..4], [JOB, "Train", "Waiting", "4"], "{table}");
+    assert!(row[4].ends_with("/output/deploy/index.pkl"), "{table}");
+    let described = world.cluster.kubectl_ok(&["describe", "ll", JOB, "-n", &world.namespace]);
+    assert!(described.contains("Events:") && described.contains("Deploy"), "{described}");
+
+    // Deleting the job: its finalizer removes its pods, the edge forgets it.
+    world.cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=false"]);
+    until("the job gone (its finalizer done)", Duration::from_secs(60), || async {
+        world.job().await.is_none().then_some(())
+    })
+    .await;
+    until("its pods gone", Duration::from_secs(30), || async {
+        let pods = world.pods().list(&Default::default()).await.ok()?;
+        pods.items.is_empty().then_some(())
+    })
+    .await;
+    until("the edge to forget the job", Duration::from_secs(30), || async {
+        (world.edge_query(&format!("SELECT COUNT(*) FROM jobs WHERE name = '{}/{JOB}'", world.namespace))? == 0)
+            .then_some(())
+    })
+    .await;
+    world.cluster.kubectl_ok(&["delete", "dataset", DATASET, "-n", &world.namespace]);
+    assert!(world.datasets().get_opt(DATASET).await.expect("get").is_none());
+
+    let forbidden = World::forbidden_calls(&[&operator]);
+    assert!(forbidden.is_empty(), "the operator made calls its RBAC does not allow: {forbidden:#?}");
+}

@@ -1,0 +1,387 @@
+//! One job's world on the real API server: a namespace, the operator run as its ServiceAccount
+//! (the RBAC of `deploy/operator`), a linked `perennial edge`, and the test playing the kubelet
+//! and the workers (Sedna's report API), checking every pod against Sedna's contract.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use perennial::api::{Dataset, LifelongLearningJob};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use crate::harness::{Cluster, Process, cluster, free_port};
+use crate::link_support::pki;
+
+pub const JOB: &str = "thermal";
+pub const DATASET: &str = "readings";
+const TOKEN: &str = "a-node-token-for-the-tests";
+
+/// The files, names and ports of one world.
+pub struct World {
+    pub cluster: &'static Cluster,
+    pub client: kube::Client,
+    pub namespace: String,
+    pub node: String,
+    pub root: tempfile::TempDir,
+    pub index: PathBuf,
+    pub output: PathBuf,
+    pub edge_port: u16,
+    operator_kubeconfig: PathBuf,
+    lines: Mutex<usize>,
+}
+
+/// One `perennial operator` replica.
+pub struct Operator {
+    pub process: Process,
+    pub metrics_port: u16,
+    pub link_port: u16,
+}
+
+impl World {
+    pub async fn new(prefix: &str) -> World {
+        let cluster = cluster();
+        cluster.install();
+        let client = cluster.client().await;
+        let namespace = cluster.namespace(&client, prefix).await;
+        let root = tempfile::tempdir().expect("tempdir");
+        let pki = pki();
+        for (file, pem) in [("ca.pem", &pki.ca_pem), ("link.crt", &pki.cert_pem), ("link.key", &pki.key_pem)] {
+            std::fs::write(root.path().join(file), pem).expect("pem");
+        }
+        std::fs::write(root.path().join("token"), TOKEN).expect("token");
+        let node = format!("node-{namespace}");
+        cluster.secret(&client, &namespace, "edge-tokens", &[(&node, TOKEN)]).await;
+        let operator_kubeconfig =
+            cluster.service_account_kubeconfig(&client, "perennial-system", "perennial-operator", root.path()).await;
+        let index = root.path().join("data/index.txt");
+        std::fs::create_dir_all(index.parent().expect("parent")).expect("data dir");
+        std::fs::write(&index, "").expect("index");
+        let output = root.path().join("output");
+        World {
+            cluster,
+            client,
+            namespace,
+            node,
+            index,
+            output,
+            edge_port: free_port(),
+            operator_kubeconfig,
+            lines: Mutex::new(0),
+            root,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    /// A replica of `perennial operator`, as its ServiceAccount, scoped to this namespace,
+    /// competing for this world's Lease.
+    pub fn start_operator(&self, identity: &str) -> Operator {
+        let (metrics_port, link_port) = (free_port(), free_port());
+        let file = |name: &str| self.path(name).display().to_string();
+        let args: Vec<String> = [
+            "operator",
+            "--kubeconfig",
+            &self.operator_kubeconfig.display().to_string(),
+            "--namespace",
+            &self.namespace,
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--lc-server",
+            &format!("http://127.0.0.1:{}", self.edge_port),
+            "--lease-namespace",
+            "perennial-system",
+            "--lease-name",
+            &format!("operator-{}", self.namespace),
+            "--identity",
+            identity,
+            "--link-addr",
+            &format!("127.0.0.1:{link_port}"),
+            "--link-cert",
+            &file("link.crt"),
+            "--link-key",
+            &file("link.key"),
+            "--link-tokens",
+            &format!("{}/edge-tokens", self.namespace),
+            "--link-heartbeat-secs",
+            "1",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let log = self.path(&format!("operator-{identity}.log"));
+        let process = Process::start(&args, log, &[("RUST_LOG", "info,perennial=debug")]);
+        Operator { process, metrics_port, link_port }
+    }
+
+    /// `perennial edge` for this world's node, linked to `link_port`.
+    pub fn start_edge(&self, link_port: u16) -> Process {
+        let file = |name: &str| self.path(name).display().to_string();
+        let args: Vec<String> = [
+            "edge",
+            "--bind-address",
+            "127.0.0.1",
+            "--bind-port",
+            &self.edge_port.to_string(),
+            "--poll-ms",
+            "50",
+            "--cloud-url",
+            &format!("wss://localhost:{link_port}/v1/link"),
+            "--token-file",
+            &file("token"),
+            "--ca-file",
+            &file("ca.pem"),
+            "--node-name",
+            &self.node,
+            "--state-dir",
+            &file("edge-state"),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        Process::start(&args, self.path("edge.log"), &[("RUST_LOG", "info,perennial=debug")])
+    }
+
+    /// The Dataset (on this world's node) and the job, applied with kubectl as a user would:
+    /// the thermal-comfort shape of Sedna's sample, with a trigger at `threshold` samples.
+    pub fn apply_job(&self, threshold: u32) {
+        let template = |name: &str| {
+            json!({"spec": {"nodeName": self.node, "containers": [
+                {"name": name, "image": "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0",
+                 "args": [format!("{name}.py")], "env": [{"name": "metric_name", "value": "mlogloss"}]}]}})
+        };
+        let manifests = [
+            json!({"apiVersion": "sedna.io/v1alpha1", "kind": "Dataset", "metadata": {"name": DATASET},
+                   "spec": {"url": self.index, "format": "txt", "nodeName": self.node}}),
+            json!({"apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob", "metadata": {"name": JOB},
+                   "spec": {
+                       "dataset": {"name": DATASET, "trainProb": 0.8},
+                       "trainSpec": {"template": template("train"), "trigger": {
+                           "checkPeriodSeconds": 1,
+                           "condition": {"operator": ">=", "threshold": threshold, "metric": "num_of_samples"}}},
+                       "evalSpec": {"template": template("eval")},
+                       "deploySpec": {"template": template("infer")},
+                       "outputDir": self.output}}),
+        ];
+        for manifest in manifests {
+            let file = tempfile::NamedTempFile::new().expect("temp");
+            std::fs::write(file.path(), serde_json::to_vec(&manifest).expect("json")).expect("write");
+            self.cluster.kubectl_ok(&["apply", "-n", &self.namespace, "-f", &file.path().display().to_string()]);
+        }
+    }
+
+    /// Appends `count` samples to the dataset's index.
+    pub fn append_samples(&self, count: usize) {
+        let mut lines = self.lines.lock().expect("lines");
+        let mut index = std::fs::OpenOptions::new().append(true).open(&self.index).expect("index");
+        let mut text = String::new();
+        for n in *lines..*lines + count {
+            text.push_str(&format!("images/{n}.png {}\n", n % 3));
+        }
+        index.write_all(text.as_bytes()).expect("append");
+        *lines += count;
+    }
+
+    pub fn samples(&self) -> usize {
+        *self.lines.lock().expect("lines")
+    }
+
+    pub fn jobs(&self) -> Api<LifelongLearningJob> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn datasets(&self) -> Api<Dataset> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The job as JSON, if it exists.
+    pub async fn job(&self) -> Option<Value> {
+        let job = self.jobs().get_opt(JOB).await.ok()??;
+        Some(serde_json::to_value(job).expect("json"))
+    }
+
+    /// Waits until round `round` is deployed and complete (the job then waits for the next
+    /// round's Train); on a timeout, says where
+    /// the job stands and what the operator and the edge logged last.
+    pub async fn until_deployed(&self, round: u64, limit: Duration) -> Value {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let job = self.job().await;
+            if let Some(job) = &job
+                && job["status"]["deployed"]["round"].as_u64() >= Some(round)
+                && job["status"]["roundsCompleted"].as_u64() >= Some(round)
+            {
+                return job.clone();
+            }
+            if std::time::Instant::now() > deadline {
+                let status = job.map(|j| j["status"].clone()).unwrap_or_default();
+                panic!("timed out after {limit:?} waiting for round {round} deployed: {status:#}\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The last lines of every log of this world (operators, edge).
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for entry in std::fs::read_dir(self.root.path()).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log") {
+                let log = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                text.push_str(&format!("----- {} -----\n{tail}\n", path.display()));
+            }
+        }
+        text
+    }
+
+    /// Plays the kubelet and the workers for this namespace until dropped.
+    pub fn kubelet(&self) -> Kubelet {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let held = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(kubelet(self.pods(), self.namespace.clone(), seen.clone(), held.clone()));
+        Kubelet { task, seen, held }
+    }
+
+    /// Every line of the operator's logs that says the API server forbade a call.
+    pub fn forbidden_calls(operators: &[&Operator]) -> Vec<String> {
+        operators
+            .iter()
+            .flat_map(|o| o.process.log_text().lines().map(str::to_owned).collect::<Vec<_>>())
+            .filter(|line| line.to_lowercase().contains("forbidden"))
+            .collect()
+    }
+
+    /// The edge's SQLite state, read.
+    pub fn edge_query(&self, sql: &str) -> Option<i64> {
+        let conn = rusqlite::Connection::open(self.path("edge-state/edge.db")).ok()?;
+        conn.busy_timeout(Duration::from_secs(5)).ok()?;
+        conn.query_row(sql, [], |row| row.get(0)).ok()
+    }
+}
+
+/// The kubelet and workers the test plays, and the pods they saw.
+pub struct Kubelet {
+    task: JoinHandle<()>,
+    pub seen: Arc<Mutex<Vec<Pod>>>,
+    /// While set, workers start but hold their report.
+    pub held: Arc<AtomicBool>,
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Kubelet {
+    /// The pods seen of `worker_type` (train, eval, inference), in the order they came.
+    pub fn pods(&self, worker_type: &str) -> Vec<Pod> {
+        self.seen
+            .lock()
+            .expect("seen")
+            .iter()
+            .filter(|pod| label(pod, "lifelonglearningjob.sedna.io/worker-type") == Some(worker_type))
+            .cloned()
+            .collect()
+    }
+}
+
+fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn env_of(pod: &Pod) -> BTreeMap<String, String> {
+    let container = &pod.spec.as_ref().expect("spec").containers[0];
+    container.env.iter().flatten().map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())).collect()
+}
+
+/// No kubelet, no scheduler: each new pod of the namespace is run by the test. Train and eval
+/// workers report their result to the edge agent at `LC_SERVER` as Sedna's library does (retried,
+/// as it retries), then exit 0; an inference worker runs and is ready. Pods being deleted are
+/// removed at once (the kubelet's part of a graceful delete).
+async fn kubelet(pods: Api<Pod>, namespace: String, seen: Arc<Mutex<Vec<Pod>>>, held: Arc<AtomicBool>) {
+    let mut handled = HashSet::new();
+    loop {
+        let listed = match pods.list(&ListParams::default()).await {
+            Ok(listed) => listed.items,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for pod in listed {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            if pod.metadata.deletion_timestamp.is_some() {
+                let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+                continue;
+            }
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if !handled.insert(uid) {
+                continue;
+            }
+            seen.lock().expect("seen").push(pod.clone());
+            let pods = pods.clone();
+            let (namespace, held) = (namespace.clone(), held.clone());
+            tokio::spawn(async move { run_worker(&pods, &namespace, &pod, &held).await });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn run_worker(pods: &Api<Pod>, namespace: &str, pod: &Pod, held: &AtomicBool) {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let kind = label(pod, "lifelonglearningjob.sedna.io/worker-type").unwrap_or_default().to_owned();
+    let now = || k8s_openapi::jiff::Timestamp::now().to_string();
+    let running = json!({"status": {"phase": "Running", "hostIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": "worker", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"running": {"startedAt": now()}}}]}});
+    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&running)).await;
+    if kind == "inference" {
+        return;
+    }
+    while held.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let env = env_of(pod);
+    let prefix = env.get("DATA_PATH_PREFIX").cloned().unwrap_or_default();
+    let host = |path: &str| path.strip_prefix(&prefix).unwrap_or(path).to_owned();
+    let results = if kind == "train" {
+        // The model goes where OUTPUT_URL says, reported without DATA_PATH_PREFIX (Sedna's lib).
+        let output = host(&env["OUTPUT_URL"]);
+        std::fs::create_dir_all(&output).expect("train output");
+        let model = Path::new(&output).join("index.pkl");
+        std::fs::write(&model, format!("model of {name}")).expect("model");
+        json!([{"format": "pkl", "url": model, "metrics": null}])
+    } else {
+        let models: Vec<String> = env["MODEL_URLS"].split(';').map(host).collect();
+        Value::Array(
+            models.iter().map(|m| json!({"format": "pkl", "url": m, "metrics": {"precision_score": 0.9}})).collect(),
+        )
+    };
+    let body = json!({"name": env["WORKER_NAME"], "namespace": namespace, "ownerName": env["JOB_NAME"],
+        "ownerKind": "lifelonglearningjob", "kind": kind, "status": "completed", "results": results});
+    let url = format!("{}/sedna/workers/{}/info", env["LC_SERVER"], env["WORKER_NAME"]);
+    let http = reqwest::Client::new();
+    for _ in 0..300 {
+        match http.post(&url).json(&body).timeout(Duration::from_secs(5)).send().await {
+            Ok(response) if response.status().is_success() => break,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let done = json!({"status": {"phase": "Succeeded",
+        "containerStatuses": [{"name": "worker", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
+            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now(), "startedAt": now()}}}]}});
+    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&done)).await;
+}
