@@ -237,7 +237,8 @@ pub async fn follow_cluster(
     }
 }
 
-/// Reads the node tokens' Secret now and then; a missing Secret means no node may connect.
+/// Reads the static node tokens' Secret now and then (nodes outside the cluster); a missing
+/// Secret means no such node may connect.
 pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::Sender<Arc<NodeTokens>>) {
     let secrets: Api<Secret> = Api::namespaced(client, &options.tokens_namespace);
     let mut said_missing = false;
@@ -257,7 +258,8 @@ pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::
             }
             Ok(None) if !said_missing => {
                 tracing::warn!(
-                    "no Secret {}/{}: no edge node can connect until it exists",
+                    "no Secret {}/{}: no node outside the cluster can connect until it exists (agents in the \
+                     cluster open the link with their projected ServiceAccount token)",
                     options.tokens_namespace,
                     options.tokens_secret
                 );
