@@ -1,8 +1,8 @@
 //! `deploy/edge/`, the two ways to put the edge agent on a node, checked for what a user relies
 //! on. The DaemonSet as `kubectl apply -k deploy/edge` would install it: rendered by the real
 //! `kubectl kustomize`, read back as Kubernetes' own type (a misspelt field fails), on the host's
-//! network and filesystem, its state on the host, its token and CA from Secrets, its link to the
-//! operator's Service. `install.sh`, run for real under a scratch root: what it writes, and that
+//! network and filesystem, its state on the host, its identity a projected ServiceAccount token
+//! (no Secret of node tokens), its CA from a Secret, its link to the operator's Service. `install.sh`, run for real under a scratch root: what it writes, and that
 //! it refuses bad input before writing anything. The systemd unit it installs. And every variable
 //! either sets is one `perennial edge` reads.
 //!
@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use support::manifests::typed;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, PodSpec, Service, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, PodSpec, Service, ServiceAccount, Volume, VolumeMount};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -34,6 +34,10 @@ const NAMESPACE: &str = "perennial-edge";
 const OPERATOR_NAMESPACE: &str = "perennial-system";
 const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "perennial");
 const BIND_PORT: &str = "9100";
+/// The agent's ServiceAccount, and the audience of its projected token (the operator's
+/// `--link-audience` default, set in deploy/operator too).
+const SERVICE_ACCOUNT: &str = "perennial-edge";
+const AUDIENCE: &str = "perennial-link";
 
 /// Where install.sh puts things on the node, and where the unit looks for them.
 const BINARY: &str = "/usr/local/bin/perennial";
@@ -86,7 +90,7 @@ fn render() -> Option<String> {
     Some(String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
 }
 
-/// The rendered documents: exactly one, the DaemonSet.
+/// The rendered documents: the Namespace, the ServiceAccount and the DaemonSet.
 fn only_daemonset(text: &str) -> DaemonSet {
     let mut documents = Vec::new();
     for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
@@ -98,7 +102,11 @@ fn only_daemonset(text: &str) -> DaemonSet {
     }
     let kinds: Vec<_> =
         documents.iter().map(|v| format!("{} {} {}", v["apiVersion"], v["kind"], v["metadata"]["name"])).collect();
-    assert_eq!(kinds.len(), 2, "deploy/edge renders two objects, the Namespace and the DaemonSet: {kinds:?}");
+    assert_eq!(
+        kinds.len(),
+        3,
+        "deploy/edge renders three objects, the Namespace, the ServiceAccount and the DaemonSet: {kinds:?}"
+    );
     assert_eq!((documents[0]["apiVersion"].as_str(), documents[0]["kind"].as_str()), (Some("v1"), Some("Namespace")));
     let namespace: Namespace = typed(&documents[0], "Namespace");
     assert_eq!(namespace.metadata.name.as_deref(), Some(NAMESPACE));
@@ -110,9 +118,16 @@ fn only_daemonset(text: &str) -> DaemonSet {
     );
     assert_eq!(
         (documents[1]["apiVersion"].as_str(), documents[1]["kind"].as_str()),
+        (Some("v1"), Some("ServiceAccount"))
+    );
+    let account: ServiceAccount = typed(&documents[1], "ServiceAccount");
+    assert_eq!(account.metadata.name.as_deref(), Some(SERVICE_ACCOUNT));
+    assert_eq!(account.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        (documents[2]["apiVersion"].as_str(), documents[2]["kind"].as_str()),
         (Some("apps/v1"), Some("DaemonSet"))
     );
-    typed(&documents[1], "DaemonSet")
+    typed(&documents[2], "DaemonSet")
 }
 
 /// A checked-in manifest outside deploy/edge, as its type.
@@ -229,17 +244,45 @@ fn host_filesystem_and_state_are_host_paths() {
 }
 
 #[test]
-fn token_ca_and_node_name_come_from_the_cluster() {
+fn identity_ca_and_node_name_come_from_the_cluster() {
     let Some(daemonset) = daemonset() else { return };
     let container = agent(daemonset);
-    // The token file may be the mounted folder itself: the agent then reads the key named after
-    // its node.
-    for var in ["PERENNIAL_TOKEN_FILE", "PERENNIAL_CA_FILE"] {
-        let (mount, volume) = mount_of(daemonset, env_value(container, var));
-        assert_eq!(mount.read_only, Some(true), "{var}: mounted read only");
+    let pod = pod_spec(daemonset);
+    // The agent proves its node with a token of its own ServiceAccount, bound to its pod.
+    assert_eq!(pod.service_account_name.as_deref(), Some(SERVICE_ACCOUNT), "serviceAccountName");
+    let token_file = env_value(container, "PERENNIAL_TOKEN_FILE");
+    let (mount, volume) = mount_of(daemonset, token_file);
+    assert_eq!(mount.read_only, Some(true), "PERENNIAL_TOKEN_FILE: mounted read only");
+    let sources = volume.projected.as_ref().and_then(|p| p.sources.as_deref()).unwrap_or_else(|| {
+        panic!("PERENNIAL_TOKEN_FILE: volume {} is not a projected serviceAccountToken", volume.name)
+    });
+    let token = sources
+        .iter()
+        .find_map(|s| s.service_account_token.as_ref())
+        .unwrap_or_else(|| panic!("PERENNIAL_TOKEN_FILE: volume {} projects no serviceAccountToken", volume.name));
+    assert_eq!(token.audience.as_deref(), Some(AUDIENCE), "the token is for the link only");
+    let lifetime = token.expiration_seconds.unwrap_or(3600);
+    assert!((600..=3600).contains(&lifetime), "a short-lived token (the kubelet rotates it): {lifetime} s");
+    let file = format!("{}/{}", mount.mount_path.trim_end_matches('/'), token.path);
+    assert_eq!(file, token_file, "PERENNIAL_TOKEN_FILE is the projected token's file");
+    // No Secret of every node's token on any node.
+    for volume in pod.volumes.iter().flatten() {
         let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
-        assert!(secret.is_some_and(|name| !name.is_empty()), "{var}: volume {} is not a Secret", volume.name);
+        assert_ne!(secret, Some("perennial-edge-tokens"), "the DaemonSet mounts no node tokens");
     }
+    // The operator reviews for the same audience.
+    let operator: Deployment = manifest("deploy/operator/deployment.yaml");
+    let operator = operator.spec.and_then(|s| s.template.spec).and_then(|s| s.containers.into_iter().next());
+    let audience = operator
+        .and_then(|c| c.env)
+        .and_then(|env| env.into_iter().find(|v| v.name == "PERENNIAL_LINK_AUDIENCE"))
+        .and_then(|v| v.value);
+    assert_eq!(audience.as_deref(), Some(AUDIENCE), "deploy/operator reviews the agents' tokens for their audience");
+
+    let (mount, volume) = mount_of(daemonset, env_value(container, "PERENNIAL_CA_FILE"));
+    assert_eq!(mount.read_only, Some(true), "PERENNIAL_CA_FILE: mounted read only");
+    let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
+    assert!(secret.is_some_and(|name| !name.is_empty()), "PERENNIAL_CA_FILE: volume {} is not a Secret", volume.name);
     let node = env(container).get("NODENAME").and_then(|v| v.value_from.as_ref()).and_then(|v| v.field_ref.as_ref());
     assert_eq!(node.map(|f| f.field_path.as_str()), Some("spec.nodeName"), "NODENAME is the pod's node");
 }

@@ -40,6 +40,7 @@ const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
     ("sedna.io", "datasets/status", &["get", "patch"]),
     ("", "pods", &["get", "list", "watch", "create", "deletecollection"]),
     ("", "secrets", &["get"]),
+    ("authentication.k8s.io", "tokenreviews", &["create"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 

@@ -276,6 +276,7 @@ fn linked_memory() {
     let settings = ServerSettings {
         tls: server_tls(cert.pem().as_bytes(), key.serialize_pem().as_bytes()).unwrap(),
         tokens: watch::channel(Arc::new(NodeTokens::new([(NODE, TOKEN)]))).1,
+        reviewer: None,
         heartbeat_secs: 15,
     };
     let (stop, stopped) = watch::channel(false);

@@ -17,7 +17,7 @@ use perennial::edge::agent::{self, JobConfig, LoopSettings, Wake};
 use perennial::edge::link_state::{NodeJob, desired_jobs, node_job};
 use perennial::edge::{self, IndexFile, LocalFile, S3Index, worker_api};
 use perennial::link::Changes;
-use perennial::link::edge_client::{self, ClientSettings, LinkEvents};
+use perennial::link::edge_client::{self, ClientSettings, LinkEvents, TokenSource};
 use perennial::link::socket::client_tls;
 use perennial::policy::PolicyHost;
 use perennial::storage::S3Credentials;
@@ -32,8 +32,9 @@ pub struct EdgeArgs {
     /// The operator's link, `wss://host:port/v1/link`: the node's jobs come from it.
     #[arg(long, env = "PERENNIAL_CLOUD_URL", required_unless_present = "jobs")]
     cloud_url: Option<String>,
-    /// A file holding this node's bearer token for the link; or a folder, holding a file named
-    /// after each node (a mounted Secret).
+    /// A file holding this node's bearer token for the link, read again on every (re)connect:
+    /// in Kubernetes a projected ServiceAccount token (the kubelet rotates it); on a systemd
+    /// node its static token. Or a folder holding a file named after each node.
     #[arg(long, env = "PERENNIAL_TOKEN_FILE", requires = "cloud_url")]
     token_file: Option<PathBuf>,
     /// The CA certificate (PEM) that signed the operator's link certificate.
@@ -186,9 +187,9 @@ fn link_settings(url: &str, args: &EdgeArgs) -> anyhow::Result<ClientSettings> {
     let token_file = args.token_file.as_deref().context("--token-file: the link needs this node's token")?;
     // A folder (a Secret of every node's token, mounted by the DaemonSet): the node's own file.
     let token_file = if token_file.is_dir() { token_file.join(&node) } else { token_file.to_owned() };
-    let token =
-        std::fs::read_to_string(&token_file).with_context(|| format!("--token-file {}", token_file.display()))?;
-    if token.trim().is_empty() {
+    // Read now to fail fast on a wrong path; read again on every connect.
+    let meta = std::fs::metadata(&token_file).with_context(|| format!("--token-file {}", token_file.display()))?;
+    if meta.len() == 0 {
         anyhow::bail!("--token-file {}: the file is empty", token_file.display());
     }
     let ca_file = args.ca_file.as_deref().context("--ca-file: the link needs the CA of the operator's certificate")?;
@@ -196,7 +197,7 @@ fn link_settings(url: &str, args: &EdgeArgs) -> anyhow::Result<ClientSettings> {
     let tls = client_tls(&ca).with_context(|| format!("--ca-file {}", ca_file.display()))?;
     Ok(ClientSettings {
         url: url.to_owned(),
-        token: token.trim().to_owned(),
+        token: TokenSource::File(token_file),
         tls,
         node,
         min_backoff: Duration::from_millis(500),

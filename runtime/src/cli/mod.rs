@@ -48,7 +48,7 @@ enum Command {
     Fetch(fetch::FetchArgs),
     /// The Kubernetes operator: reconciles LifelongLearningJobs and their pods.
     #[cfg(feature = "cloud")]
-    Operator(operator::OperatorArgs),
+    Operator(Box<operator::OperatorArgs>),
 }
 
 pub fn init_tracing(cli: &Cli) {
@@ -77,6 +77,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Crd => crd::run(),
         Command::Fetch(args) => fetch::run(args).await,
         #[cfg(feature = "cloud")]
-        Command::Operator(args) => operator::run(args).await,
+        Command::Operator(args) => operator::run(*args).await,
     }
 }

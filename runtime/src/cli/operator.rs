@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use perennial::cloud::identity::IdentitySettings;
 use perennial::cloud::link::LinkOptions;
 use perennial::cloud::{self, OperatorOptions, WorkerDefaults, leader::LeaseSettings};
 use perennial::lifecycle::Settings;
@@ -58,6 +59,17 @@ pub struct OperatorArgs {
     /// name in the operator's namespace.
     #[arg(long, env = "PERENNIAL_LINK_TOKENS", default_value = "perennial-edge/perennial-edge-tokens")]
     link_tokens: String,
+    /// The audience of the edge agents' projected ServiceAccount tokens (the DaemonSet's
+    /// `serviceAccountToken` volume): the operator reviews them for it (TokenReview).
+    #[arg(long, env = "PERENNIAL_LINK_AUDIENCE", default_value = perennial::cloud::identity::DEFAULT_AUDIENCE)]
+    link_audience: String,
+    /// The edge agents' namespace: their ServiceAccount's and their pods'.
+    #[arg(long, env = "PERENNIAL_EDGE_NAMESPACE", default_value = "perennial-edge")]
+    edge_namespace: String,
+    /// The edge agents' ServiceAccount: only its tokens (bound to an agent pod, whose node they
+    /// prove) open the link without a static node token.
+    #[arg(long, env = "PERENNIAL_EDGE_SERVICE_ACCOUNT", default_value = "perennial-edge")]
+    edge_service_account: String,
     /// The link's heartbeat: a silent connection is dropped after two, in seconds.
     #[arg(long, default_value_t = perennial::link::DEFAULT_HEARTBEAT_SECS)]
     link_heartbeat_secs: u32,
@@ -96,6 +108,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 None => args.lease_namespace.clone(),
             },
             tokens_secret: args.link_tokens.rsplit('/').next().unwrap_or_default().to_owned(),
+            identity: IdentitySettings {
+                audience: args.link_audience,
+                namespace: args.edge_namespace,
+                service_account: args.edge_service_account,
+                ..IdentitySettings::default()
+            },
             heartbeat_secs: args.link_heartbeat_secs.max(1),
         }),
         _ => None,

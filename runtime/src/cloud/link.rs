@@ -1,5 +1,6 @@
-//! The operator's side of the cloud–edge link: the listener (leader only), node tokens from a
-//! Secret, each node's desired state from the cluster (reflectors over jobs, datasets and their
+//! The operator's side of the cloud–edge link: the listener (leader only), agents' projected
+//! ServiceAccount tokens checked by TokenReview ([`super::identity`]), static node tokens from a
+//! Secret (nodes outside the cluster), each node's desired state from the cluster (reflectors over jobs, datasets and their
 //! pods, folded by the pure [`node_state`](super::node_state)), and edge reports applied through
 //! the same inbox and stage machine as every reconcile. A report is acknowledged to the edge only
 //! once the job status that applied it is written.
@@ -19,6 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_rustls::rustls::ServerConfig;
 
+use super::identity::{IdentitySettings, TokenReviewer};
 use super::inbox::Inbox;
 use super::node_state::desired_by_node;
 use super::observe::UID_LABEL;
@@ -45,6 +47,8 @@ pub struct LinkOptions {
     /// The Secret holding one key per node name, its bearer token the value.
     pub tokens_secret: String,
     pub tokens_namespace: String,
+    /// Agents in the cluster: their projected ServiceAccount tokens, checked by TokenReview.
+    pub identity: IdentitySettings,
     pub heartbeat_secs: u32,
 }
 
@@ -233,7 +237,8 @@ pub async fn follow_cluster(
     }
 }
 
-/// Reads the node tokens' Secret now and then; a missing Secret means no node may connect.
+/// Reads the static node tokens' Secret now and then (nodes outside the cluster); a missing
+/// Secret means no such node may connect.
 pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::Sender<Arc<NodeTokens>>) {
     let secrets: Api<Secret> = Api::namespaced(client, &options.tokens_namespace);
     let mut said_missing = false;
@@ -253,7 +258,8 @@ pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::
             }
             Ok(None) if !said_missing => {
                 tracing::warn!(
-                    "no Secret {}/{}: no edge node can connect until it exists",
+                    "no Secret {}/{}: no node outside the cluster can connect until it exists (agents in the \
+                     cluster open the link with their projected ServiceAccount token)",
                     options.tokens_namespace,
                     options.tokens_secret
                 );
@@ -296,7 +302,16 @@ pub async fn listen(
         .await
         .map_err(|source| LinkSetupError::Listen { address: options.addr, source })?;
     tracing::info!(address = %options.addr, "the edge link listens");
-    let settings = ServerSettings { tls, tokens, heartbeat_secs: options.heartbeat_secs };
+    let reviewer = Arc::new(TokenReviewer::new(side.client.clone(), options.identity.clone()));
+    tracing::info!(
+        audience = options.identity.audience,
+        service_account = options.identity.username(),
+        "edge agents in the cluster open the link with their projected ServiceAccount token; static node tokens from \
+         {}/{}",
+        options.tokens_namespace,
+        options.tokens_secret
+    );
+    let settings = ServerSettings { tls, tokens, reviewer: Some(reviewer), heartbeat_secs: options.heartbeat_secs };
     serve(listener, settings, side, stop).await;
     Ok(())
 }

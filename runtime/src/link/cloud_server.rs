@@ -21,7 +21,7 @@ use super::heartbeat::{Heartbeat, HeartbeatAction};
 use super::messages::Message;
 use super::receiver::{Receiver, Verdict};
 use super::scope;
-use super::socket::{self, LinkError, NodeTokens, ServerStream};
+use super::socket::{self, Credential, LinkError, NodeTokens, Reviewer, ServerStream};
 use super::until_true;
 
 /// What one node should hold: its jobs and datasets, by `namespace/name`.
@@ -57,6 +57,9 @@ pub struct ServerSettings {
     pub tls: Arc<ServerConfig>,
     /// Replaced when a token Secret changes.
     pub tokens: watch::Receiver<Arc<NodeTokens>>,
+    /// Checks a token that is not a static one (the operator's TokenReview); `None`: static
+    /// tokens only.
+    pub reviewer: Option<Arc<dyn Reviewer>>,
     pub heartbeat_secs: u32,
 }
 
@@ -116,9 +119,12 @@ pub async fn serve<C: CloudSide>(
         let _ = tcp.set_nodelay(true);
         let (acceptor, tokens, side, nodes, stop) =
             (acceptor.clone(), settings.tokens.clone(), side.clone(), nodes.clone(), stop.clone());
-        let heartbeat_secs = settings.heartbeat_secs;
+        let (reviewer, heartbeat_secs) = (settings.reviewer.clone(), settings.heartbeat_secs);
         sessions.spawn(async move {
-            if let Err(err) = connection(tcp, &acceptor, tokens, side.as_ref(), &nodes, heartbeat_secs, stop).await {
+            let reviewer = reviewer.as_deref();
+            if let Err(err) =
+                connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop).await
+            {
                 tracing::warn!(%peer, "link connection ended: {err}");
             }
         });
@@ -140,19 +146,25 @@ enum SessionError {
     Silent { node: String },
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn connection<C: CloudSide>(
     tcp: TcpStream,
     acceptor: &TlsAcceptor,
     mut tokens: watch::Receiver<Arc<NodeTokens>>,
+    reviewer: Option<&dyn Reviewer>,
     side: &C,
     nodes: &Nodes,
     heartbeat_secs: u32,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let known = tokens.borrow_and_update().clone();
-    let (node, token, mut ws) = socket::upgrade(tcp, acceptor, &known).await?;
+    let (node, credential, mut ws) = socket::upgrade(tcp, acceptor, &known, reviewer).await?;
     // Whether the tokens can still change (their source may be gone: then they stay as read).
-    let mut tokens_followed = true;
+    // A static token is checked again whenever they do: a revoked one ends its session. A
+    // reviewed token (a projected ServiceAccount token, short-lived and rotated by the kubelet)
+    // is not: its session lives until the edge reconnects, which reviews the token it then
+    // reads (and the agent's pod going away ends its connection anyway).
+    let mut tokens_followed = matches!(credential, Credential::Static(_));
     let (mut ended, lock) = nodes.take_over(&node);
     // The node's previous connection finishes the report it is applying, then lets go.
     let _exclusive = lock.lock_owned().await;
@@ -232,7 +244,9 @@ async fn connection<C: CloudSide>(
             changed = tokens.changed(), if tokens_followed => {
                 if changed.is_err() {
                     tokens_followed = false;
-                } else if !tokens.borrow_and_update().admits(&token, &node) {
+                } else if let Credential::Static(token) = &credential
+                    && !tokens.borrow_and_update().admits(token, &node)
+                {
                     break Err(protocol("its token was revoked: the session ends".to_owned()));
                 }
             }

@@ -5,6 +5,7 @@
 //! reports wait in the outbox.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,12 +44,71 @@ pub trait EdgeState: Send + 'static {
 pub struct ClientSettings {
     /// `wss://host:port/path`.
     pub url: String,
-    pub token: String,
+    pub token: TokenSource,
     pub tls: Arc<ClientConfig>,
     pub node: String,
     /// First wait after a failed connection; it doubles up to `max_backoff`.
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+}
+
+/// Where the edge's bearer token comes from.
+#[derive(Clone, Debug)]
+pub enum TokenSource {
+    /// A token given once.
+    Fixed(String),
+    /// A file read again on every (re)connect: a projected ServiceAccount token, which the
+    /// kubelet rotates, or a static token an operator may replace.
+    File(PathBuf),
+}
+
+/// The most a token file may hold, in bytes (a projected ServiceAccount token is about 1 KiB).
+pub const MAX_TOKEN_BYTES: u64 = 16 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("token file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("token file {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+impl From<&str> for TokenSource {
+    fn from(token: &str) -> TokenSource {
+        TokenSource::Fixed(token.to_owned())
+    }
+}
+
+impl From<String> for TokenSource {
+    fn from(token: String) -> TokenSource {
+        TokenSource::Fixed(token)
+    }
+}
+
+impl TokenSource {
+    /// The token now, trimmed; a file is read again (bounded in size).
+    pub async fn read(&self) -> Result<String, TokenError> {
+        let path = match self {
+            TokenSource::Fixed(token) => return Ok(token.trim().to_owned()),
+            TokenSource::File(path) => path,
+        };
+        let shown = || path.display().to_string();
+        let file = tokio::fs::File::open(path).await.map_err(|source| TokenError::Read { path: shown(), source })?;
+        let mut bytes = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::AsyncReadExt::take(file, MAX_TOKEN_BYTES + 1), &mut bytes)
+            .await
+            .map_err(|source| TokenError::Read { path: shown(), source })?;
+        if bytes.len() as u64 > MAX_TOKEN_BYTES {
+            return Err(TokenError::Invalid { path: shown(), message: format!("over {MAX_TOKEN_BYTES} bytes") });
+        }
+        let token = String::from_utf8(bytes)
+            .map_err(|_| TokenError::Invalid { path: shown(), message: "not UTF-8 text".into() })?;
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(TokenError::Invalid { path: shown(), message: "the file is empty".into() });
+        }
+        Ok(token.to_owned())
+    }
 }
 
 /// What the shell tells the rest of the agent.
@@ -109,6 +169,8 @@ fn jittered(wait: Duration) -> Duration {
 enum SessionError {
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error(transparent)]
+    Token(#[from] TokenError),
     #[error("{0}")]
     Protocol(String),
     #[error("edge state: {0}")]
@@ -149,7 +211,9 @@ async fn session<S: EdgeState>(
 ) -> Result<(), SessionError> {
     let mut desired = DesiredReceiver::new(with_state(state, |s| s.last_applied_desired()).await?);
     let greeting = hello(&settings.node, desired.last_applied());
-    let (welcomed, mut ws) = socket::connect(&settings.url, &settings.token, settings.tls.clone(), &greeting).await?;
+    // Read on every connect: the kubelet rotates a projected token.
+    let token = settings.token.read().await?;
+    let (welcomed, mut ws) = socket::connect(&settings.url, &token, settings.tls.clone(), &greeting).await?;
     let allocated = with_state(state, |s| s.allocated()).await?;
     let resume = match sender.connected(welcomed.last_applied_report, allocated) {
         Err(SendError::CloudAhead { cloud, .. }) => {
@@ -269,5 +333,29 @@ async fn write(ws: &mut ClientStream, frame: &Message, limit: Duration) -> Resul
     match tokio::time::timeout(limit, socket::send(ws, frame)).await {
         Ok(sent) => Ok(sent?),
         Err(_) => Err(SessionError::Silent(limit / 2)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_token_file_is_read_again_on_each_connect() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("token");
+        let source = TokenSource::File(path.clone());
+        let missing = source.read().await.expect_err("no file yet");
+        assert!(missing.to_string().starts_with(&format!("token file {}: ", path.display())), "{missing}");
+        std::fs::write(&path, "first\n").expect("write");
+        assert_eq!(source.read().await.expect("read"), "first");
+        // The kubelet rotates a projected token: the next connect sends the new one.
+        std::fs::write(&path, "second").expect("write");
+        assert_eq!(source.read().await.expect("read"), "second");
+        std::fs::write(&path, " \n").expect("write");
+        assert!(source.read().await.expect_err("empty").to_string().ends_with("the file is empty"));
+        std::fs::write(&path, vec![b'a'; MAX_TOKEN_BYTES as usize + 1]).expect("write");
+        assert!(source.read().await.expect_err("too big").to_string().contains("over 16384 bytes"));
+        assert_eq!(TokenSource::from(" fixed \n").read().await.expect("fixed"), "fixed");
     }
 }

@@ -5,16 +5,25 @@
 //! A bad token is refused before the WebSocket opens (HTTP 401, with the reason as the body);
 //! a bad `hello` (an old protocol version, another node's name) gets a `refused` frame and a
 //! close. Tokens are kept as SHA-256 digests, so a lookup neither stores nor compares secrets.
+//!
+//! Two kinds of token open the link: a node's static token ([`NodeTokens`], systemd nodes), or
+//! a token a [`Reviewer`] checks asynchronously (the operator's: a projected ServiceAccount
+//! token, through the TokenReview API). tungstenite's upgrade callback is synchronous, so the
+//! upgrade request's head is read here first (bounded in size and time), the token decided,
+//! and the stream handed to tungstenite with those bytes replayed ([`Replayed`]).
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -28,11 +37,15 @@ use tokio_tungstenite::tungstenite::{self, Message as Frame};
 use super::handshake::{Accepted, HandshakeError, Welcomed, accept_hello, read_welcome};
 use super::messages::{FrameError, MAX_FRAME_BYTES, Message, decode, encode};
 
-pub type ServerStream = WebSocketStream<tokio_rustls::server::TlsStream<TcpStream>>;
+pub type ServerStream = WebSocketStream<Replayed<tokio_rustls::server::TlsStream<TcpStream>>>;
 pub type ClientStream = WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// How long the peer has for the TLS and WebSocket handshakes and its first frame.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most an upgrade request's head (request line and headers) may take, in bytes: a
+/// projected ServiceAccount token is about a kilobyte.
+pub const MAX_REQUEST_HEAD: usize = 16 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -141,6 +154,25 @@ fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default().max_message_size(Some(MAX_FRAME_BYTES)).max_frame_size(Some(MAX_FRAME_BYTES))
 }
 
+/// Checks a bearer token that is not one of the static node tokens (e.g. through the
+/// Kubernetes TokenReview API): the node it proves, or why it is refused (said to the peer in
+/// the 401's body). `peer` is for logs; an implementation never logs the token.
+pub trait Reviewer: Send + Sync {
+    fn review<'a>(&'a self, token: &'a str, peer: &'a str) -> ReviewFuture<'a>;
+}
+
+/// What [`Reviewer::review`] returns: the node, or the refusal's reason.
+pub type ReviewFuture<'a> = Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>>;
+
+/// How a connection proved its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credential {
+    /// A static node token: checked again when the tokens change ([`NodeTokens::admits`]).
+    Static(TokenId),
+    /// A token a [`Reviewer`] admitted.
+    Reviewed,
+}
+
 /// The cloud's side of a new connection: TLS, the token, `hello`. Returns the node, the accepted
 /// hello (its `welcome` already sent) and the stream. `last_applied_report` gives a node's report
 /// watermark for the welcome.
@@ -151,55 +183,136 @@ pub async fn accept(
     last_applied_report: impl FnOnce(&str) -> u64,
     heartbeat_secs: u32,
 ) -> Result<(String, Accepted, ServerStream), LinkError> {
-    let (node, _, mut ws) = upgrade(tcp, tls, tokens).await?;
+    let (node, _, mut ws) = upgrade(tcp, tls, tokens, None).await?;
     let accepted = greet(&node, &mut ws, last_applied_report(&node), heartbeat_secs).await?;
     Ok((node, accepted, ws))
 }
 
-/// TLS and the WebSocket upgrade, the bearer token checked in it: the token's node, the token's
-/// id and the stream.
+/// TLS and the WebSocket upgrade, the bearer token checked in it: a static node token first,
+/// then `reviewer` (if any). Returns the token's node, how it was proved and the stream.
 pub async fn upgrade(
     tcp: TcpStream,
     tls: &TlsAcceptor,
     tokens: &NodeTokens,
-) -> Result<(String, TokenId, ServerStream), LinkError> {
+    reviewer: Option<&dyn Reviewer>,
+) -> Result<(String, Credential, ServerStream), LinkError> {
     let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-        let stream = tls.accept(tcp).await.map_err(|err| LinkError::Io(format!("TLS from {peer}"), err))?;
-        let mut node = None;
-        let mut presented = TokenId([0; 32]);
+        let mut stream = tls.accept(tcp).await.map_err(|err| LinkError::Io(format!("TLS from {peer}"), err))?;
+        let head = read_request_head(&mut stream, &peer).await?;
+        let token = bearer_token(&head).unwrap_or_default();
+        let verdict = match (tokens.node_for(&token), reviewer) {
+            (Some(node), _) => Ok((node.to_owned(), Credential::Static(TokenId::of(&token)))),
+            (None, _) if token.is_empty() => Err("the link needs a node's bearer token: none was sent".to_owned()),
+            (None, Some(reviewer)) => reviewer.review(&token, &peer).await.map(|node| (node, Credential::Reviewed)),
+            (None, None) => Err("the link needs a node's bearer token: this one is missing or unknown".to_owned()),
+        };
+        if let Err(reason) = &verdict {
+            tracing::warn!(peer, "link refused: {reason}");
+        }
         // The shape tungstenite's `Callback` asks for.
         #[allow(clippy::result_large_err)]
-        let check = |request: &Request, response: Response| -> Result<Response, ErrorResponse> {
-            let token = request
-                .headers()
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or_default();
-            match tokens.node_for(token.trim()) {
-                Some(found) => {
-                    node = Some(found.to_owned());
-                    presented = TokenId::of(token);
-                    Ok(response)
-                }
-                None => {
-                    tracing::warn!(peer, "link refused: a missing or unknown bearer token");
-                    let mut refusal = ErrorResponse::new(Some(
-                        "the link needs a node's bearer token: this one is missing or unknown".to_owned(),
-                    ));
+        let answer = |_: &Request, response: Response| -> Result<Response, ErrorResponse> {
+            match &verdict {
+                Ok(_) => Ok(response),
+                Err(reason) => {
+                    let mut refusal = ErrorResponse::new(Some(reason.clone()));
                     *refusal.status_mut() = StatusCode::UNAUTHORIZED;
                     Err(refusal)
                 }
             }
         };
-        let ws = tokio_tungstenite::accept_hdr_async_with_config(stream, check, Some(ws_config()))
+        let replayed = Replayed::new(head, stream);
+        let ws = tokio_tungstenite::accept_hdr_async_with_config(replayed, answer, Some(ws_config()))
             .await
             .map_err(|err| LinkError::WebSocket(format!("from {peer}: {err}")))?;
-        Ok::<_, LinkError>((node.unwrap_or_default(), presented, ws))
+        match verdict {
+            Ok((node, credential)) => Ok((node, credential, ws)),
+            // tungstenite answered 401 and returned an error above; this is a safeguard.
+            Err(reason) => Err(LinkError::Refused(reason)),
+        }
     })
     .await
     .map_err(|_| LinkError::Timeout(HANDSHAKE_TIMEOUT))?
+}
+
+/// Reads the upgrade request's head (up to its blank line, at most [`MAX_REQUEST_HEAD`] bytes):
+/// the bytes read, which may run past the head.
+async fn read_request_head<S: AsyncRead + Unpin>(stream: &mut S, peer: &str) -> Result<Vec<u8>, LinkError> {
+    let mut head = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 2048];
+    loop {
+        let read = stream.read(&mut chunk).await.map_err(|err| LinkError::Io(format!("request from {peer}"), err))?;
+        if read == 0 {
+            return Err(LinkError::Closed);
+        }
+        head.extend_from_slice(&chunk[..read]);
+        let mut headers = [httparse::EMPTY_HEADER; 64];
+        match httparse::Request::new(&mut headers).parse(&head) {
+            Ok(httparse::Status::Complete(_)) => return Ok(head),
+            Ok(httparse::Status::Partial) if head.len() < MAX_REQUEST_HEAD => continue,
+            Ok(httparse::Status::Partial) => {
+                return Err(LinkError::WebSocket(format!(
+                    "from {peer}: the upgrade request's head is over {MAX_REQUEST_HEAD} bytes"
+                )));
+            }
+            Err(err) => return Err(LinkError::WebSocket(format!("from {peer}: not an HTTP upgrade request: {err}"))),
+        }
+    }
+}
+
+/// The `Authorization: Bearer` token of a complete request head.
+fn bearer_token(head: &[u8]) -> Option<String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    request.parse(head).ok()?;
+    let value = request.headers.iter().find(|h| h.name.eq_ignore_ascii_case("authorization"))?.value;
+    let value = std::str::from_utf8(value).ok()?;
+    Some(value.strip_prefix("Bearer ")?.trim().to_owned())
+}
+
+/// A stream whose first bytes are some already read from it (the upgrade request's head).
+pub struct Replayed<S> {
+    head: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Replayed<S> {
+    pub fn new(head: Vec<u8>, inner: S) -> Replayed<S> {
+        Replayed { head, at: 0, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.at < self.head.len() {
+            let take = (self.head.len() - self.at).min(buf.remaining());
+            let from = self.at;
+            buf.put_slice(&self.head[from..from + take]);
+            self.at += take;
+            if self.at == self.head.len() {
+                self.head = Vec::new();
+                self.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Reads `node`'s `hello` and answers it: `welcome` (with the node's report watermark), or
@@ -301,5 +414,49 @@ pub async fn recv<S: AsyncRead + AsyncWrite + Unpin>(
             Some(Ok(_)) => continue,
             Some(Err(err)) => return Err(LinkError::WebSocket(err.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    #[test]
+    fn the_bearer_token_is_read_from_the_request_head() {
+        let head = |auth: &str| format!("GET /v1/link HTTP/1.1\r\nHost: x\r\n{auth}Upgrade: websocket\r\n\r\n");
+        let cases = [
+            ("Authorization: Bearer abc.def\r\n", Some("abc.def")),
+            ("authorization: Bearer  spaced \r\n", Some("spaced")),
+            ("Authorization: Basic abc\r\n", None),
+            ("", None),
+        ];
+        for (auth, want) in cases {
+            assert_eq!(bearer_token(head(auth).as_bytes()).as_deref(), want, "{auth:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_head_is_bounded_and_replayed_before_the_rest() {
+        let request = b"GET / HTTP/1.1\r\nHost: x\r\n\r\nafter";
+        let (mut client, mut server) = tokio::io::duplex(64 * 1024);
+        tokio::io::AsyncWriteExt::write_all(&mut client, request).await.expect("write");
+        drop(client);
+        let head = read_request_head(&mut server, "peer").await.expect("a head");
+        let mut replayed = Replayed::new(head, server);
+        let mut all = Vec::new();
+        replayed.read_to_end(&mut all).await.expect("read");
+        assert_eq!(all, request, "every byte, in order");
+
+        let (mut client, mut server) = tokio::io::duplex(64 * 1024);
+        let long = format!("GET / HTTP/1.1\r\nX: {}\r\n", "a".repeat(MAX_REQUEST_HEAD));
+        tokio::io::AsyncWriteExt::write_all(&mut client, long.as_bytes()).await.expect("write");
+        let err = read_request_head(&mut server, "peer").await.expect_err("too long");
+        assert!(err.to_string().contains("over 16384 bytes"), "{err}");
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"\x16\x03\x01 not http\r\n\r\n").await.expect("write");
+        let err = read_request_head(&mut server, "peer").await.expect_err("not HTTP");
+        assert!(err.to_string().contains("not an HTTP upgrade request"), "{err}");
     }
 }
