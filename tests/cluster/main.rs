@@ -12,6 +12,7 @@ mod link_support;
 
 mod failover;
 mod harness;
+mod identity;
 mod install;
 mod rounds;
 mod stack;

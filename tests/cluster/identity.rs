@@ -3,9 +3,6 @@
 //! the pod's node. Real TLS sockets (`link::socket::connect` against `link::socket::upgrade`),
 //! real tokens minted with the TokenRequest API, a real TokenReview.
 //!
-//! A module of test bodies, each an `pub async fn` taking an admin `kube::Client` and a fresh
-//! namespace (the cluster test target calls them); the `#[tokio::test]` wrapper at the end runs
-//! them alone, with the admin kubeconfig from `PERENNIAL_TEST_KUBECONFIG` (skipped without it).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -175,7 +172,7 @@ async fn mint(
 /// The agent's token for node-a admits it as node-a; claiming node-b, another audience, another
 /// ServiceAccount, no pod binding, a deleted or replaced pod: refused, each with its reason. A
 /// static node token still opens the link.
-pub async fn a_pods_projected_token_proves_its_node_and_nothing_else(client: Client, namespace: &str) {
+async fn proves_its_node(client: Client, namespace: &str) {
     create_namespace(&client, namespace).await;
     create_account(&client, namespace, AGENT).await;
     create_account(&client, namespace, "other").await;
@@ -253,27 +250,9 @@ pub async fn a_pods_projected_token_proves_its_node_and_nothing_else(client: Cli
 
 /// The operator's RBAC from deploy/operator/rbac.yaml suffices: a client holding a token of the
 /// `perennial-operator` ServiceAccount (bound by that ClusterRole) reviews the agent's token and
-/// reads its pod. `kubeconfig` is the admin's, for `kubectl apply`.
-pub async fn the_operators_rbac_suffices_for_reviews(client: Client, namespace: &str, kubeconfig: &Path) {
-    let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator/rbac.yaml");
-    // The operator's namespace, once per cluster.
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces.get_opt("perennial-system").await.expect("read namespaces").is_none() {
-        create_namespace(&client, "perennial-system").await;
-    }
-    let applied = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["apply", "-n", "perennial-system", "-f"])
-        .arg(&rbac)
-        .output()
-        .expect("run kubectl");
-    assert!(
-        applied.status.success(),
-        "kubectl apply -f {}: {}",
-        rbac.display(),
-        String::from_utf8_lossy(&applied.stderr)
-    );
+/// reads its pod. `kubeconfig` is the admin's (the cluster's address and CA).
+async fn rbac_suffices(client: Client, namespace: &str, kubeconfig: &Path) {
+    crate::harness::cluster().install();
     let operator_token = mint(&client, "perennial-system", "perennial-operator", None, None).await;
     let admin = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
     let mut config = kube::Config::from_custom_kubeconfig(admin, &kube::config::KubeConfigOptions::default())
@@ -308,25 +287,20 @@ pub async fn the_operators_rbac_suffices_for_reviews(client: Client, namespace: 
     }
 }
 
-/// The bodies alone, on the server `PERENNIAL_TEST_KUBECONFIG` names (skipped without it).
-#[tokio::test]
-async fn cluster_identity() {
-    let Some(path) = std::env::var_os("PERENNIAL_TEST_KUBECONFIG") else {
-        eprintln!("skipped: PERENNIAL_TEST_KUBECONFIG names no admin kubeconfig of a test API server");
-        return;
-    };
-    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-    let path = std::path::PathBuf::from(path);
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("read PERENNIAL_TEST_KUBECONFIG");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("PERENNIAL_TEST_KUBECONFIG");
-    let client = Client::try_from(config).expect("client");
-    let unique = || {
-        let mut bytes = [0u8; 4];
-        getrandom::fill(&mut bytes).expect("random");
-        hex::encode(bytes)
-    };
-    a_pods_projected_token_proves_its_node_and_nothing_else(client.clone(), &format!("identity-{}", unique())).await;
-    the_operators_rbac_suffices_for_reviews(client, &format!("identity-rbac-{}", unique()), &path).await;
+fn fresh(prefix: &str) -> String {
+    let mut bytes = [0u8; 4];
+    getrandom::fill(&mut bytes).expect("random");
+    format!("{prefix}-{}", hex::encode(bytes))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_projected_token_proves_its_node_and_nothing_else() {
+    let client = crate::harness::cluster().client().await;
+    proves_its_node(client, &fresh("identity")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_rbac_suffices_for_token_reviews() {
+    let cluster = crate::harness::cluster();
+    rbac_suffices(cluster.client().await, &fresh("identity-rbac"), &cluster.kubeconfig).await;
 }
