@@ -171,3 +171,52 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
         "is not a valid WebAssembly component",
     );
 }
+
+/// A plugin that panics or prints is handled by `plugin call` and `plugin bench` as `perennial
+/// run` handles it: the panic is one clear line and exit code 2 (no Rust panic of the CLI), the
+/// printing plugin answers, and nothing of the host breaks.
+#[test]
+fn a_panicking_or_printing_plugin_is_handled_by_call_and_bench() {
+    let path = format!("file://{}", builtin::built_plugin_path("hostile-trigger").unwrap());
+    let call = |behaviour: &str| {
+        perennial(&[
+            "plugin",
+            "call",
+            &path,
+            "--config",
+            &format!(r#"{{"behaviour":"{behaviour}"}}"#),
+            "--trigger",
+            r#"{"pendingTrain":1}"#,
+        ])
+    };
+    // The plugin's own stderr is shown as its log lines; the error is the last line.
+    let refused = |output: &Output| {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+        assert!(!stderr.contains("Cannot start a runtime") && !stderr.contains("runtime/src"), "{stderr}");
+        let last = stderr.trim_end().lines().last().unwrap_or_default();
+        assert!(last.starts_with("perennial: panicked: hostile plugin panics on purpose"), "{stderr}");
+    };
+    refused(&call("panic"));
+    let printed = call("print");
+    assert_eq!(stdout_json(&printed)["reason"], "printed", "{}", String::from_utf8_lossy(&printed.stdout));
+    let bench = perennial(&["plugin", "bench", &path, "--config", r#"{"behaviour":"panic"}"#, "--iterations", "5"]);
+    refused(&bench);
+}
+
+/// A plugin path that never ends (a link to /dev/zero) or is too big is refused at once, by
+/// `plugin check` as by every load: no unbounded read.
+#[test]
+fn a_plugin_that_is_not_a_regular_file_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = dir.path().join("policy.wasm");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let started = std::time::Instant::now();
+    let output = perennial(&["plugin", "check", &format!("file://{}", zero.display())]);
+    assert_user_error(&output, "not a regular file");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "refused at once");
+    let big = dir.path().join("big.wasm");
+    std::fs::File::create(&big).unwrap().set_len(65 << 20).unwrap();
+    let output = perennial(&["plugin", "check", &format!("file://{}", big.display())]);
+    assert_user_error(&output, "over the 67108864-byte limit");
+}

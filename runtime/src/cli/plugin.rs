@@ -153,7 +153,7 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
     let origin = if inspection.from_cache { "from cache" } else { "compiled" };
     println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
     if args.config.is_some() {
-        load_as(world, &host, &valid, &bytes)?;
+        off_runtime(move || load_as(world, &host, &valid, &bytes)).await?;
         println!("config:   accepted");
     } else {
         println!("config:   not checked (pass --config)");
@@ -179,9 +179,16 @@ async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
     let valid = args.validate()?;
     let host = args.host()?;
     let bytes = host.fetch(&valid.source).await?;
-    let answer = if let Some(stats) = input.trigger {
+    let answer = off_runtime(move || answer(&host, &valid, &bytes, input)).await?;
+    println!("{answer}");
+    Ok(())
+}
+
+/// The plugin's answer to one `plugin call` input.
+fn answer(host: &PolicyHost, valid: &ValidRef, bytes: &[u8], input: CallInput) -> anyhow::Result<serde_json::Value> {
+    Ok(if let Some(stats) = input.trigger {
         let stats: TriggerStats = serde_json::from_str(&stats).context("--trigger")?;
-        let policy = load::<TriggerKind>(&host, &valid, &bytes)?;
+        let policy = load::<TriggerKind>(host, valid, bytes)?;
         serde_json::to_value(policy.decide(&stats)?)?
     } else if let Some(file) = input.split {
         let text = if file.as_os_str() == "-" {
@@ -190,19 +197,26 @@ async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
             std::fs::read_to_string(&file).with_context(|| format!("--split: {}", file.display()))?
         };
         let lines: Vec<&str> = text.lines().collect();
-        let policy = load::<SplitterKind>(&host, &valid, &bytes)?;
+        let policy = load::<SplitterKind>(host, valid, bytes)?;
         let assignments = policy.split(SampleBatch::from_lines(0, &lines)?)?;
         let (train, eval, skip) = assignments.counts();
         serde_json::json!({"assignments": assignments.to_vec(), "train": train, "eval": eval, "skip": skip})
     } else if let Some(json) = input.select {
         let select: SelectInput = serde_json::from_str(&json).context("--select")?;
-        let policy = load::<SelectorKind>(&host, &valid, &bytes)?;
+        let policy = load::<SelectorKind>(host, valid, bytes)?;
         serde_json::to_value(policy.select(select.deployed.as_ref(), &select.candidates)?)?
     } else {
         bail!("give one of --trigger, --split or --select");
-    };
-    println!("{answer}");
-    Ok(())
+    })
+}
+
+/// Runs `work` (instantiating and calling a plugin) on a blocking thread, as `perennial run`
+/// runs its policies: WASI's stdio blocks on the async runtime, which panics on one of the
+/// runtime's own threads when a plugin prints or panics.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(work).await.context("the plugin's thread stopped")?
 }
 
 /// Configs to benchmark the built-ins with when none is given.
@@ -229,23 +243,27 @@ async fn bench(args: &PluginArgs, iterations: u32, batch: usize) -> anyhow::Resu
     };
     println!("{} ({world}, {} bytes)", cold.source, cold.size);
     println!("compile (cold):               {:>9.2} ms", ms(cold.compile_time));
+    off_runtime(move || bench_calls(world, &valid, &bytes, iterations, batch)).await
+}
 
+/// Loads from the disk cache and times calls (on a blocking thread: see [`off_runtime`]).
+fn bench_calls(world: &str, valid: &ValidRef, bytes: &[u8], iterations: u32, batch: usize) -> anyhow::Result<()> {
     let cache_dir = tempfile::tempdir()?;
     let cached_host = PolicyHost::new(Some(cache_dir.path().to_path_buf()), None)?;
-    cached_host.inspect(&valid, &bytes)?;
+    cached_host.inspect(valid, bytes)?;
     cached_host.clear_memory_cache();
     let started = Instant::now();
-    load_as(world, &cached_host, &valid, &bytes)?;
+    load_as(world, &cached_host, valid, bytes)?;
     println!("load from disk cache + configure: {:>5.3} ms", ms(started.elapsed()));
 
     let times = match world {
         "trigger-policy" => {
-            let policy = load::<TriggerKind>(&cached_host, &valid, &bytes)?;
+            let policy = load::<TriggerKind>(&cached_host, valid, bytes)?;
             let stats = TriggerStats { pending_train: 501, ..TriggerStats::default() };
             time_calls(iterations, || policy.decide(&stats).map(drop))?
         }
         "splitter-policy" => {
-            let policy = load::<SplitterKind>(&cached_host, &valid, &bytes)?;
+            let policy = load::<SplitterKind>(&cached_host, valid, bytes)?;
             let lines: Vec<String> = (0..batch).map(|i| format!("images/{i:08}.jpg,{:>43}", i % 10)).collect();
             let template = SampleBatch::from_lines(0, &lines)?;
             let times = time_calls(iterations.min(500), || policy.split(template.clone()).map(drop))?;
@@ -254,7 +272,7 @@ async fn bench(args: &PluginArgs, iterations: u32, batch: usize) -> anyhow::Resu
             times
         }
         _ => {
-            let policy = load::<SelectorKind>(&cached_host, &valid, &bytes)?;
+            let policy = load::<SelectorKind>(&cached_host, valid, bytes)?;
             let model = |accuracy: f64| ModelInfo {
                 url: "/output/eval/1/index.pkl".into(),
                 format: "pkl".into(),

@@ -20,6 +20,10 @@ use super::reference::{PolicyRef, Source, ValidRef};
 use super::sandbox::{HostState, PolicyEvents};
 use crate::storage::{self, S3Credentials};
 
+/// The most a component may be, and how long its fetch may take.
+pub const COMPONENT_READ: storage::ReadLimit =
+    storage::ReadLimit { max_bytes: 64 << 20, timeout: Duration::from_secs(120) };
+
 /// How often the epoch advances: the resolution of per-call deadlines.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
@@ -106,7 +110,7 @@ impl PolicyHost {
         })
     }
 
-    /// Fetches a component's bytes.
+    /// Fetches a component's bytes (at most [`COMPONENT_READ`]: a Python component is ~18 MB).
     pub async fn fetch(&self, source: &Source) -> Result<Arc<[u8]>, LoadError> {
         let fetch_error =
             |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: source.to_string(), message });
@@ -117,9 +121,12 @@ impl PolicyHost {
             Source::File(path) => {
                 let path = std::path::absolute(path).map_err(|err| fetch_error(err.to_string()))?;
                 let url = path.to_str().ok_or_else(|| fetch_error("the path is not UTF-8".into()))?;
-                storage::read(url, None).await.map(Arc::from).map_err(|err| fetch_error(err.to_string()))
+                storage::read_limited(url, None, COMPONENT_READ)
+                    .await
+                    .map(Arc::from)
+                    .map_err(|err| fetch_error(err.to_string()))
             }
-            Source::Https(url) | Source::S3(url) => storage::read(url, self.inner.s3.as_ref())
+            Source::Https(url) | Source::S3(url) => storage::read_limited(url, self.inner.s3.as_ref(), COMPONENT_READ)
                 .await
                 .map(Arc::from)
                 .map_err(|err| fetch_error(err.to_string())),

@@ -3,6 +3,8 @@
 //! A path without a scheme is the node's filesystem; `s3://bucket/key` is S3 with credentials
 //! in Sedna's format; `https://host/path` is read-only HTTP.
 
+use std::time::Duration;
+
 use opendal::{Operator, services};
 
 /// S3 credentials, as Sedna's credential Secret carries them (annotations `s3-endpoint`,
@@ -78,6 +80,10 @@ pub enum StorageError {
     NoCredentials { url: String },
     #[error("{url}: {source}")]
     Io { url: String, source: opendal::Error },
+    #[error("{url}: {size} bytes, over the {limit}-byte limit")]
+    TooLarge { url: String, size: u64, limit: u64 },
+    #[error("{url}: not read within {limit:?}")]
+    Timeout { url: String, limit: Duration },
 }
 
 /// An operator and the path inside it that `url` names.
@@ -85,6 +91,7 @@ pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String
     // The HTTP transport (reqwest with rustls) that the S3 and HTTP services use.
     crate::tls::install_crypto_provider();
     opendal::install_default();
+    opendal_http_transport_reqwest::install_default();
     let invalid = |message: &str| StorageError::Invalid { url: url.to_owned(), message: message.to_owned() };
     let io = |source| StorageError::Io { url: url.to_owned(), source };
     match url.split_once("://") {
@@ -124,6 +131,7 @@ pub fn locate(url: &str, s3: Option<&S3Credentials>) -> Result<(Operator, String
 pub fn s3_operator(url: &str, bucket: &str, root: &str, s3: Option<&S3Credentials>) -> Result<Operator, StorageError> {
     crate::tls::install_crypto_provider();
     opendal::install_default();
+    opendal_http_transport_reqwest::install_default();
     let creds = s3.ok_or_else(|| StorageError::NoCredentials { url: url.to_owned() })?;
     let scheme = if creds.use_https { "https" } else { "http" };
     let builder = services::S3::default()
@@ -138,11 +146,58 @@ pub fn s3_operator(url: &str, bucket: &str, root: &str, s3: Option<&S3Credential
     Operator::new(builder).map_err(|source| StorageError::Io { url: url.to_owned(), source })
 }
 
-/// Reads the whole object at `url`.
+/// How much one read may take, in bytes and in time: every read from outside is bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLimit {
+    pub max_bytes: u64,
+    pub timeout: Duration,
+}
+
+impl ReadLimit {
+    /// For a whole object of unknown purpose (a model, an input): 4 GiB in 10 minutes.
+    pub const DEFAULT: ReadLimit = ReadLimit { max_bytes: 4 << 30, timeout: Duration::from_secs(600) };
+}
+
+/// Reads the whole object at `url`, within [`ReadLimit::DEFAULT`].
 pub async fn read(url: &str, s3: Option<&S3Credentials>) -> Result<Vec<u8>, StorageError> {
+    read_limited(url, s3, ReadLimit::DEFAULT).await
+}
+
+/// Reads the whole object at `url`: a local path must be a regular file (never a FIFO, a device
+/// or a folder, which could block or never end), and the object at most `limit.max_bytes`, read
+/// within `limit.timeout`.
+pub async fn read_limited(url: &str, s3: Option<&S3Credentials>, limit: ReadLimit) -> Result<Vec<u8>, StorageError> {
     let (op, path) = locate(url, s3)?;
-    let buffer = op.read(&path).await.map_err(|source| StorageError::Io { url: url.to_owned(), source })?;
-    Ok(buffer.to_vec())
+    let too_large = |size: u64| StorageError::TooLarge { url: url.to_owned(), size, limit: limit.max_bytes };
+    let io = |source| StorageError::Io { url: url.to_owned(), source };
+    let read = async {
+        let size = if !url.contains("://") || url.starts_with("file://") {
+            // Follows links: a link to /dev/zero is a device.
+            let metadata = tokio::fs::metadata(&path)
+                .await
+                .map_err(|err| StorageError::Invalid { url: url.to_owned(), message: err.to_string() })?;
+            if !metadata.is_file() {
+                let kind = if metadata.is_dir() { "a folder" } else { "not a regular file (a FIFO or a device?)" };
+                return Err(StorageError::Invalid { url: url.to_owned(), message: kind.to_owned() });
+            }
+            metadata.len()
+        } else {
+            op.stat(&path).await.map_err(io)?.content_length()
+        };
+        if size > limit.max_bytes {
+            return Err(too_large(size));
+        }
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        // Exactly the size stated: a file that grows meanwhile (or a server that lies) cannot
+        // make the read longer.
+        let buffer = op.read_with(&path).range(0..size).await.map_err(io)?;
+        Ok(buffer.to_vec())
+    };
+    tokio::time::timeout(limit.timeout, read)
+        .await
+        .map_err(|_| StorageError::Timeout { url: url.to_owned(), limit: limit.timeout })?
 }
 
 #[cfg(test)]
@@ -159,6 +214,35 @@ mod tests {
         assert_eq!(read(&format!("file://{path}"), None).await.unwrap(), b"hello");
         let missing = read(&format!("{path}.nope"), None).await.unwrap_err().to_string();
         assert!(missing.starts_with(&format!("{path}.nope: ")), "{missing}");
+    }
+
+    /// What could block or never end is refused before a byte is read: a FIFO (a writer may
+    /// never come), a device (a link to /dev/zero never ends), a folder; and what is too big.
+    #[tokio::test]
+    async fn reads_are_bounded_to_regular_files_of_a_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("model.pkl");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) on a path we own.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let zero = dir.path().join("zero.wasm");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let started = std::time::Instant::now();
+        for path in [&fifo, &zero] {
+            let err = read(path.to_str().unwrap(), None).await.unwrap_err().to_string();
+            assert!(err.contains("not a regular file"), "{err}");
+        }
+        let err = read(dir.path().to_str().unwrap(), None).await.unwrap_err().to_string();
+        assert!(err.ends_with(": a folder"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "refused at once");
+
+        let big = dir.path().join("big.bin");
+        std::fs::write(&big, vec![7u8; 1000]).unwrap();
+        let limit = ReadLimit { max_bytes: 999, timeout: Duration::from_secs(5) };
+        let err = read_limited(big.to_str().unwrap(), None, limit).await.unwrap_err().to_string();
+        assert!(err.ends_with("1000 bytes, over the 999-byte limit"), "{err}");
+        let fits = ReadLimit { max_bytes: 1000, ..limit };
+        assert_eq!(read_limited(big.to_str().unwrap(), None, fits).await.unwrap().len(), 1000);
     }
 
     #[test]
