@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use perennial::edge::report;
+use perennial::edge::serve::{Limits, serve_with};
 use perennial::edge::worker_api::{self, Reply};
 use perennial::edge::{self, JobSpec};
 use perennial::store::Store;
@@ -19,6 +20,12 @@ struct Api {
 }
 
 async fn start() -> Api {
+    start_with(Limits::DEFAULT).await
+}
+
+async fn start_with(limits: Limits) -> Api {
+    // The process's one rustls provider, as `perennial` installs it (reqwest here has none).
+    perennial::tls::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     let mut store = Store::open(&db).unwrap();
@@ -34,7 +41,7 @@ async fn start() -> Api {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let router = worker_api::router(store.clone(), std::sync::Arc::new(|| {}));
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::spawn(serve_with(listener, router, limits, std::future::pending()));
     Api { base, store, db, _dir: dir }
 }
 
@@ -167,4 +174,43 @@ async fn repeats_are_relayed_once_and_a_completed_report_needs_a_model() {
     assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await.0, 200);
     let statuses: Vec<String> = api.outbox().iter().map(|r| r.status.clone()).collect();
     assert_eq!(statuses, ["Failed", "Completed"]);
+}
+
+/// Idle connections and partial bodies cannot hold the API (nor the process's file descriptors):
+/// past the connection limit they wait in the backlog, and each is cut at its time limit, so a
+/// real report still gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_clients_cannot_hold_the_api() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let limits = Limits {
+        max_connections: 4,
+        head_timeout: Duration::from_millis(500),
+        connection_timeout: Duration::from_secs(1),
+    };
+    let api = start_with(limits).await;
+    let address = api.base.trim_start_matches("http://").to_owned();
+    let mut partial = Vec::new();
+    for _ in 0..4 {
+        let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let head = "POST /sedna/workers/x/info HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n{\"na";
+        stream.write_all(head.as_bytes()).await.unwrap();
+        partial.push(stream);
+    }
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(tokio::net::TcpStream::connect(&address).await.unwrap());
+    }
+    let worker = api.issue(1, "train");
+    let started = Instant::now();
+    let (status, reply) = api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await;
+    assert_eq!((status, reply.message.as_str()), (200, "OK"));
+    assert!(started.elapsed() < Duration::from_secs(20), "answered after {:?}", started.elapsed());
+    // The partial bodies were closed by the server, not held open.
+    for mut stream in partial {
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "a partial body is not held open");
+    }
 }

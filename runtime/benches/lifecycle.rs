@@ -138,6 +138,7 @@ fn main() {
         let stop = stop.clone();
         runtime.spawn(async move { embedded::run(options, stop).await })
     };
+    perennial::tls::install_crypto_provider(); // reqwest has no rustls provider of its own
     let client = reqwest::blocking::Client::new();
     let started_dir = state.join("started");
     let mut seen = Vec::new();

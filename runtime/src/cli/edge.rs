@@ -50,8 +50,9 @@ pub struct EdgeArgs {
     /// Port of the worker report API (Sedna's `BIND_PORT`).
     #[arg(long, env = "BIND_PORT", default_value_t = 9100)]
     bind_port: u16,
-    /// Address of the worker report API.
-    #[arg(long, env = "BIND_ADDRESS", default_value = "0.0.0.0")]
+    /// Address of the worker report API. Workers run on the host network (Sedna's pods) and
+    /// reach it on the loopback; `0.0.0.0` opens it to the network.
+    #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
     bind_address: std::net::IpAddr,
     /// Where the host's filesystem is mounted (Sedna's `ROOTFS_MOUNT_DIR`): the jobs' local
     /// paths are host paths, read and written under this prefix (a DaemonSet mounts `/` here).
@@ -155,7 +156,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("worker API on {address}"))?;
     tracing::info!("worker report API on {}", listener.local_addr()?);
     let api = worker_api::router(store.clone(), Arc::new(move || outbox.notify_one()));
-    axum::serve(listener, api).with_graceful_shutdown(shutdown_signal()).await?;
+    perennial::edge::serve::serve(listener, api, shutdown_signal()).await;
     stop.store(true, Ordering::Relaxed);
     stop_link.send_replace(true);
     if let Some(task) = link_task {

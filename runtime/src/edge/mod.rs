@@ -22,6 +22,7 @@ pub mod link_state;
 pub mod output;
 pub mod report;
 pub mod rounds;
+pub mod serve;
 pub mod status_report;
 pub mod worker_api;
 

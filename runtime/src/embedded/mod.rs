@@ -223,10 +223,10 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
             outcome
         })?
     };
-    let server = axum::serve(listener, api).with_graceful_shutdown(async move {
+    crate::edge::serve::serve(listener, api, async move {
         let _ = finished.await;
-    });
-    let served = server.await;
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     edge_stop.store(true, Ordering::Relaxed);
     let _ = wake_control.send(());
@@ -235,7 +235,6 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         .map_err(|err| RunError::Job(err.to_string()))?
         .map_err(|_| RunError::Job("the control thread panicked".into()))?;
     let _ = tokio::task::spawn_blocking(move || edge_thread.join()).await;
-    served?;
     match outcome {
         Ok(true) => Ok(RunEnd::RoundsDone),
         Ok(false) => Ok(RunEnd::Stopped),
