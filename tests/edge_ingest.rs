@@ -213,3 +213,60 @@ fn the_dataset_sample_count_is_kept_for_its_status() {
     f.ingest(&sedna_split(), false).unwrap();
     assert_eq!(report::dataset_updates(&f.store).unwrap(), [("default/thermal-data".to_owned(), 10)]);
 }
+
+/// A job that comes to a running loop (as the link's desired state adds them) is woken by the
+/// change notification on its index, not only by the stat fallback: new samples are committed
+/// well within the fallback's period.
+#[test]
+fn a_job_added_to_the_running_loop_is_woken_by_the_change_notification() {
+    use perennial::edge::agent::{self, JobConfig, LoopSettings, Wake};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    let f = Fixture::new();
+    f.append("");
+    let output = f.dir.path().join("output");
+    let job: JobConfig = serde_json::from_value(serde_json::json!({
+        "name": JOB, "uid": "uid-1",
+        "spec": {"datasetUrl": f.index(), "datasetFormat": "txt", "outputDir": output, "trainProb": 0.8},
+        "trigger": {"plugin": "builtin:threshold-trigger",
+                    "config": {"checkPeriodSeconds": 60, "condition": {"operator": ">=", "threshold": 1000}}}
+    }))
+    .unwrap();
+    let store = Arc::new(Mutex::new(Store::open(&f.dir.path().join("state.db")).unwrap()));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let policies = rt.block_on(agent::load_policies(&PolicyHost::new(None, None).unwrap(), &job)).unwrap();
+    let op = {
+        let _guard = rt.enter();
+        let output = edge::output::output_operator(output.to_str().unwrap(), None).unwrap();
+        opendal::blocking::Operator::new(output).unwrap()
+    };
+    let runner = agent::JobRunner {
+        job,
+        policies,
+        index: Box::new(LocalFile { path: f.index() }),
+        output: op,
+        read_model: agent::model_reader(rt.handle().clone(), None, vec![]),
+        // The stat fallback is a minute away: only the change notification can be this quick.
+        settings: LoopSettings { poll: Duration::from_secs(60), ..LoopSettings::default() },
+    };
+    let wakes = agent::Wakes::new();
+    let wake = wakes.sender();
+    let stop = Arc::new(AtomicBool::new(false));
+    let jobs = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || agent::run_jobs(&store, &mut Vec::new(), &stop, wakes, &|| {}, None))
+    };
+    wake.send(Wake::Add(Box::new(runner))).unwrap();
+    // Its first look (the index empty), then the loop waits.
+    std::thread::sleep(Duration::from_millis(500));
+    f.append(&lines(10, 0));
+    let appended = Instant::now();
+    while committed(&store.lock().unwrap()).len() < 10 {
+        assert!(appended.elapsed() < Duration::from_secs(10), "the new samples were not seen at once");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::Relaxed);
+    jobs.join().unwrap();
+}

@@ -3,6 +3,7 @@
 //! time. Each turn ingests a batch of what is new, then does what the job's stage asks
 //! (rounds.rs).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -157,13 +158,10 @@ pub fn run_jobs(
     swapper: Option<&Swapper>,
 ) {
     let Wakes { sender: wake, receiver: woken } = wakes;
-    let local: Vec<(usize, PathBuf)> = jobs
-        .iter()
-        .enumerate()
-        .filter(|(_, runner)| !runner.job.spec.dataset_url.contains("://"))
-        .map(|(i, runner)| (i, PathBuf::from(&runner.job.spec.dataset_url)))
-        .collect();
-    let _watcher = watch(&local, wake);
+    let mut watch = IndexWatch::new(wake);
+    for (i, runner) in jobs.iter().enumerate() {
+        watch.add(i, runner.index.as_ref());
+    }
     let mut due = vec![Instant::now(); jobs.len()];
     let mut missing_said = vec![false; jobs.len()];
     let mut removed = vec![false; jobs.len()];
@@ -201,14 +199,18 @@ pub fn run_jobs(
         for wake in wakes {
             match wake {
                 Wake::Add(runner) => {
-                    // A local index added now is seen by the stat fallback (no change watcher).
+                    // A job from the link: its index is watched like the others'.
+                    watch.add(jobs.len(), runner.index.as_ref());
                     jobs.push(*runner);
                     due.push(Instant::now());
                     missing_said.push(false);
                     removed.push(false);
                 }
                 Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
-                Wake::Remove(i) if i < due.len() => removed[i] = true,
+                Wake::Remove(i) if i < due.len() => {
+                    removed[i] = true;
+                    watch.remove(i);
+                }
                 Wake::Swap(i, config) if i < due.len() => swaps.push((i, config)),
                 Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) => {}
             }
@@ -501,37 +503,89 @@ fn stage(store: &Store, job: &str) -> Option<(String, String)> {
     store.conn().query_row("SELECT stage, phase FROM jobs WHERE name = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?))).ok()
 }
 
-/// One watcher for the folders of all local indexes; an event on an index wakes its job.
-fn watch(indexes: &[(usize, PathBuf)], wake: mpsc::Sender<Wake>) -> Option<notify::RecommendedWatcher> {
-    if indexes.is_empty() {
-        return None;
+/// The change watcher of the local indexes: one for the folders of all of them, made when the
+/// first local index comes (a node with none has no watcher), following the jobs that come and
+/// go (the link's desired state). An event on an index wakes its job.
+struct IndexWatch {
+    wake: mpsc::Sender<Wake>,
+    watcher: Option<notify::RecommendedWatcher>,
+    /// The watched jobs' indexes, by the job's place in the loop (shared with the watcher).
+    indexes: Arc<Mutex<Vec<(usize, PathBuf)>>>,
+    /// How many watched indexes each watched folder holds.
+    folders: HashMap<PathBuf, usize>,
+}
+
+impl IndexWatch {
+    fn new(wake: mpsc::Sender<Wake>) -> Self {
+        IndexWatch { wake, watcher: None, indexes: Arc::default(), folders: HashMap::new() }
     }
-    let by_path = indexes.to_vec();
-    let mut watcher =
-        notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+
+    /// Watches job `job`'s index from now on, if it is a local file (S3 is polled).
+    fn add(&mut self, job: usize, index: &dyn IndexFile) {
+        let Some(path) = index.local_path() else { return };
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).push((job, path.to_owned()));
+        let folder = folder_of(path);
+        let count = self.folders.entry(folder.clone()).or_insert(0);
+        *count += 1;
+        if *count > 1 {
+            return;
+        }
+        if self.watcher.is_none() {
+            self.watcher = self.make_watcher();
+        }
+        if let Some(watcher) = &mut self.watcher
+            && let Err(err) = watcher.watch(&folder, RecursiveMode::NonRecursive)
+        {
+            // The stat fallback still sees the file grow.
+            tracing::warn!("cannot watch {}: {err}; polling it instead", folder.display());
+        }
+    }
+
+    /// Stops watching job `job`'s index, and its folder when no other index is in it.
+    fn remove(&mut self, job: usize) {
+        let gone: Vec<PathBuf> = {
+            let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+            let (gone, kept) = std::mem::take(&mut *indexes).into_iter().partition(|(i, _)| *i == job);
+            *indexes = kept;
+            gone.into_iter().map(|(_, path)| path).collect()
+        };
+        for path in gone {
+            let folder = folder_of(&path);
+            let Some(count) = self.folders.get_mut(&folder) else { continue };
+            *count -= 1;
+            if *count == 0 {
+                self.folders.remove(&folder);
+                if let Some(watcher) = &mut self.watcher {
+                    let _ = watcher.unwatch(&folder);
+                }
+            }
+        }
+    }
+
+    fn make_watcher(&self) -> Option<notify::RecommendedWatcher> {
+        let (indexes, wake) = (self.indexes.clone(), self.wake.clone());
+        let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let Ok(event) = event else { return };
-            for (job, index) in &by_path {
+            for (job, index) in indexes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 if event.paths.iter().any(|path| {
                     path == index || path.file_name() == index.file_name() && path.parent() == index.parent()
                 }) {
                     let _ = wake.send(Wake::Job(*job));
                 }
             }
-        })
-        .ok()?;
-    let mut folders: Vec<&Path> = indexes
-        .iter()
-        .map(|(_, index)| index.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
-        .collect();
-    folders.sort();
-    folders.dedup();
-    for folder in folders {
-        if let Err(err) = watcher.watch(folder, RecursiveMode::NonRecursive) {
-            // The stat fallback still sees the file grow.
-            tracing::warn!("cannot watch {}: {err}; polling it instead", folder.display());
+        });
+        match made {
+            Ok(watcher) => Some(watcher),
+            Err(err) => {
+                tracing::warn!("no change notification ({err}): the indexes are polled");
+                None
+            }
         }
     }
-    Some(watcher)
+}
+
+fn folder_of(index: &Path) -> PathBuf {
+    index.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned()
 }
 
 /// Largest model the agent copies when deploying.

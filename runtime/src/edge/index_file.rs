@@ -1,7 +1,7 @@
 //! Reading a dataset index that grows: its size and identity, and byte ranges of it.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What a look at the index file found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +23,11 @@ pub trait IndexFile {
     }
     /// How to name the file in messages.
     fn name(&self) -> String;
+    /// The file's path, if it is on this node's filesystem (then a change notification can
+    /// wake its job).
+    fn local_path(&self) -> Option<&Path> {
+        None
+    }
 }
 
 /// An index file on the node's filesystem.
@@ -61,6 +66,10 @@ impl IndexFile for LocalFile {
 
     fn name(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn local_path(&self) -> Option<&Path> {
+        Some(&self.path)
     }
 }
 
