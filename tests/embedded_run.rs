@@ -274,3 +274,28 @@ fn editing_a_jobs_policies_swaps_them_while_it_runs() {
         }
     }
 }
+
+/// A second `perennial run` on a state folder in use stops at once, naming the first; the first
+/// goes on undisturbed (no sample ingested twice, no round file written by two).
+#[test]
+fn a_second_run_on_the_same_state_dir_is_refused_naming_the_first() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let mut first = example.start(&[]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while example.live_status().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the first run never started its job");
+        assert!(first.try_wait().unwrap().is_none(), "the first run exited early");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut second = example.start(&[]);
+    let out = wait_exit(&mut second, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let holder = format!("in use by another perennial (perennial run, pid {})", first.id());
+    assert!(stderr.contains(&holder), "{stderr}");
+    assert!(first.try_wait().unwrap().is_none(), "the first run goes on");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut first, Duration::from_secs(15));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

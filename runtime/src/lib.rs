@@ -12,6 +12,7 @@ pub mod embedded;
 pub mod lifecycle;
 pub mod link;
 pub mod policy;
+pub mod state_lock;
 pub mod storage;
 pub mod store;
 pub mod tls;

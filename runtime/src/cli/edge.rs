@@ -90,6 +90,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}: cannot create it", args.state_dir.display()))?;
     let link = args.cloud_url.as_ref().map(|url| link_settings(url, &args)).transpose()?;
+    let _lock = perennial::state_lock::lock(&args.state_dir, "perennial edge")?;
     let mut store = Store::open(&args.state_dir.join("edge.db"))?;
     let configs: Vec<JobConfig> = match &args.jobs {
         Some(path) => {

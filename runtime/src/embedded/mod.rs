@@ -75,6 +75,8 @@ pub enum RunError {
     Bind { address: SocketAddr, source: std::io::Error },
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Lock(#[from] crate::state_lock::LockError),
 }
 
 /// Runs the jobs until the rounds are done or `stop` is set.
@@ -82,6 +84,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let state_error = |source| RunError::StateDir { path: options.state_dir.display().to_string(), source };
     std::fs::create_dir_all(&options.state_dir).map_err(state_error)?;
     let state_dir = options.state_dir.canonicalize().map_err(state_error)?;
+    let _lock = crate::state_lock::lock(&state_dir, "perennial run")?;
     let mut control = state::open(&state_dir)?;
     let (job_keys, pod_keys) = apply_manifests(&mut control, &options.paths)?;
     let datasets = state::datasets(&control)?;
