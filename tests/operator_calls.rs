@@ -173,6 +173,7 @@ fn context(client: Client) -> (Arc<Context>, Arc<Inbox>) {
         recorder: Recorder::new(client, reporter),
         metrics: Arc::new(Metrics::default()),
         failures: Default::default(),
+        written: Default::default(),
     };
     (Arc::new(context), inbox)
 }
@@ -286,6 +287,7 @@ fn env_of(pod: &Value) -> Vec<(String, String)> {
 fn created(mut pod: Value, name: &str) -> Value {
     pod["metadata"]["name"] = json!(name);
     pod["metadata"]["uid"] = json!(format!("uid-{name}"));
+    pod["metadata"]["resourceVersion"] = json!("40");
     pod
 }
 
@@ -308,7 +310,13 @@ async fn a_new_job_gets_the_finalizer_then_its_status_initialised() {
     // The watch brings the job back with its finalizer: the status is initialised.
     let run = tokio::spawn(reconcile::reconcile(job(Value::Null), ctx));
     let list = api.expect("GET", PODS).await;
-    assert_eq!(list.query(), format!("labelSelector=lifelonglearningjob.sedna.io/uid={UID}"));
+    // From the API server's watch cache: any resourceVersion.
+    assert_eq!(
+        list.query(),
+        format!(
+            "labelSelector=lifelonglearningjob.sedna.io/uid={UID}&resourceVersion=0&resourceVersionMatch=NotOlderThan"
+        )
+    );
     list.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["metadata"]["resourceVersion"], "10");

@@ -13,6 +13,7 @@ pub mod node_state;
 pub mod observe;
 pub mod patch;
 pub mod reconcile;
+pub mod written;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -92,6 +93,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         recorder: Recorder::new(client.clone(), reporter),
         metrics: metrics.clone(),
         failures: Default::default(),
+        written: Default::default(),
     });
     let stop_link = match (&options.link, link_tls) {
         (Some(options), Some(tls)) => {

@@ -5,7 +5,8 @@
 //!
 //! Writing the status before acting makes a crash between the two safe: the next reconcile
 //! finds the stage Starting with no pod and starts it again (counted), and a status write that
-//! lost a race never acts at all. Pods are listed with a consistent read, not from a cache, so a
+//! lost a race never acts at all. Pods are listed from the API server's watch cache, cheap at
+//! any number of pods, with the pods created here that it may not show yet (`written`), so a
 //! pod just created is never taken for a vanished one.
 
 use std::sync::Arc;
@@ -57,6 +58,8 @@ pub struct Context {
     pub metrics: Arc<super::metrics::Metrics>,
     /// Failed reconciles in a row, per job (`namespace/name`): the error backoff.
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// The pods created here that the API server's cache may not show yet.
+    pub written: super::written::WrittenPods,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,15 +158,19 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else { return Ok(Requeue::await_change()) };
         current = fresh;
     }
+    // From the API server's watch cache (no etcd read of the whole namespace), with the pods
+    // created here that it may not show yet.
     let selector = format!("{UID_LABEL}={}", view.uid);
-    let listed = pods.list(&ListParams::default().labels(&selector)).await.map_err(kube_error("list_pods", &key))?;
+    let listed =
+        pods.list(&ListParams::default().labels(&selector).match_any()).await.map_err(kube_error("list_pods", &key))?;
+    let listed = ctx.written.with_created(&view.uid, listed.items, listed.metadata.resource_version.as_deref());
 
     let mut tries = 0;
     let (before, step) = loop {
         let status = current.status.clone().unwrap_or_default();
         let stage = status.stage.unwrap_or(Stage::Train);
         let now = Timestamp::now();
-        let worker = observe::worker_of(&listed.items, stage, status.round, now);
+        let worker = observe::worker_of(&listed, stage, status.round, now);
         let observed = Observations { reports: reports.clone(), worker };
         let step = lifecycle::step(&view, &status, &observed, now, &ctx.settings);
         let old = serde_json::to_value(&status).unwrap_or_default();
@@ -302,6 +309,7 @@ async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpe
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let created = pods.create(&PostParams::default(), &pod).await.map_err(kube_error("create_pod", &key))?;
     let name = created.name_any();
+    ctx.written.created(job.metadata.uid.as_deref().unwrap_or_default(), created);
     tracing::info!(job = key, round = spec.round, pod = name, "created the {kind} pod");
     Ok(name)
 }
@@ -332,6 +340,7 @@ async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Er
         .await
         .map_err(kube_error("delete_pods", &key))?;
     ctx.inbox.forget(&namespace, &name);
+    ctx.written.forget(&uid);
     let note = "the job's pods are deleted and its edge forgets it".to_owned();
     publish(ctx, &job.object_ref(&()), false, "Deleted", note).await;
     tracing::info!(job = key, "deleted: its pods are removed");
