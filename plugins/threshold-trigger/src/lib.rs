@@ -161,7 +161,9 @@ impl Window {
 /// Parses `HH:MM` (00:00 to 23:59, and 24:00 when `allow_24` is set) into minutes.
 pub fn parse_hhmm(text: &str, allow_24: bool) -> Option<u32> {
     let (hours, minutes) = text.split_once(':')?;
-    if hours.len() != 2 || minutes.len() != 2 {
+    // Two ASCII digits each, as a manifest's validation wants: `+2:00` is no time.
+    let two_digits = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit());
+    if !two_digits(hours) || !two_digits(minutes) {
         return None;
     }
     let hours: u32 = hours.parse().ok()?;
@@ -438,6 +440,14 @@ mod tests {
             (
                 r#"{"timer": {"start": "02:00", "end": "25:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
                 "timer.end: \"25:00\"",
+            ),
+            (
+                r#"{"timer": {"start": "+2:00", "end": "23:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
+                "timer.start: \"+2:00\"",
+            ),
+            (
+                r#"{"timer": {"start": "02:00", "end": "2:+0"}, "condition": {"operator": ">", "threshold": 1}}"#,
+                "timer.end: \"2:+0\"",
             ),
             (
                 r#"{"timer": {"start": "02:00", "end": "02:60"}, "condition": {"operator": ">", "threshold": 1}}"#,
