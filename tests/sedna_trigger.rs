@@ -192,7 +192,8 @@ fn the_tolerance_applies_to_every_operator_and_alias() {
 fn the_window_includes_both_end_minutes() {
     let plugin = Plugin::new();
     // (start, end, now as (hour, minute, second), expected): what Sedna's trigger.go answers.
-    let cases: &[(&str, &str, (u64, u64, u64), bool)] = &[
+    type Case<'a> = (&'a str, &'a str, (u64, u64, u64), bool);
+    let cases: &[Case] = &[
         ("02:00", "20:00", (1, 59, 59), false),
         ("02:00", "20:00", (2, 0, 0), true),
         ("02:00", "20:00", (20, 0, 0), true),
