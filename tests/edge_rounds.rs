@@ -42,6 +42,7 @@ struct Edge {
     splitter: Policy<SplitterKind>,
     trigger: Policy<TriggerKind>,
     selector: Policy<SelectorKind>,
+    eval_set_size: u64,
     rt: tokio::runtime::Handle,
 }
 
@@ -67,6 +68,7 @@ impl Edge {
                 serde_json::json!({"condition": {"operator": ">=", "threshold": 8}}),
             ),
             selector: policy("builtin:metric-select", serde_json::json!({"metric": "accuracy"})),
+            eval_set_size: edge::DEFAULT_EVAL_SET_SIZE,
             rt,
             dir,
         }
@@ -102,7 +104,7 @@ impl Edge {
         let (mut file, url) = self.index();
         let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
         let output = OutputDir { url: &self.output_url, op: &self.op };
-        rounds::eval_waiting(&mut self.store, JOB, &mut index, &output, CLOCK).unwrap()
+        rounds::eval_waiting(&mut self.store, JOB, &mut index, &output, self.eval_set_size, CLOCK).unwrap()
     }
 
     fn deploy(&mut self) -> Outcome {
@@ -154,10 +156,10 @@ fn waiting(outcome: Outcome) -> String {
 
 fn two_rounds(edge: &mut Edge) {
     let out = edge.output_url.clone();
-    // 9 new samples: 7 train, under the threshold of 8.
+    // 9 new samples: 7 train (floor(0.8 × 9); samples 0 and 5 go to eval), under the threshold of 8.
     edge.append(0, 9);
     assert_eq!(waiting(edge.train()), "num_of_samples 7 is not >= 8");
-    // 5 more: 7 + 4 train.
+    // 5 more: floor(0.8 × 14) = 11 train in all (sample 10 to eval).
     edge.append(9, 5);
     let ready = reported(edge.train());
     assert_eq!((ready.phase.as_str(), ready.status.as_str(), ready.round), ("Train", "Ready", 1));
@@ -166,8 +168,8 @@ fn two_rounds(edge: &mut Edge) {
     assert_eq!(input.output_dir.as_deref(), Some(format!("{out}/train/1").as_str()));
     let train_file = edge.output_file("data/train/1/data.txt");
     assert_eq!(train_file.lines().count(), 11);
-    assert!(train_file.starts_with("images/0.jpg\n"));
-    assert!(!train_file.contains("images/7.jpg"), "the eval samples of batch 1 are not trained on");
+    assert!(train_file.starts_with("images/1.jpg\n"));
+    assert!(!train_file.contains("images/5.jpg"), "the eval samples are not trained on");
     // The report is in the outbox, and is not sent twice.
     assert_eq!(report::pending(&edge.store, 10).unwrap().len(), 1);
     assert!(waiting(edge.train()).contains("not Train/Waiting"));
@@ -180,7 +182,7 @@ fn two_rounds(edge: &mut Edge) {
     let eval_ready = reported(edge.eval());
     assert_eq!(eval_ready.input.as_ref().unwrap().models[0].url, trained.url);
     let eval_file = edge.output_file("data/eval/1/data.txt");
-    assert_eq!(eval_file, "images/7.jpg\nimages/8.jpg\nimages/13.jpg\n");
+    assert_eq!(eval_file, "images/0.jpg\nimages/5.jpg\nimages/10.jpg\n");
 
     // Deploy: the candidate beats nothing deployed.
     edge.stage("Deploy");
@@ -203,9 +205,9 @@ fn two_rounds(edge: &mut Edge) {
     let trained = edge.model("train/2/index.pkl", b"model-2", 0.0);
     edge.worker_result(2, "train", vec![trained]);
     reported(edge.eval());
-    // The rolling eval set: the eval samples of the last batches, each once (Sedna repeats them).
+    // The rolling eval set: the job's last 100 eval samples, each once (Sedna repeats them).
     let eval_file = edge.output_file("data/eval/2/data.txt");
-    assert_eq!(eval_file, "images/7.jpg\nimages/8.jpg\nimages/13.jpg\nimages/22.jpg\nimages/23.jpg\n");
+    assert_eq!(eval_file, "images/0.jpg\nimages/5.jpg\nimages/10.jpg\nimages/15.jpg\nimages/20.jpg\n");
     edge.stage("Deploy");
     let worse = edge.model("eval/2/index.pkl", b"evaluated-model-2", 0.75);
     edge.worker_result(2, "eval", vec![worse]);
@@ -243,6 +245,62 @@ fn two_rounds_on_s3() {
     let mut edge = Edge::new(Some("s3://models/thermal".into()), Some(server.credentials()), rt.handle().clone());
     two_rounds(&mut edge);
     assert!(server.root.path().join("models/thermal/deploy/index.pkl").exists());
+}
+
+/// A dataset that grows one line at a time: each line is a batch of one, where Sedna's per-batch
+/// rule (floor(0.8 × 1) = 0) would send every sample to eval and never train. The cumulative
+/// rule trains floor(0.8 × n) of the first n lines, so `num_of_samples > 50` holds at line 64
+/// (51 train) and not before (line 63: 50). The eval set is the last `evalSetSize` eval samples,
+/// not the eval samples of the last few batches (which would be one or two samples here).
+#[test]
+fn a_dataset_growing_one_line_at_a_time_trains_by_line_64_with_a_full_eval_set() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut edge = Edge::new(None, None, rt.handle().clone());
+    edge.trigger = policy(
+        "builtin:threshold-trigger",
+        serde_json::json!({"condition": {"operator": ">", "threshold": 50, "metric": "num_of_samples"}}),
+    );
+    edge.eval_set_size = 10;
+    for line in 0..63 {
+        edge.append(line, 1);
+        let trained = (line as u64 + 1) * 4 / 5;
+        assert_eq!(waiting(edge.train()), format!("num_of_samples {trained} is not > 50"), "line {}", line + 1);
+    }
+    edge.append(63, 1);
+    let ready = reported(edge.train());
+    assert_eq!((ready.phase.as_str(), ready.round), ("Train", 1));
+    assert_eq!(ready.reason.as_deref(), Some("num_of_samples 51 > 50"));
+    let batches = edge::batches(&edge.store, JOB).unwrap();
+    assert_eq!(batches.len(), 64, "a batch per line");
+    assert!(batches.iter().all(|b| b.assignments.len() == 1));
+    let train_file = edge.output_file("data/train/1/data.txt");
+    assert_eq!(train_file.lines().count(), 51);
+    // The eval samples are every fifth line: 0, 5, ..., 60 (13 of them); the eval set is the last 10.
+    edge.stage("Eval");
+    let trained = edge.model("train/1/index.pkl", b"model-1", 0.0);
+    edge.worker_result(1, "train", vec![trained]);
+    reported(edge.eval());
+    let eval_file = edge.output_file("data/eval/1/data.txt");
+    let expected: String = (15..=60).step_by(5).map(|i| format!("images/{i}.jpg\n")).collect();
+    assert_eq!(eval_file, expected);
+    assert!(!train_file.lines().any(|l| eval_file.lines().any(|e| e == l)), "no sample both trains and evaluates");
+}
+
+/// The eval set cuts through a batch: only the latest `evalSetSize` eval samples, in order.
+#[test]
+fn the_eval_set_is_the_latest_eval_samples_across_batches() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut edge = Edge::new(None, None, rt.handle().clone());
+    edge.eval_set_size = 4;
+    edge.append(0, 30); // eval: 0, 5, ..., 25
+    edge.append(30, 7); // eval: 30, 35
+    reported(edge.train());
+    edge.stage("Eval");
+    let trained = edge.model("train/1/index.pkl", b"model-1", 0.0);
+    edge.worker_result(1, "train", vec![trained]);
+    reported(edge.eval());
+    let eval_file = edge.output_file("data/eval/1/data.txt");
+    assert_eq!(eval_file, "images/20.jpg\nimages/25.jpg\nimages/30.jpg\nimages/35.jpg\n");
 }
 
 #[test]

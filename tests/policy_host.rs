@@ -97,8 +97,18 @@ fn builtin_splitter_and_selectors_through_wasm() {
     let ratio = load::<SplitterKind>(&reference("builtin:ratio-split", serde_json::json!({"trainProb": 0.8}))).unwrap();
     let assignments = ratio.split(SampleBatch::from_lines(0, &lines).unwrap()).unwrap();
     assert_eq!(assignments.counts(), (8, 2, 0));
-    assert_eq!(assignments.get(7), Assignment::Train);
-    assert_eq!(assignments.get(8), Assignment::Eval);
+    // Counted over the job's stream: samples 0 and 5 go to eval, and a batch of one that starts
+    // at sequence number 1 trains (Sedna's per-batch rule would send it to eval).
+    let eval: Vec<usize> = (0..10).filter(|i| assignments.get(*i) == Assignment::Eval).collect();
+    assert_eq!(eval, [0, 5]);
+    let one = ratio.split(SampleBatch::from_lines(1, &lines[1..2]).unwrap()).unwrap();
+    assert_eq!(one.get(0), Assignment::Train);
+    let per_batch =
+        load::<SplitterKind>(&reference("builtin:ratio-split", serde_json::json!({"trainProb": 0.8, "mode": "batch"})))
+            .unwrap();
+    let sedna = per_batch.split(SampleBatch::from_lines(0, &lines).unwrap()).unwrap();
+    assert_eq!((sedna.get(7), sedna.get(8)), (Assignment::Train, Assignment::Eval));
+    assert_eq!(per_batch.split(SampleBatch::from_lines(1, &lines[1..2]).unwrap()).unwrap().get(0), Assignment::Eval);
 
     // Hash mode reads the lines (fetched lazily by the SDK) and does not depend on batching.
     let hash =

@@ -9,10 +9,18 @@
 //! ```
 //!
 //! It trains when the condition holds AND, if a timer is given, the node's local time is inside
-//! the daily window `[start, end)`. A window whose start is after its end wraps midnight
-//! (`22:00`–`02:00`); `24:00` is accepted as an end. Unlike Sedna, an unknown operator, an
-//! unknown metric, a malformed time or an empty window is refused by `configure` with a message
-//! naming the field (Sedna accepts them and then never trains), and `checkPeriodSeconds` is
+//! the daily window. Both are Sedna's (`pkg/localcontroller/trigger/trigger.go`):
+//!
+//! - The comparison treats values within 1e-6 of the threshold as equal, for every operator:
+//!   `>=` is `equal || value >= threshold`, `>` is `!equal && value > threshold`, and so on.
+//! - The window is compared to the minute with both ends included: `02:00`–`20:00` still trains
+//!   at 20:00:59, and a window whose start equals its end is that one minute. A start after the
+//!   end wraps midnight (`22:00`–`02:00`); `24:00` is accepted as an end (all day long).
+//!
+//! Deliberate differences: an unknown operator or metric, a malformed time, a missing
+//! condition or a negative `checkPeriodSeconds` is refused by `configure` with a message naming
+//! the field (Sedna accepts them and then never trains, trains on the timer alone, or ignores
+//! them); a missing metric means `num_of_samples`; and `checkPeriodSeconds` (absent or 0: 60) is
 //! honoured: the decision asks to be rechecked after that many seconds.
 
 use perennial_guest::{Decision, Stats, Trigger};
@@ -75,14 +83,16 @@ impl Operator {
         })
     }
 
+    /// Sedna's comparison: values within 1e-6 of the threshold are equal, for every operator.
     pub fn holds(self, value: f64, threshold: f64) -> bool {
+        let equal = (value - threshold).abs() < EPSILON;
         match self {
-            Operator::Gt => value > threshold,
-            Operator::Ge => value >= threshold,
-            Operator::Lt => value < threshold,
-            Operator::Le => value <= threshold,
-            Operator::Eq => (value - threshold).abs() < EPSILON,
-            Operator::Ne => (value - threshold).abs() >= EPSILON,
+            Operator::Gt => !equal && value > threshold,
+            Operator::Ge => equal || value >= threshold,
+            Operator::Lt => !equal && value < threshold,
+            Operator::Le => equal || value <= threshold,
+            Operator::Eq => equal,
+            Operator::Ne => !equal,
         }
     }
 
@@ -126,8 +136,8 @@ impl Metric {
     }
 }
 
-/// A daily window in minutes since local midnight: `[start, end)`, wrapping midnight when
-/// `start > end`.
+/// A daily window in minutes since local midnight, both ends included (Sedna compares `HH:MM`
+/// strings with `<=`), wrapping midnight when `start > end`; `start == end` is one minute.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Window {
     start: u32,
@@ -135,11 +145,15 @@ pub struct Window {
 }
 
 impl Window {
+    pub fn new(start: u32, end: u32) -> Window {
+        Window { start, end }
+    }
+
     pub fn contains(self, minute: u32) -> bool {
-        if self.start < self.end {
-            self.start <= minute && minute < self.end
+        if self.start <= self.end {
+            self.start <= minute && minute <= self.end
         } else {
-            minute >= self.start || minute < self.end
+            minute >= self.start || minute <= self.end
         }
     }
 }
@@ -147,7 +161,9 @@ impl Window {
 /// Parses `HH:MM` (00:00 to 23:59, and 24:00 when `allow_24` is set) into minutes.
 pub fn parse_hhmm(text: &str, allow_24: bool) -> Option<u32> {
     let (hours, minutes) = text.split_once(':')?;
-    if hours.len() != 2 || minutes.len() != 2 {
+    // Two ASCII digits each, as a manifest's validation wants: `+2:00` is no time.
+    let two_digits = |s: &str| s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit());
+    if !two_digits(hours) || !two_digits(minutes) {
         return None;
     }
     let hours: u32 = hours.parse().ok()?;
@@ -197,19 +213,13 @@ impl Trigger for ThresholdTrigger {
                     .ok_or_else(|| format!("timer.start: {:?} is not a time HH:MM from 00:00 to 23:59", timer.start))?;
                 let end = parse_hhmm(&timer.end, true)
                     .ok_or_else(|| format!("timer.end: {:?} is not a time HH:MM from 00:00 to 24:00", timer.end))?;
-                if start == end {
-                    return Err(format!(
-                        "timer: the window {}-{} is empty; use 00:00-24:00 for all day",
-                        timer.start, timer.end
-                    ));
-                }
                 Some(Window { start, end })
             }
         };
+        // As in a manifest: absent or 0 is Sedna's default; a negative number fails to parse.
         let check_period_secs = match config.check_period_seconds {
-            Some(0) => return Err("checkPeriodSeconds: must be at least 1".into()),
+            None | Some(0) => DEFAULT_CHECK_PERIOD_SECS,
             Some(secs) => secs,
-            None => DEFAULT_CHECK_PERIOD_SECS,
         };
         Ok(ThresholdTrigger {
             operator,
@@ -303,6 +313,17 @@ mod tests {
             ("ne", 7.1, 7, true),
             (">", 0.5, 1, true),
             (">", 0.0, 0, false),
+            // Sedna's tolerance: within 1e-6 of the threshold is equal, for every operator.
+            (">=", 500.0000005, 500, true),
+            ("ge", 500.0000005, 500, true),
+            (">", 499.9999995, 500, false),
+            ("gt", 499.9999995, 500, false),
+            ("<", 500.0000005, 500, false),
+            ("lt", 500.0000005, 500, false),
+            ("<=", 499.9999995, 500, true),
+            ("le", 499.9999995, 500, true),
+            (">=", 500.00001, 500, false),
+            (">", 499.99999, 500, true),
         ];
         for &(op, threshold, n, expected) in cases {
             let decision = trigger(&condition(op, threshold)).decide(&samples(n));
@@ -340,14 +361,22 @@ mod tests {
             ("09:30", "17:00", (9, 29), false),
             ("09:30", "17:00", (9, 30), true),
             ("09:30", "17:00", (16, 59), true),
-            ("09:30", "17:00", (17, 0), false),
+            ("09:30", "17:00", (17, 0), true), // both ends included, to the minute
+            ("09:30", "17:00", (17, 1), false),
             ("22:00", "02:00", (21, 59), false),
             ("22:00", "02:00", (22, 0), true),
             ("22:00", "02:00", (23, 59), true),
             ("22:00", "02:00", (0, 0), true),
             ("22:00", "02:00", (1, 59), true),
-            ("22:00", "02:00", (2, 0), false),
+            ("22:00", "02:00", (2, 0), true),
+            ("22:00", "02:00", (2, 1), false),
             ("22:00", "02:00", (12, 0), false),
+            // start == end: that one minute.
+            ("02:00", "02:00", (1, 59), false),
+            ("02:00", "02:00", (2, 0), true),
+            ("02:00", "02:00", (2, 1), false),
+            ("00:00", "00:00", (0, 0), true),
+            ("00:00", "00:00", (23, 59), false),
         ];
         for &(start, end, (hh, mm), inside) in cases {
             let decision = windowed(start, end).decide(&at(hh, mm));
@@ -382,6 +411,9 @@ mod tests {
             r#"{"checkPeriodSeconds": 30, "condition": {"operator": ">", "threshold": 1, "metric": "num_of_samples"}}"#,
         );
         assert_eq!(custom.decide(&samples(5)).recheck_after_secs, Some(30));
+        // 0 means "not set", as in a manifest: Sedna's 60.
+        let mut zero = trigger(r#"{"checkPeriodSeconds": 0, "condition": {"operator": ">", "threshold": 1}}"#);
+        assert_eq!(zero.decide(&samples(5)).recheck_after_secs, Some(60));
     }
 
     #[test]
@@ -410,20 +442,20 @@ mod tests {
                 "timer.end: \"25:00\"",
             ),
             (
+                r#"{"timer": {"start": "+2:00", "end": "23:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
+                "timer.start: \"+2:00\"",
+            ),
+            (
+                r#"{"timer": {"start": "02:00", "end": "2:+0"}, "condition": {"operator": ">", "threshold": 1}}"#,
+                "timer.end: \"2:+0\"",
+            ),
+            (
                 r#"{"timer": {"start": "02:00", "end": "02:60"}, "condition": {"operator": ">", "threshold": 1}}"#,
                 "timer.end: \"02:60\"",
             ),
             (
-                r#"{"timer": {"start": "02:00", "end": "02:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
-                "timer: the window 02:00-02:00 is empty",
-            ),
-            (
                 r#"{"timer": {"start": "02:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
                 "timer: missing field `end`",
-            ),
-            (
-                r#"{"checkPeriodSeconds": 0, "condition": {"operator": ">", "threshold": 1}}"#,
-                "checkPeriodSeconds: must be at least 1",
             ),
             (
                 r#"{"checkPeriodSeconds": -5, "condition": {"operator": ">", "threshold": 1}}"#,

@@ -85,7 +85,16 @@ pub struct EvalSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub timeout_seconds: Option<u64>,
+    /// Perennial: each round's eval set is the most recent this many eval samples of the job
+    /// (default 100), however the dataset grew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub eval_set_size: Option<u64>,
 }
+
+/// `spec.evalSpec.evalSetSize` when a job does not give one: about what Sedna's five one-minute
+/// batches hold at a modest rate, and enough to tell accuracies a few points apart.
+pub const DEFAULT_EVAL_SET_SIZE: u64 = 100;
 
 /// `spec.deploySpec`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -123,7 +132,8 @@ pub struct Trigger {
     pub policy: Option<PolicyRef>,
 }
 
-/// `trigger.timer`: a daily window `[start, end)` in `HH:MM`, node-local time.
+/// `trigger.timer`: a daily window from `start` to `end` in `HH:MM`, node-local time, both
+/// minutes included (Sedna's); `start` after `end` wraps midnight, `start == end` is one minute.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Timer {
     #[schemars(pattern(super::crd::START_PATTERN))]
@@ -138,7 +148,13 @@ pub struct TriggerCondition {
     #[schemars(extend("enum" = super::crd::OPERATORS))]
     pub operator: String,
     pub threshold: f64,
+    /// Absent: `num_of_samples`, as in the built-in trigger's config.
+    #[serde(default = "num_of_samples")]
     pub metric: String,
+}
+
+fn num_of_samples() -> String {
+    "num_of_samples".into()
 }
 
 /// The built-in rules the absent policy fields mean.

@@ -15,8 +15,8 @@ mod validate;
 pub use crd::crds_yaml;
 pub use dataset::{Dataset, DatasetSpec, DatasetStatus};
 pub use job::{
-    DatasetRef, DeploySpec, EvalSpec, LifelongLearningJob, LifelongLearningJobSpec, Timer, TrainSpec, Trigger,
-    TriggerCondition,
+    DEFAULT_EVAL_SET_SIZE, DatasetRef, DeploySpec, EvalSpec, LifelongLearningJob, LifelongLearningJobSpec, Timer,
+    TrainSpec, Trigger, TriggerCondition,
 };
 pub use status::{
     ConditionData, DeployedModel, Input, JobCondition, LifelongLearningJobStatus, MAX_CONDITIONS, Model, Output, Phase,

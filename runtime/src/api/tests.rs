@@ -617,7 +617,7 @@ fn serialized_job_keeps_sedna_names_and_leaves_out_absent_fields() {
         // None of Perennial's optional fields anywhere.
         let mut names = BTreeSet::new();
         all_keys(&json, &mut names);
-        for absent in ["splitPolicy", "policy", "selectPolicy", "timeoutSeconds"] {
+        for absent in ["splitPolicy", "policy", "selectPolicy", "timeoutSeconds", "evalSetSize"] {
             assert!(!names.contains(absent), "{file}: {absent} is written though absent");
         }
         assert_eq!(json.get("status").is_some(), job.status.is_some(), "{file}: status");
@@ -851,6 +851,12 @@ fn the_builtin_trigger_takes_what_validation_accepts() {
             "timer 00:00-23:59".into(),
             Box::new(|t| t.timer = Some(Timer { start: "00:00".into(), end: "23:59".into() })),
         ),
+        (
+            "timer 08:00-08:00, one minute".into(),
+            Box::new(|t| t.timer = Some(Timer { start: "08:00".into(), end: "08:00".into() })),
+        ),
+        ("checkPeriodSeconds 0".into(), Box::new(|t| t.check_period_seconds = Some(0))),
+        ("checkPeriodSeconds 15".into(), Box::new(|t| t.check_period_seconds = Some(15))),
     ];
     let variations = variations
         .into_iter()
@@ -1067,11 +1073,7 @@ fn validate_job_trigger_timer() {
         case("start 24:00", timer("24:00", "02:00"), &[(start, "\"24:00\" is not a time")]),
         case("end 24:01", timer("02:00", "24:01"), &[(end, "\"24:01\" is not a time")]),
         case("end 2:00", timer("22:00", "2:00"), &[(end, "\"2:00\" is not a time")]),
-        case(
-            "start == end",
-            timer("08:00", "08:00"),
-            &[("spec.trainSpec.trigger.timer", "start and end are both \"08:00\", an empty window")],
-        ),
+        case("start == end: Sedna's one-minute window", timer("08:00", "08:00"), &[]),
         case("end 24:00", timer("02:00", "24:00"), &[]),
         case("all day 00:00-24:00", timer("00:00", "24:00"), &[]),
         case("wraps midnight 22:00-02:00", timer("22:00", "02:00"), &[]),
@@ -1224,6 +1226,12 @@ fn validate_job_templates_and_timeouts() {
             |j| j.spec.train_spec.timeout_seconds = Some(0),
             &[("spec.trainSpec.timeoutSeconds", "0; leave it out for no timeout")],
         ),
+        case(
+            "evalSetSize 0",
+            |j| j.spec.eval_spec.eval_set_size = Some(0),
+            &[("spec.evalSpec.evalSetSize", "0; leave it out for the default of 100 eval samples")],
+        ),
+        case("evalSetSize 1", |j| j.spec.eval_spec.eval_set_size = Some(1), &[]),
         case(
             "eval timeoutSeconds 0",
             |j| j.spec.eval_spec.timeout_seconds = Some(0),
@@ -1416,6 +1424,20 @@ spec:
   outputDir: /output
 "
     )
+}
+
+/// A condition without a metric means `num_of_samples`, in a manifest as in the built-in
+/// trigger's config.
+#[test]
+fn a_condition_without_a_metric_tests_num_of_samples() {
+    let text = job_text("{name: d, trainProb: 0.5}", "").replace(", metric: num_of_samples", "");
+    assert!(!text.contains("metric"));
+    let manifests = manifest::parse(&text, Path::new("x.yaml")).unwrap();
+    let spec = &job(&manifests[0]).spec;
+    assert_eq!(spec.train_spec.trigger.as_ref().unwrap().condition.as_ref().unwrap().metric, "num_of_samples");
+    assert!(validate_job(job(&manifests[0]), &|_: &str| true).is_ok());
+    assert_eq!(spec.trigger_policy().config.unwrap()["condition"]["metric"], "num_of_samples");
+    configure_builtin_trigger(spec).unwrap();
 }
 
 #[test]

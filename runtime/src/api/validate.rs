@@ -73,6 +73,12 @@ pub fn validate_job(job: &LifelongLearningJob, dataset_exists: &dyn Fn(&str) -> 
             errors.push(format!("{field}: 0; leave it out for no timeout"));
         }
     }
+    if spec.eval_spec.eval_set_size == Some(0) {
+        errors.push(format!(
+            "spec.evalSpec.evalSetSize: 0; leave it out for the default of {} eval samples",
+            super::DEFAULT_EVAL_SET_SIZE
+        ));
+    }
     if spec.output_dir.trim().is_empty() {
         errors.push("spec.outputDir: empty; give a path or s3://bucket/prefix".into());
     } else if let Err(why) = check_location(&spec.output_dir) {
@@ -117,9 +123,6 @@ fn check_trigger(spec: &super::LifelongLearningJobSpec, errors: &mut Vec<String>
             if let Err(why) = check_time(time, name == "end") {
                 errors.push(format!("{field}.timer.{name}: {why}"));
             }
-        }
-        if minutes(&timer.start).is_some() && minutes(&timer.start) == minutes(&timer.end) {
-            errors.push(format!("{field}.timer: start and end are both {:?}, an empty window", timer.start));
         }
     }
     if let Some(period) = trigger.check_period_seconds.filter(|s| *s < 0) {

@@ -70,6 +70,7 @@ pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<Pod>])
         dataset_format: dataset.spec.format.to_ascii_lowercase(),
         output_dir: job.spec.output_dir.clone(),
         train_prob: job.spec.dataset.train_prob,
+        eval_set_size: job.spec.eval_spec.eval_set_size,
     };
     let config = JobConfig {
         name: key,

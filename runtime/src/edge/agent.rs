@@ -304,8 +304,10 @@ fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: 
         };
         runner.job.fallback_trigger = next.fallback_trigger.clone();
     }
-    // Sedna reads trainProb live; so does the split (the fallback rule included).
+    // Sedna reads trainProb live; so does the split (the fallback rule included). The eval set's
+    // size applies from the next eval set on.
     runner.job.spec.train_prob = next.spec.train_prob;
+    runner.job.spec.eval_set_size = next.spec.eval_set_size;
     let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for (kind, plugin, outcome) in outcomes {
         let recorded = match &outcome {
@@ -417,7 +419,9 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
                 |store, trigger| rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock),
             )
         }
-        Some(("Eval", "Waiting")) => rounds::eval_waiting(&mut store, &job.name, &mut index, &out, clock),
+        Some(("Eval", "Waiting")) => {
+            rounds::eval_waiting(&mut store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
+        }
         Some(("Deploy", "Waiting")) => {
             let outcome =
                 rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock);

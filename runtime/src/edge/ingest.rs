@@ -150,8 +150,8 @@ pub fn ingest(
         out.refused.extend(scan.refused.iter().map(|refused| format!("{name}: {refused}")));
         let n = scan.samples.len();
         let assignments = match split.policy {
-            _ if n == 0 => Assignments::sedna_ratio(0.0, 0),
-            None => Assignments::sedna_ratio(split.train_prob, n),
+            _ if n == 0 => Assignments::sedna_ratio(0.0, 0, 0),
+            None => Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n),
             Some(policy) => {
                 let mut batch = SampleBatch::with_capacity(scan.samples[0].seq, n, buf.len());
                 for line in &scan.samples {
@@ -161,7 +161,7 @@ pub fn ingest(
                     Ok(assignments) => assignments,
                     Err(err) if policy.info().on_error == OnError::Fallback => {
                         out.fell_back = Some(err);
-                        Assignments::sedna_ratio(split.train_prob, n)
+                        Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n)
                     }
                     Err(err) => return Err(IngestError::Held(err)),
                 }

@@ -20,10 +20,24 @@ pub struct JobSpec {
     pub output_dir: String,
     /// `spec.dataset.trainProb`.
     pub train_prob: f64,
+    /// `spec.evalSpec.evalSetSize`: a round's eval set is the job's most recent this many eval
+    /// samples. Absent: [`DEFAULT_EVAL_SET_SIZE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_set_size: Option<u64>,
+}
+
+pub use crate::api::DEFAULT_EVAL_SET_SIZE;
+
+impl JobSpec {
+    /// The eval set's size, the default filled in.
+    pub fn eval_set_size(&self) -> u64 {
+        self.eval_set_size.filter(|n| *n > 0).unwrap_or(DEFAULT_EVAL_SET_SIZE)
+    }
 }
 
 impl JobSpec {
-    /// Whether `other` reads and writes the same files (only its trainProb may differ).
+    /// Whether `other` reads and writes the same files (only its trainProb and eval set size may
+    /// differ).
     pub fn same_files(&self, other: &JobSpec) -> bool {
         (&self.dataset, &self.dataset_url, &self.dataset_format, &self.output_dir)
             == (&other.dataset, &other.dataset_url, &other.dataset_format, &other.output_dir)

@@ -28,4 +28,4 @@ pub mod worker_api;
 
 pub use index_file::{FileStat, IndexFile, LocalFile, S3Index};
 pub use ingest::{FileState, IngestError, IngestLimits, Ingested, Split, ingest};
-pub use jobs::{BatchRow, JobSpec, batches, forget_job, header, job_spec, register_job};
+pub use jobs::{BatchRow, DEFAULT_EVAL_SET_SIZE, JobSpec, batches, forget_job, header, job_spec, register_job};

@@ -2,9 +2,10 @@
 //!
 //! - Train/Waiting: ask the trigger; when it fires, write the round's train samples to
 //!   `<outputDir>/data/train/<round>/data.{txt,csv}` and report Train Ready.
-//! - Eval/Waiting: with the train result at hand, write the rolling eval set (the eval samples
-//!   of the last 5 batches, each once) to `data/eval/<round>/` and report Eval Ready with the
-//!   trained models; without it, wait and say so.
+//! - Eval/Waiting: with the train result at hand, write the rolling eval set (the job's most
+//!   recent eval samples, `evalSetSize` of them, each once, in dataset order) to
+//!   `data/eval/<round>/` and report Eval Ready with the trained models; without it, wait and
+//!   say so.
 //! - Deploy/Waiting: ask the selector; copy the chosen model to `deploy/index.pkl` and report
 //!   Deploy Ready, or report Deploy Completed with the selector's reason, or Deploy Failed with
 //!   the cause of a failed copy.
@@ -21,9 +22,6 @@ use super::lines::{self, Cursor};
 use super::report::{self, Input, Model, Report};
 use crate::policy::{Metrics, ModelInfo, PolicyError, SelectorPolicy, TriggerPolicy, TriggerStats};
 use crate::store::Store;
-
-/// Sedna's `EvalSamplesCapacity`: the eval set holds the eval samples of this many batches.
-pub const EVAL_BATCHES: i64 = 5;
 
 /// The job's dataset index, to read sample lines back from.
 pub struct Index<'a> {
@@ -306,12 +304,14 @@ pub fn train_waiting(
     Ok(Outcome::Reported(Box::new(report)))
 }
 
-/// Eval/Waiting: write the eval set and report Eval Ready with the train result's models.
+/// Eval/Waiting: write the eval set (the job's last `eval_set_size` eval samples) and report
+/// Eval Ready with the train result's models.
 pub fn eval_waiting(
     store: &mut Store,
     job: &str,
     index: &mut Index<'_>,
     output: &OutputDir<'_>,
+    eval_set_size: u64,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
     let (row, round) = match due(store, job, "Eval")? {
@@ -321,18 +321,10 @@ pub fn eval_waiting(
     let Some(models) = result(store, job, round, "train")?.filter(|models| !models.is_empty()) else {
         return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
     };
-    let recent: Vec<Stored> = {
-        let mut statement = store.conn().prepare(
-            "SELECT start, end, assignments, checksum FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT ?2",
-        )?;
-        let mut rows: Vec<Stored> =
-            statement.query_map(params![job, EVAL_BATCHES], |r| stored(r, 0))?.collect::<Result<_, _>>()?;
-        rows.reverse();
-        rows
-    };
+    let recent = recent_eval(store, job, eval_set_size)?;
     let extension = if index.csv { "csv" } else { "txt" };
     let data_path = format!("data/eval/{round}/data.{extension}");
-    let data_index = write_samples(index, output, &data_path, row.header.as_deref(), recent.iter(), 1)?;
+    let data_index = write_samples(index, output, &data_path, row.header.as_deref(), recent.iter(), EVAL)?;
     let report = Report {
         job: job.to_owned(),
         job_uid: row.uid,
@@ -457,6 +449,46 @@ pub fn metrics_of(model: &Model) -> Metrics {
     }
     metrics
 }
+
+/// The batches that hold the job's last `size` eval samples, oldest first; in the oldest, the
+/// eval samples before the window are marked skip, so that exactly `size` remain (or all there
+/// are, when fewer).
+fn recent_eval(store: &Store, job: &str, size: u64) -> Result<Vec<Stored>, rusqlite::Error> {
+    let mut statement = store
+        .conn()
+        .prepare("SELECT start, end, assignments, checksum FROM batches WHERE job = ?1 ORDER BY batch DESC")?;
+    let mut rows = statement.query([job])?;
+    let mut recent = Vec::new();
+    let mut held = 0u64;
+    while held < size {
+        let Some(row) = rows.next()? else { break };
+        let mut batch = stored(row, 0)?;
+        let eval = batch.assignments.iter().filter(|a| **a == EVAL).count() as u64;
+        if eval == 0 {
+            continue;
+        }
+        if held + eval > size {
+            let mut excess = held + eval - size;
+            for assignment in batch.assignments.iter_mut() {
+                if excess == 0 {
+                    break;
+                }
+                if *assignment == EVAL {
+                    *assignment = SKIP;
+                    excess -= 1;
+                }
+            }
+        }
+        held += eval.min(size - held);
+        recent.push(batch);
+    }
+    recent.reverse();
+    Ok(recent)
+}
+
+/// Assignment bytes, as stored.
+const EVAL: u8 = 1;
+const SKIP: u8 = 2;
 
 /// A committed batch as round files need it: its byte range, assignments and checksum.
 struct Stored {

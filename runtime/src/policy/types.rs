@@ -173,12 +173,23 @@ impl Assignments {
         Ok(Assignments(bytes))
     }
 
-    /// Sedna's `trainProb` rule, computed on the host: the first floor(trainProb × n) to
-    /// train, the rest to eval. The fallback when a job's splitter fails.
-    pub fn sedna_ratio(train_prob: f64, n: usize) -> Self {
-        let train = ((train_prob * n as f64).floor().max(0.0) as usize).min(n);
-        let mut bytes = vec![Assignment::Train as u8; n];
-        bytes[train..].fill(Assignment::Eval as u8);
+    /// Sedna's `trainProb` rule counted over the job's whole stream, computed on the host (the
+    /// built-in `ratio-split` rule): sample k trains when floor(trainProb × (k+1)) >
+    /// floor(trainProb × k), so the first n samples of a job train floor(trainProb × n),
+    /// however they were cut into batches. `first_seq` is the sequence number of the batch's
+    /// first sample. The rule of a job without a splitter, and the fallback when its splitter
+    /// fails.
+    pub fn sedna_ratio(train_prob: f64, first_seq: u64, n: usize) -> Self {
+        let train_count = |n: u64| ((train_prob * n as f64).floor().max(0.0) as u64).min(n);
+        let mut before = train_count(first_seq);
+        let bytes = (first_seq..first_seq + n as u64)
+            .map(|seq| {
+                let after = train_count(seq + 1);
+                let trains = after > before;
+                before = after;
+                if trains { Assignment::Train as u8 } else { Assignment::Eval as u8 }
+            })
+            .collect();
         Assignments(bytes)
     }
 
@@ -222,5 +233,28 @@ fn decode(byte: u8) -> Assignment {
         0 => Assignment::Train,
         1 => Assignment::Eval,
         _ => Assignment::Skip,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hosts_ratio_rule_is_the_built_in_splitters() {
+        for p in [0.0, 0.29, 0.5, 0.8, 0.93, 1.0] {
+            for (first_seq, n) in [(0, 0), (0, 1), (0, 64), (7, 1), (63, 1), (1000, 333), (123_456_789, 50)] {
+                let host: Vec<bool> =
+                    Assignments::sedna_ratio(p, first_seq, n).iter().map(|a| a == Assignment::Train).collect();
+                let plugin: Vec<bool> = ratio_split::cumulative(p, first_seq, n)
+                    .iter()
+                    .map(|a| *a == perennial_guest::Assignment::Train)
+                    .collect();
+                assert_eq!(host, plugin, "trainProb {p}, samples {first_seq}..+{n}");
+            }
+        }
+        // One line at a time: 0.8 trains 4 of every 5.
+        let trained = (0..100u64).filter(|k| Assignments::sedna_ratio(0.8, *k, 1).get(0) == Assignment::Train).count();
+        assert_eq!(trained, 80);
     }
 }
