@@ -17,6 +17,16 @@
 //! rounds, and the API server's requests per job-round (`apiserver_request_total`, the bench's own
 //! kubelet calls taken out).
 
+// The rcgen CA of the link tests (its test cloud is not used here), the workers as the cluster
+// tests play them, and the ServiceAccount kubeconfig they run the operator with.
+#[allow(dead_code)]
+#[path = "../../tests/support/link.rs"]
+mod link_support;
+#[path = "../../tests/support/sedna_worker.rs"]
+mod sedna_worker;
+#[path = "../../tests/support/service_account.rs"]
+mod service_account;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -26,13 +36,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use perennial::api::LifelongLearningJob;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use serde_json::{Value, json};
 
 /// Samples appended a round, and the trigger's threshold (Sedna's `num_of_samples >=`).
@@ -175,31 +183,6 @@ impl Cluster {
         name
     }
 
-    /// A kubeconfig for ServiceAccount `namespace/name`, its token minted by TokenRequest.
-    async fn service_account_kubeconfig(&self, namespace: &str, name: &str, dir: &Path) -> PathBuf {
-        let request = TokenRequest {
-            spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
-            ..Default::default()
-        };
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        let minted: TokenRequest = accounts
-            .create_subresource("token", name, &PostParams::default(), &request)
-            .await
-            .unwrap_or_else(|err| panic!("TokenRequest for {namespace}/{name}: {err}"));
-        let token = minted.status.expect("a token").token;
-        let ca = dir.join("cluster-ca.crt");
-        std::fs::write(&ca, &self.ca_pem).expect("ca");
-        let kubeconfig = json!({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-            "clusters": [{"name": "c", "cluster": {"server": self.server, "certificate-authority": ca}}],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": name}}]
-        });
-        let path = dir.join(format!("kubeconfig-{name}"));
-        std::fs::write(&path, serde_json::to_vec(&kubeconfig).expect("json")).expect("kubeconfig");
-        path
-    }
-
     /// `apiserver_request_total` by "VERB resource[/subresource]".
     async fn requests(&self) -> BTreeMap<String, f64> {
         let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
@@ -282,17 +265,6 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A CA, and the link's certificate it signed for localhost: (ca, cert, key) PEM.
-fn pki() -> (String, String, String) {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("key")).expect("CA");
-    let key = KeyPair::generate().expect("key");
-    let params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).expect("params");
-    let cert = params.signed_by(&key, &ca).expect("certificate");
-    (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
 // ---------------------------------------------------------------- what was seen, and when
@@ -421,38 +393,16 @@ async fn run_worker(
     http: &reqwest::Client,
 ) {
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let now = || k8s_openapi::jiff::Timestamp::now().to_string();
-    let running = json!({"status": {"phase": "Running", "hostIP": "127.0.0.1",
-        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}],
-        "containerStatuses": [{"name": "worker", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
-            "state": {"running": {"startedAt": now()}}}]}});
     log.own_call("PATCH pods/status");
-    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&running)).await;
+    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::running())).await;
     if kind == "inference" {
         log.push(job, Seen::InferReady);
         return;
     }
-    let container = &pod.spec.as_ref().expect("spec").containers[0];
-    let env: BTreeMap<String, String> =
-        container.env.iter().flatten().map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())).collect();
-    let prefix = env.get("DATA_PATH_PREFIX").cloned().unwrap_or_default();
-    let host = |path: &str| path.strip_prefix(&prefix).unwrap_or(path).to_owned();
-    let results = if kind == "train" {
-        let output = host(&env["OUTPUT_URL"]);
-        std::fs::create_dir_all(&output).expect("train output");
-        let model = Path::new(&output).join("index.pkl");
-        std::fs::write(&model, format!("model of {name}")).expect("model");
-        json!([{"format": "pkl", "url": model, "metrics": null}])
-    } else {
-        let models: Vec<String> = env["MODEL_URLS"].split(';').map(host).collect();
-        Value::Array(
-            models.iter().map(|m| json!({"format": "pkl", "url": m, "metrics": {"precision_score": 0.9}})).collect(),
-        )
-    };
-    let body = json!({"name": env["WORKER_NAME"], "namespace": namespace, "ownerName": env["JOB_NAME"],
-        "ownerKind": "lifelonglearningjob", "kind": kind, "status": "completed", "results": results});
+    let body = sedna_worker::report(pod, namespace, kind);
     // LC_SERVER is localhost:9100 on a node; here each node's agent has its own port.
-    let url = format!("http://127.0.0.1:{port}/sedna/workers/{}/info", env["WORKER_NAME"]);
+    let worker = body["name"].as_str().unwrap_or_default().to_owned();
+    let url = format!("http://127.0.0.1:{port}/sedna/workers/{worker}/info");
     for _ in 0..300 {
         match http.post(&url).json(&body).timeout(Duration::from_secs(5)).send().await {
             Ok(response) if response.status().is_success() => {
@@ -462,11 +412,8 @@ async fn run_worker(
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let done = json!({"status": {"phase": "Succeeded",
-        "containerStatuses": [{"name": "worker", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now(), "startedAt": now()}}}]}});
     log.own_call("PATCH pods/status");
-    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&done)).await;
+    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::succeeded())).await;
     log.push(job, if kind == "train" { Seen::TrainDone } else { Seen::EvalDone });
 }
 
@@ -516,8 +463,8 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
     let namespace = cluster.namespace("bench").await;
     let root = tempfile::tempdir().expect("tempdir");
     let path = |name: &str| root.path().join(name).display().to_string();
-    let (ca, cert, key) = pki();
-    for (file, pem) in [("ca.pem", &ca), ("link.crt", &cert), ("link.key", &key)] {
+    let pki = link_support::pki();
+    for (file, pem) in [("ca.pem", &pki.ca_pem), ("link.crt", &pki.cert_pem), ("link.key", &pki.key_pem)] {
         std::fs::write(root.path().join(file), pem).expect("pem");
     }
     let nodes: Vec<String> = (0..edges).map(|n| format!("node-{n}-{namespace}")).collect();
@@ -533,8 +480,14 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         .create(&PostParams::default(), &secret)
         .await
         .expect("the tokens' Secret");
-    let operator_kubeconfig =
-        cluster.service_account_kubeconfig("perennial-system", "perennial-operator", root.path()).await;
+    let operator_kubeconfig = service_account::service_account_kubeconfig(
+        &cluster.client,
+        (&cluster.server, &cluster.ca_pem),
+        "perennial-system",
+        "perennial-operator",
+        root.path(),
+    )
+    .await;
     let edge_ports: Vec<u16> = nodes.iter().map(|_| free_port()).collect();
 
     // The operator, as deployed (leader election on its own Lease), scoped to this namespace.

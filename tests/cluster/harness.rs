@@ -9,8 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
@@ -126,8 +125,7 @@ impl Cluster {
         name
     }
 
-    /// A kubeconfig that authenticates as ServiceAccount `namespace/name`, with a token minted
-    /// by TokenRequest (as a pod of that ServiceAccount would have).
+    /// A kubeconfig that authenticates as ServiceAccount `namespace/name` (TokenRequest).
     pub async fn service_account_kubeconfig(
         &self,
         client: &kube::Client,
@@ -135,27 +133,8 @@ impl Cluster {
         name: &str,
         dir: &Path,
     ) -> PathBuf {
-        let request = TokenRequest {
-            spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
-            ..Default::default()
-        };
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-        let minted: TokenRequest = accounts
-            .create_subresource("token", name, &PostParams::default(), &request)
+        crate::service_account::service_account_kubeconfig(client, (&self.server, &self.ca_pem), namespace, name, dir)
             .await
-            .unwrap_or_else(|err| panic!("TokenRequest for {namespace}/{name}: {err}"));
-        let token = minted.status.expect("a token").token;
-        let ca = dir.join("cluster-ca.crt");
-        std::fs::write(&ca, &self.ca_pem).expect("ca");
-        let kubeconfig = json!({
-            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-            "clusters": [{"name": "c", "cluster": {"server": self.server, "certificate-authority": ca}}],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": name}}]
-        });
-        let path = dir.join(format!("kubeconfig-{name}"));
-        std::fs::write(&path, serde_json::to_vec(&kubeconfig).expect("json")).expect("kubeconfig");
-        path
     }
 
     /// A Secret `namespace/name` with `data`.

@@ -9,6 +9,10 @@
 #[allow(dead_code)]
 #[path = "../support/link.rs"]
 mod link_support;
+#[path = "../support/sedna_worker.rs"]
+mod sedna_worker;
+#[path = "../support/service_account.rs"]
+mod service_account;
 
 mod failover;
 mod harness;

@@ -2,9 +2,9 @@
 //! (the RBAC of `deploy/operator`), a linked `perennial edge`, and the test playing the kubelet
 //! and the workers (Sedna's report API), checking every pod against Sedna's contract.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 
 use crate::harness::{Cluster, Process, cluster, free_port};
 use crate::link_support::pki;
+use crate::sedna_worker;
 
 pub const JOB: &str = "thermal";
 pub const DATASET: &str = "readings";
@@ -301,11 +302,6 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-fn env_of(pod: &Pod) -> BTreeMap<String, String> {
-    let container = &pod.spec.as_ref().expect("spec").containers[0];
-    container.env.iter().flatten().map(|e| (e.name.clone(), e.value.clone().unwrap_or_default())).collect()
-}
-
 /// No kubelet, no scheduler: each new pod of the namespace is run by the test. Train and eval
 /// workers report their result to the edge agent at `LC_SERVER` as Sedna's library does (retried,
 /// as it retries), then exit 0; an inference worker runs and is ready. Pods being deleted are
@@ -342,46 +338,23 @@ async fn kubelet(pods: Api<Pod>, namespace: String, seen: Arc<Mutex<Vec<Pod>>>, 
 async fn run_worker(pods: &Api<Pod>, namespace: &str, pod: &Pod, held: &AtomicBool) {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let kind = label(pod, "lifelonglearningjob.sedna.io/worker-type").unwrap_or_default().to_owned();
-    let now = || k8s_openapi::jiff::Timestamp::now().to_string();
-    let running = json!({"status": {"phase": "Running", "hostIP": "127.0.0.1",
-        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}],
-        "containerStatuses": [{"name": "worker", "ready": true, "restartCount": 0, "image": "i", "imageID": "",
-            "state": {"running": {"startedAt": now()}}}]}});
-    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&running)).await;
+    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::running())).await;
     if kind == "inference" {
         return;
     }
     while held.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let env = env_of(pod);
-    let prefix = env.get("DATA_PATH_PREFIX").cloned().unwrap_or_default();
-    let host = |path: &str| path.strip_prefix(&prefix).unwrap_or(path).to_owned();
-    let results = if kind == "train" {
-        // The model goes where OUTPUT_URL says, reported without DATA_PATH_PREFIX (Sedna's lib).
-        let output = host(&env["OUTPUT_URL"]);
-        std::fs::create_dir_all(&output).expect("train output");
-        let model = Path::new(&output).join("index.pkl");
-        std::fs::write(&model, format!("model of {name}")).expect("model");
-        json!([{"format": "pkl", "url": model, "metrics": null}])
-    } else {
-        let models: Vec<String> = env["MODEL_URLS"].split(';').map(host).collect();
-        Value::Array(
-            models.iter().map(|m| json!({"format": "pkl", "url": m, "metrics": {"precision_score": 0.9}})).collect(),
-        )
-    };
-    let body = json!({"name": env["WORKER_NAME"], "namespace": namespace, "ownerName": env["JOB_NAME"],
-        "ownerKind": "lifelonglearningjob", "kind": kind, "status": "completed", "results": results});
+    let body = sedna_worker::report(pod, namespace, &kind);
+    let env = sedna_worker::env_of(pod);
     let url = format!("{}/sedna/workers/{}/info", env["LC_SERVER"], env["WORKER_NAME"]);
     let http = reqwest::Client::new();
+    // Sedna's library retries too.
     for _ in 0..300 {
         match http.post(&url).json(&body).timeout(Duration::from_secs(5)).send().await {
             Ok(response) if response.status().is_success() => break,
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let done = json!({"status": {"phase": "Succeeded",
-        "containerStatuses": [{"name": "worker", "ready": false, "restartCount": 0, "image": "i", "imageID": "",
-            "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now(), "startedAt": now()}}}]}});
-    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&done)).await;
+    let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::succeeded())).await;
 }
