@@ -115,12 +115,14 @@ impl Cluster {
         });
     }
 
-    /// A fresh namespace `PREFIX-<random>`.
+    /// A fresh namespace `PREFIX-<random>`, labelled `perennial.io/test=cluster`.
     pub async fn namespace(&self, client: &kube::Client, prefix: &str) -> String {
         let mut bytes = [0u8; 4];
         getrandom::fill(&mut bytes).expect("random");
         let name = format!("{prefix}-{}", hex::encode(bytes));
-        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+        // Labelled, so that a real cluster can be cleaned: `kubectl delete ns -l perennial.io/test`.
+        let metadata = json!({"name": name, "labels": {"perennial.io/test": "cluster"}});
+        let namespace: Namespace = serde_json::from_value(json!({ "metadata": metadata })).expect("namespace");
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
         name
     }
