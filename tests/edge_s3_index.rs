@@ -74,11 +74,12 @@ fn an_s3_index_is_tailed_by_ranged_reads_and_round_files_carry_a_data_index() {
         Some(format!("{}/data/train/1/dataIndex.txt", output.display()).as_str())
     );
     let data = std::fs::read_to_string(output.join("data/train/1/data.txt")).unwrap();
-    assert_eq!(data.lines().count(), 8 + 4, "trainProb 0.8 of 10, then of 5");
+    assert_eq!(data.lines().count(), 12, "trainProb 0.8 of the 15 samples, counted over the stream");
     let data_index = std::fs::read_to_string(output.join("data/train/1/dataIndex.txt")).unwrap();
     let mut data_index = data_index.lines();
     assert_eq!(data_index.next(), Some("s3://datasets/thermal"));
-    assert_eq!(data_index.next(), Some("images/0.jpg"));
+    // Sample k trains when ⌊0.8(k+1)⌋ > ⌊0.8k⌋: sample 0 goes to eval, sample 1 is the first to train.
+    assert_eq!(data_index.next(), Some("images/1.jpg"));
     assert_eq!(data_index.count(), 11);
 
     // A shrunk index starts over.
