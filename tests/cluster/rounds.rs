@@ -23,7 +23,7 @@ fn check_sedna_contract(pod: &Pod, kind: &str, job_uid: &str, node: &str, namesp
         (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
         ("LifelongLearningJob", job_uid, Some(true))
     );
-    assert!(name.starts_with(&format!("{JOB}-{}-", if kind == "inference" { "inference" } else { kind })), "{name}");
+    assert!(name.starts_with(&format!("{JOB}-{kind}-")), "{name}");
     let spec = pod.spec.as_ref().expect("spec");
     assert_eq!(spec.host_network, Some(true), "{name}: Sedna forces hostNetwork");
     assert_eq!(spec.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"), "{name}");

@@ -614,11 +614,10 @@ pub fn model_reader(
             if !inside {
                 return Err(format!("{url} resolves to {}, outside the job's output and dataset", real.display()));
             }
-            let size = std::fs::metadata(&real).map_err(|err| format!("{url}: {err}"))?.len();
-            if size > MAX_MODEL_BYTES {
-                return Err(format!("{url} is {size} bytes, over the {MAX_MODEL_BYTES}-byte limit"));
-            }
         }
-        runtime.block_on(crate::storage::read(url, s3.as_ref())).map_err(|err| err.to_string())
+        // Bounded by the one mechanism every read uses: a regular file (never a FIFO), the size
+        // checked before reading, a time limit; S3 models alike.
+        let limit = crate::storage::ReadLimit { max_bytes: MAX_MODEL_BYTES, ..crate::storage::ReadLimit::DEFAULT };
+        runtime.block_on(crate::storage::read_limited(url, s3.as_ref(), limit)).map_err(|err| err.to_string())
     })
 }
