@@ -4,7 +4,7 @@
 #   docker build -t ghcr.io/perennial-edge/perennial:0.1.0 .
 
 FROM rust:1.95-bookworm AS builder
-# The built-in policies are WebAssembly components that runtime/build.rs compiles and embeds.
+# The built-in policies are WebAssembly components that runtime/policy/build.rs compiles and embeds.
 RUN rustup target add wasm32-wasip2
 WORKDIR /src
 COPY . .

@@ -16,7 +16,7 @@ use serde_json::json;
 
 /// The repository's root (the README's commands run from there).
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The API server under test.
@@ -32,7 +32,7 @@ pub struct Cluster {
 pub fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
-        perennial::tls::install_crypto_provider();
+        perennial_tls::install_crypto_provider();
         let Some(path) = std::env::var_os("PERENNIAL_TEST_KUBECONFIG") else {
             panic!(
                 "PERENNIAL_TEST_KUBECONFIG is not set: the cluster suite needs a Kubernetes API server \

@@ -12,9 +12,9 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
-use perennial::cloud::identity::{IdentitySettings, TokenReviewer};
-use perennial::link::hello;
-use perennial::link::socket::{self, LinkError, NodeTokens, Reviewer, client_tls, server_tls};
+use perennial_link::hello;
+use perennial_link::socket::{self, LinkError, NodeTokens, Reviewer, client_tls, server_tls};
+use perennial_operator::identity::{IdentitySettings, TokenReviewer};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use serde_json::json;
 use tokio_rustls::TlsAcceptor;

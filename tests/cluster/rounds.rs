@@ -161,7 +161,7 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
     assert_eq!(digest.len(), 64, "a sha256 digest: {digest}");
 
     // A hot swap by `kubectl patch`: the example count-or-age trigger, from its file.
-    let path = perennial::policy::builtin::built_plugin_path("count-or-age-trigger").expect("the example plugin");
+    let path = perennial_policy::builtin::built_plugin_path("count-or-age-trigger").expect("the example plugin");
     let patch = serde_json::json!({"spec": {"trainSpec": {"trigger": {"policy": {
         "plugin": format!("file://{path}"), "config": {"samples": 20, "maxAgeHours": 1}}}}}});
     world.cluster.kubectl_ok(&[

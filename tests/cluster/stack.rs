@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use perennial::api::{Dataset, LifelongLearningJob};
+use perennial_api::{Dataset, LifelongLearningJob};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 

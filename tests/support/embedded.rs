@@ -16,7 +16,7 @@ impl Example {
     /// Copies `examples/thermal-comfort` (its top folder) and applies `edit` to each manifest's text.
     pub fn new(edit: impl Fn(&str, String) -> String) -> Example {
         let root = tempfile::tempdir().unwrap();
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/thermal-comfort");
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/thermal-comfort");
         let manifests = root.path().join("thermal-comfort");
         std::fs::create_dir_all(&manifests).unwrap();
         for entry in std::fs::read_dir(&source).unwrap() {
@@ -39,7 +39,8 @@ impl Example {
 
     /// Adds the metric-select variant (`<copy>/metric-select`, edited too) and returns its folder.
     pub fn add_variant(&self, edit: impl Fn(String) -> String) -> PathBuf {
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/thermal-comfort/metric-select/job.yaml");
+        let source =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/thermal-comfort/metric-select/job.yaml");
         let folder = self.manifests.join("metric-select");
         std::fs::create_dir_all(&folder).unwrap();
         std::fs::write(folder.join("job.yaml"), edit(std::fs::read_to_string(source).unwrap())).unwrap();

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use perennial::link::cloud_server::{Applied, CloudSide, NodeDesired};
+use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;

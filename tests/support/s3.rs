@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use perennial::storage::S3Credentials;
+use perennial_storage::S3Credentials;
 use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
 

@@ -1,0 +1,389 @@
+//! `perennial edge`: the edge agent on one node. It runs its jobs from its own SQLite state,
+//! serves the worker report API, and, given a cloud URL, keeps the link to the operator: the
+//! node's jobs come down as its desired state, reports go up from the outbox. While the cloud
+//! is unreachable it goes on from its state (samples are split, rounds start, reports queue).
+//! Without a cloud URL it runs the jobs listed in a file (standalone).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use perennial_edge::agent::{self, JobConfig, LoopSettings, Wake};
+use perennial_edge::link_state::{NodeJob, desired_jobs, node_job};
+use perennial_edge::sqlite::Store;
+use perennial_edge::{self as edge, IndexFile, LocalFile, S3Index, worker_api};
+use perennial_link::Changes;
+use perennial_link::edge_client::{self, ClientSettings, LinkEvents, TokenSource};
+use perennial_link::socket::client_tls;
+use perennial_policy::PolicyHost;
+use perennial_storage::S3Credentials;
+use tokio::sync::{Notify, mpsc as async_mpsc, watch};
+
+#[derive(Args)]
+pub struct EdgeArgs {
+    /// Where the agent keeps its state (SQLite) and compile cache.
+    #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = "/var/lib/perennial")]
+    state_dir: PathBuf,
+    /// The operator's link, `wss://host:port/v1/link`: the node's jobs come from it.
+    #[arg(long, env = "PERENNIAL_CLOUD_URL", required_unless_present = "jobs")]
+    cloud_url: Option<String>,
+    /// A file holding this node's bearer token for the link, read again on every (re)connect:
+    /// in Kubernetes a projected ServiceAccount token (the kubelet rotates it); on a systemd
+    /// node its static token. Or a folder holding a file named after each node.
+    #[arg(long, env = "PERENNIAL_TOKEN_FILE", requires = "cloud_url")]
+    token_file: Option<PathBuf>,
+    /// The CA certificate (PEM) that signed the operator's link certificate.
+    #[arg(long, env = "PERENNIAL_CA_FILE", requires = "cloud_url")]
+    ca_file: Option<PathBuf>,
+    /// This node's name, as the operator knows it (Sedna's `NODENAME`); default: the host name.
+    #[arg(long, env = "NODENAME")]
+    node_name: Option<String>,
+    /// Standalone: a JSON file with the jobs to run: a list of {name, uid, spec, splitter?,
+    /// trigger, selector?}.
+    #[arg(long, value_name = "FILE", conflicts_with = "cloud_url")]
+    jobs: Option<PathBuf>,
+    /// Port of the worker report API (Sedna's `BIND_PORT`).
+    #[arg(long, env = "BIND_PORT", default_value_t = 9100)]
+    bind_port: u16,
+    /// Address of the worker report API. Workers run on the host network (Sedna's pods) and
+    /// reach it on the loopback; `0.0.0.0` opens it to the network.
+    #[arg(long, env = "BIND_ADDRESS", default_value = "127.0.0.1")]
+    bind_address: std::net::IpAddr,
+    /// Where the host's filesystem is mounted (Sedna's `ROOTFS_MOUNT_DIR`): the jobs' local
+    /// paths are host paths, read and written under this prefix (a DaemonSet mounts `/` here).
+    #[arg(long, env = "ROOTFS_MOUNT_DIR")]
+    rootfs_mount_dir: Option<PathBuf>,
+    /// How often to look at a local dataset index when no change notification arrives, in ms.
+    #[arg(long, default_value_t = 2000)]
+    poll_ms: u64,
+    /// How often to look at a dataset index on S3, in ms.
+    #[arg(long, default_value_t = 5000)]
+    s3_poll_ms: u64,
+}
+
+/// How this node runs a job (from the flags).
+#[derive(Clone)]
+struct RunnerSettings {
+    rootfs: Option<PathBuf>,
+    poll: Duration,
+    s3_poll: Duration,
+}
+
+impl RunnerSettings {
+    /// A host path as this process sees it.
+    fn host_path(&self, path: &str) -> String {
+        match &self.rootfs {
+            Some(root) if path.starts_with('/') => {
+                format!("{}{path}", root.display().to_string().trim_end_matches('/'))
+            }
+            _ => path.to_owned(),
+        }
+    }
+}
+
+pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("--state-dir {}: cannot create it", args.state_dir.display()))?;
+    let link = args.cloud_url.as_ref().map(|url| link_settings(url, &args)).transpose()?;
+    let _lock = perennial_edge::state_lock::lock(&args.state_dir, "perennial edge")?;
+    let mut store = Store::open(&args.state_dir.join("edge.db"))?;
+    let configs: Vec<JobConfig> = match &args.jobs {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("--jobs {}", path.display()))?;
+            let jobs: Vec<JobConfig> =
+                serde_json::from_str(&text).with_context(|| format!("--jobs {}", path.display()))?;
+            for job in &jobs {
+                edge::register_job(&mut store, &job.name, &job.uid, &job.spec)?;
+            }
+            jobs
+        }
+        // The jobs of the last desired state: the node works before (and without) the cloud.
+        None => desired_jobs(&store)?.into_iter().map(|job| job.config).collect(),
+    };
+    let store = Arc::new(Mutex::new(store));
+    let host = PolicyHost::new(Some(args.state_dir.join("policy-cache")), None)?;
+    let settings = RunnerSettings {
+        rootfs: args.rootfs_mount_dir.clone(),
+        poll: Duration::from_millis(args.poll_ms.max(10)),
+        s3_poll: Duration::from_millis(args.s3_poll_ms.max(100)),
+    };
+    let mut runners = Vec::new();
+    let mut running = Running::default();
+    for job in configs {
+        match runner(&host, job.clone(), &settings).await {
+            Ok(runner) => {
+                record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
+                running.by_name.insert(job.name.clone(), (runners.len(), job));
+                runners.push(runner);
+            }
+            // Standalone, the file is the operator's: a job that cannot run is an error.
+            Err(err) if link.is_none() => return Err(err),
+            Err(err) => tracing::error!("job {} cannot run on this node: {err:#}", job.name),
+        }
+    }
+    running.next_index = runners.len();
+    release_freed_memory();
+    let outbox = Arc::new(Notify::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let wakes = agent::Wakes::new();
+    let wake = wakes.sender();
+    let jobs_thread = {
+        let (store, stop, outbox) = (store.clone(), stop.clone(), outbox.clone());
+        let swapper = agent::Swapper { host: host.clone(), runtime: tokio::runtime::Handle::current() };
+        std::thread::Builder::new().name("jobs".into()).spawn(move || {
+            agent::run_jobs(&store, &mut runners, &stop, wakes, &|| outbox.notify_one(), Some(&swapper))
+        })?
+    };
+    release_freed_memory();
+    let (stop_link, link_stopped) = watch::channel(false);
+    let link_task = link.map(|link| {
+        let (changes, changed) = async_mpsc::unbounded_channel();
+        tokio::spawn(follow_desired(changed, running, wake, host, settings, store.clone()));
+        tokio::spawn(queue_status_changes(store.clone(), outbox.clone()));
+        tokio::spawn(edge_client::run(
+            link,
+            store.clone(),
+            outbox.clone(),
+            Arc::new(DesiredJobs { changes }),
+            link_stopped,
+        ))
+    });
+    let address = SocketAddr::new(args.bind_address, args.bind_port);
+    let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("worker API on {address}"))?;
+    tracing::info!("worker report API on {}", listener.local_addr()?);
+    let api = worker_api::router(store.clone(), Arc::new(move || outbox.notify_one()));
+    perennial_edge::serve::serve(listener, api, shutdown_signal()).await;
+    stop.store(true, Ordering::Relaxed);
+    stop_link.send_replace(true);
+    if let Some(task) = link_task {
+        let _ = task.await;
+    }
+    let _ = jobs_thread.join();
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM from systemd or the kubelet.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(term) => { term.recv().await; } None => std::future::pending().await } } => {}
+    }
+    tracing::info!("stopping");
+}
+
+/// The link's settings from the flags; every error names its flag or file.
+fn link_settings(url: &str, args: &EdgeArgs) -> anyhow::Result<ClientSettings> {
+    if !url.starts_with("wss://") {
+        anyhow::bail!("--cloud-url {url}: the link is wss:// only (TLS)");
+    }
+    let node = match &args.node_name {
+        Some(node) if !node.trim().is_empty() => node.trim().to_owned(),
+        _ => host_name().context("--node-name: not given (NODENAME), and the host name cannot be read")?,
+    };
+    let token_file = args.token_file.as_deref().context("--token-file: the link needs this node's token")?;
+    // A folder (a Secret of every node's token, mounted by the DaemonSet): the node's own file.
+    let token_file = if token_file.is_dir() { token_file.join(&node) } else { token_file.to_owned() };
+    // Read now to fail fast on a wrong path; read again on every connect.
+    let meta = std::fs::metadata(&token_file).with_context(|| format!("--token-file {}", token_file.display()))?;
+    if meta.len() == 0 {
+        anyhow::bail!("--token-file {}: the file is empty", token_file.display());
+    }
+    let ca_file = args.ca_file.as_deref().context("--ca-file: the link needs the CA of the operator's certificate")?;
+    let ca = std::fs::read(ca_file).with_context(|| format!("--ca-file {}", ca_file.display()))?;
+    let tls = client_tls(&ca).with_context(|| format!("--ca-file {}", ca_file.display()))?;
+    Ok(ClientSettings {
+        url: url.to_owned(),
+        token: TokenSource::File(token_file),
+        tls,
+        node,
+        min_backoff: Duration::from_millis(500),
+        max_backoff: Duration::from_secs(60),
+    })
+}
+
+fn host_name() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// Loads a job's policies and opens its index and output (under the root prefix).
+async fn runner(host: &PolicyHost, job: JobConfig, settings: &RunnerSettings) -> anyhow::Result<agent::JobRunner> {
+    let policies = agent::load_policies(host, &job).await.with_context(|| format!("job {}", job.name))?;
+    let s3 = S3Credentials::from_env();
+    let output_dir = settings.host_path(&job.spec.output_dir);
+    let output = edge::output::output_operator(&output_dir, s3.as_ref())
+        .with_context(|| format!("job {}: spec.outputDir", job.name))?;
+    let output = opendal::blocking::Operator::new(output)?;
+    let poll = LoopSettings { poll: settings.poll, ..LoopSettings::default() };
+    let (index, loop_settings): (Box<dyn IndexFile + Send>, _) = if job.spec.dataset_url.starts_with("s3://") {
+        let index = S3Index::open(&job.spec.dataset_url, s3.as_ref())
+            .with_context(|| format!("job {}: the dataset index", job.name))?;
+        (Box::new(index), LoopSettings { poll: settings.s3_poll, ..poll })
+    } else {
+        (Box::new(LocalFile { path: settings.host_path(&job.spec.dataset_url).into() }), poll)
+    };
+    // Loading proved the config; the instances come back when the job next runs.
+    policies.release();
+    let dataset_dir = Path::new(&job.spec.dataset_url).parent().map(|p| p.display().to_string());
+    let roots = [Some(job.spec.output_dir.clone()), dataset_dir]
+        .into_iter()
+        .flatten()
+        .map(|root| settings.host_path(&root))
+        .collect();
+    let read = agent::model_reader(tokio::runtime::Handle::current(), s3, roots);
+    // Workers report host paths.
+    let paths = settings.clone();
+    let read_model: agent::ModelReader = Box::new(move |url: &str| read(&paths.host_path(url)));
+    Ok(agent::JobRunner { job, policies, index, output, read_model, settings: loop_settings })
+}
+
+/// The jobs the loop runs, by name: their index in it and their config.
+#[derive(Default)]
+struct Running {
+    by_name: HashMap<String, (usize, JobConfig)>,
+    next_index: usize,
+}
+
+/// Hands each committed desired state to [`follow_desired`], in order.
+struct DesiredJobs {
+    changes: async_mpsc::UnboundedSender<Changes>,
+}
+
+impl LinkEvents for DesiredJobs {
+    fn desired_applied(&self, changes: &Changes) {
+        let _ = self.changes.send(changes.clone());
+    }
+
+    fn connected(&self, up: bool) {
+        if !up {
+            tracing::info!("working from the local state until the link is back");
+        }
+    }
+}
+
+/// Brings the job loop to each desired state, one after the other: new jobs start, changed ones
+/// swap their policies between two calls, re-staged ones are looked at now, removed ones stop.
+/// (The edge store already holds the state: it was committed before the `desiredAck`.)
+async fn follow_desired(
+    mut changes: async_mpsc::UnboundedReceiver<Changes>,
+    mut running: Running,
+    wake: mpsc::Sender<Wake>,
+    host: PolicyHost,
+    settings: RunnerSettings,
+    store: Arc<Mutex<Store>>,
+) {
+    while let Some(change) = changes.recv().await {
+        for key in &change.removed_jobs {
+            if let Some((index, _)) = running.by_name.remove(key) {
+                tracing::info!(job = key, "the job left this node");
+                let _ = wake.send(Wake::Remove(index));
+            }
+        }
+        for (key, object) in &change.jobs {
+            let Ok(NodeJob { config, .. }) = node_job(key, object) else { continue };
+            match running.by_name.get_mut(key) {
+                // Policies and trainProb change in place; the rest (the index, the output) needs
+                // the job opened again, below.
+                Some((index, current)) if current.uid == config.uid && current.spec.same_files(&config.spec) => {
+                    if *current != config {
+                        let _ = wake.send(Wake::Swap(*index, Box::new(config.clone())));
+                        *current = config;
+                    }
+                    let _ = wake.send(Wake::Job(*index));
+                }
+                known => {
+                    if let Some((index, _)) = known {
+                        // Another uid (a new job: the old one's state was dropped), or the same
+                        // job on other files: the old runner stops, a new one starts.
+                        let _ = wake.send(Wake::Remove(*index));
+                    }
+                    match runner(&host, config.clone(), &settings).await {
+                        Ok(runner) => {
+                            tracing::info!(job = key, "the job came to this node");
+                            // The jobs thread may hold the store a while: not on this runtime's thread.
+                            tokio::task::block_in_place(|| {
+                                record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner)
+                            });
+                            let index = running.next_index;
+                            running.next_index += 1;
+                            running.by_name.insert(key.clone(), (index, config));
+                            let _ = wake.send(Wake::Add(Box::new(runner)));
+                            // Compiling the policies used memory the idle job does not need.
+                            release_freed_memory();
+                        }
+                        Err(err) => {
+                            running.by_name.remove(key);
+                            tracing::error!(job = key, "the job cannot run on this node: {err:#}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Notes which policies serve a job just loaded, for its status on the cloud.
+fn record_serving(store: &mut Store, runner: &agent::JobRunner) {
+    let (job, policies) = (&runner.job, &runner.policies);
+    let mut serving = vec![
+        ("trigger", &job.trigger.plugin, policies.trigger.info().digest.clone()),
+        ("selector", &job.selector.plugin, policies.selector.info().digest.clone()),
+    ];
+    if let (Some(reference), Some(splitter)) = (&job.splitter, &policies.splitter) {
+        serving.push(("splitter", &reference.plugin, splitter.info().digest.clone()));
+    }
+    for (kind, plugin, digest) in serving {
+        if let Err(err) = edge::health::swapped(store, &job.name, kind, plugin, &digest, unix_now()) {
+            tracing::warn!(job = job.name, "recording the {kind} policy: {err}");
+        }
+    }
+}
+
+/// Queues the datasets' sample counts and the jobs' policies for the cloud when they change.
+async fn queue_status_changes(store: Arc<Mutex<Store>>, outbox: Arc<Notify>) {
+    let mut sent = edge::status_report::SentPolicies::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (store, mut taken) = (store.clone(), std::mem::take(&mut sent));
+        let queued = tokio::task::spawn_blocking(move || {
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            let queued = edge::status_report::queue_changes(&mut store, &mut taken, unix_now());
+            (queued, taken)
+        })
+        .await;
+        match queued {
+            Ok((Ok(count), taken)) => {
+                sent = taken;
+                if count > 0 {
+                    outbox.notify_one();
+                }
+            }
+            Ok((Err(err), taken)) => {
+                sent = taken;
+                tracing::warn!("queueing status for the cloud: {err}");
+            }
+            Err(err) => tracing::warn!("queueing status for the cloud: {err}"),
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Hands memory freed after start-up (compiling policies) back to the system, so that a small
+/// edge node sees the agent's steady size.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}

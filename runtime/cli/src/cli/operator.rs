@@ -1,0 +1,138 @@
+//! `perennial operator`: the Kubernetes operator (in the cloud, usually two replicas from
+//! `deploy/operator/`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use perennial_lifecycle::Settings;
+use perennial_operator::identity::IdentitySettings;
+use perennial_operator::link::LinkOptions;
+use perennial_operator::{self as cloud, OperatorOptions, WorkerDefaults, leader::LeaseSettings};
+
+#[derive(Args)]
+pub struct OperatorArgs {
+    /// A kubeconfig file; without it, the in-cluster service account (or `~/.kube/config`).
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "PERENNIAL_NAMESPACE")]
+    namespace: Option<String>,
+    /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` (the leader) are served.
+    #[arg(long, env = "PERENNIAL_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// The operator's own image: worker pods' init containers run its `perennial fetch` to
+    /// download S3 inputs.
+    #[arg(long, env = "PERENNIAL_IMAGE", default_value = "ghcr.io/perennial-edge/perennial:0.1.0")]
+    image: String,
+    /// The edge agent's worker API as workers reach it (Sedna's `LC_SERVER`; host network).
+    #[arg(long, env = "PERENNIAL_LC_SERVER", default_value = "http://localhost:9100")]
+    lc_server: String,
+    /// Sedna's `KB_SERVER`, given to train and eval workers.
+    #[arg(long, env = "PERENNIAL_KB_SERVER", default_value = "http://localhost:9020")]
+    kb_server: String,
+    /// Act without a Lease (one replica only).
+    #[arg(long, env = "PERENNIAL_NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// The operator's own namespace: its Lease's.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "perennial-system")]
+    lease_namespace: String,
+    /// The Lease's name.
+    #[arg(long, default_value = "perennial-operator")]
+    lease_name: String,
+    /// This replica's identity in the Lease and in events (its pod name; default the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Where the edge link listens (WebSocket over TLS); without it, no edge node connects.
+    #[arg(long, env = "PERENNIAL_LINK_ADDR", requires_all = ["link_cert", "link_key"])]
+    link_addr: Option<SocketAddr>,
+    /// The link's TLS certificate chain (PEM), e.g. `tls.crt` of a mounted TLS Secret.
+    #[arg(long, env = "PERENNIAL_LINK_CERT")]
+    link_cert: Option<PathBuf>,
+    /// The link's TLS private key (PEM).
+    #[arg(long, env = "PERENNIAL_LINK_KEY")]
+    link_key: Option<PathBuf>,
+    /// The Secret holding each edge node's token, keyed by node name: `namespace/name`, or a
+    /// name in the operator's namespace.
+    #[arg(long, env = "PERENNIAL_LINK_TOKENS", default_value = "perennial-edge/perennial-edge-tokens")]
+    link_tokens: String,
+    /// The audience of the edge agents' projected ServiceAccount tokens (the DaemonSet's
+    /// `serviceAccountToken` volume): the operator reviews them for it (TokenReview).
+    #[arg(long, env = "PERENNIAL_LINK_AUDIENCE", default_value = perennial_operator::identity::DEFAULT_AUDIENCE)]
+    link_audience: String,
+    /// The edge agents' namespace: their ServiceAccount's and their pods'.
+    #[arg(long, env = "PERENNIAL_EDGE_NAMESPACE", default_value = "perennial-edge")]
+    edge_namespace: String,
+    /// The edge agents' ServiceAccount: only its tokens (bound to an agent pod, whose node they
+    /// prove) open the link without a static node token.
+    #[arg(long, env = "PERENNIAL_EDGE_SERVICE_ACCOUNT", default_value = "perennial-edge")]
+    edge_service_account: String,
+    /// The link's heartbeat: a silent connection is dropped after two, in seconds.
+    #[arg(long, default_value_t = perennial_link::DEFAULT_HEARTBEAT_SECS)]
+    link_heartbeat_secs: u32,
+    /// First wait before a failed round goes back to Train (doubling up to 360 s), in seconds.
+    #[arg(long, default_value_t = 10)]
+    retry_backoff_secs: u64,
+    /// Restarts of a stage's worker beyond which the stage fails.
+    #[arg(long, default_value_t = 3)]
+    restart_limit: u32,
+}
+
+pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context("no in-cluster config and no kubeconfig (--kubeconfig)")?,
+    };
+    let client = kube::Client::try_from(config).context("Kubernetes client")?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("perennial-operator-{}", std::process::id()));
+    let backoff = Duration::from_secs(args.retry_backoff_secs.max(1));
+    let link = match (args.link_addr, args.link_cert, args.link_key) {
+        (Some(addr), Some(cert_file), Some(key_file)) => Some(LinkOptions {
+            addr,
+            cert_file,
+            key_file,
+            tokens_namespace: match args.link_tokens.split_once('/') {
+                Some((namespace, _)) => namespace.to_owned(),
+                None => args.lease_namespace.clone(),
+            },
+            tokens_secret: args.link_tokens.rsplit('/').next().unwrap_or_default().to_owned(),
+            identity: IdentitySettings {
+                audience: args.link_audience,
+                namespace: args.edge_namespace,
+                service_account: args.edge_service_account,
+                ..IdentitySettings::default()
+            },
+            heartbeat_secs: args.link_heartbeat_secs.max(1),
+        }),
+        _ => None,
+    };
+    let options = OperatorOptions {
+        namespace: args.namespace,
+        metrics_addr: args.metrics_addr,
+        settings: Settings {
+            backoff_base: backoff,
+            backoff_max: Duration::from_secs(360).max(backoff),
+            restart_limit: args.restart_limit,
+            ..Settings::default()
+        },
+        workers: WorkerDefaults { lc_server: args.lc_server, kb_server: args.kb_server, fetch_image: args.image },
+        leader: (!args.no_leader_election)
+            .then(|| LeaseSettings::new(args.lease_namespace, args.lease_name, identity.clone())),
+        instance: Some(identity),
+        link,
+    };
+    cloud::run(client, options).await?;
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! `perennial plugin`: check, call and benchmark a policy plugin from the command line.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use perennial_policy::{
+    self as policy, Kind, Limits, ModelInfo, PolicyEvents, PolicyHost, PolicyRef, SampleBatch, SelectorKind,
+    SplitterKind, TracingEvents, TriggerKind, TriggerStats, ValidRef,
+};
+use perennial_storage::S3Credentials;
+use serde::Deserialize;
+
+#[derive(Subcommand)]
+pub enum PluginCommand {
+    /// Load and verify a plugin: its world, package version, size and compile time.
+    Check {
+        #[command(flatten)]
+        plugin: PluginArgs,
+    },
+    /// Call a plugin once and print its answer as JSON.
+    Call {
+        #[command(flatten)]
+        plugin: PluginArgs,
+        #[command(flatten)]
+        input: CallInput,
+    },
+    /// Measure a plugin: compile, load from cache, instantiate, and per-call time.
+    Bench {
+        #[command(flatten)]
+        plugin: PluginArgs,
+        /// Calls to time.
+        #[arg(long, default_value_t = 2000)]
+        iterations: u32,
+        /// Samples per batch, for a splitter.
+        #[arg(long, default_value_t = 10_000)]
+        batch: usize,
+    },
+}
+
+#[derive(Args)]
+pub struct PluginArgs {
+    /// The plugin: builtin:NAME, a path, file:///path, https://... or s3://bucket/key.
+    #[arg(value_name = "REF")]
+    plugin: String,
+    /// Expected SHA-256 of the component (required for https:// and s3://).
+    #[arg(long)]
+    sha256: Option<String>,
+    /// JSON config handed to the plugin's `configure`.
+    #[arg(long)]
+    config: Option<String>,
+    /// Time per call, in milliseconds.
+    #[arg(long, default_value_t = Limits::default().timeout_ms)]
+    timeout_ms: u64,
+    /// Memory cap of the plugin instance, in MiB.
+    #[arg(long, default_value_t = Limits::default().memory_mib)]
+    memory_mib: u64,
+    /// Compile cache directory.
+    #[arg(long, env = "PERENNIAL_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile without reading or writing the on-disk cache.
+    #[arg(long)]
+    no_cache: bool,
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct CallInput {
+    /// Ask a trigger: stats as JSON, e.g. '{"pendingTrain": 501}' (missing fields are zero).
+    #[arg(long, value_name = "STATS_JSON")]
+    trigger: Option<String>,
+    /// Ask a splitter: a file with one sample per line ('-' for stdin).
+    #[arg(long, value_name = "FILE")]
+    split: Option<PathBuf>,
+    /// Ask a selector: '{"deployed": MODEL|null, "candidates": [MODEL...]}', where MODEL is
+    /// '{"url": ..., "format": ..., "metrics": {"accuracy": 0.9}}'.
+    #[arg(long, value_name = "JSON")]
+    select: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectInput {
+    #[serde(default)]
+    deployed: Option<ModelInfo>,
+    #[serde(default)]
+    candidates: Vec<ModelInfo>,
+}
+
+impl PluginArgs {
+    fn reference(&self) -> anyhow::Result<PolicyRef> {
+        let config = match &self.config {
+            Some(text) => Some(serde_json::from_str(text).context("--config is not valid JSON")?),
+            None => None,
+        };
+        let mut reference = PolicyRef::new(&self.plugin);
+        reference.sha256 = self.sha256.clone();
+        reference.config = config;
+        reference.limits = Limits { timeout_ms: self.timeout_ms, memory_mib: self.memory_mib };
+        Ok(reference)
+    }
+
+    fn host(&self) -> anyhow::Result<PolicyHost> {
+        let cache_dir = (!self.no_cache).then(|| self.cache_dir.clone().unwrap_or_else(policy::default_cache_dir));
+        PolicyHost::new(cache_dir, S3Credentials::from_env()).context("cannot open the compile cache")
+    }
+
+    fn validate(&self) -> anyhow::Result<ValidRef> {
+        self.reference()?.validate().map_err(|err| anyhow::anyhow!("{}: {err}", self.plugin))
+    }
+}
+
+fn events() -> Arc<dyn PolicyEvents> {
+    Arc::new(TracingEvents { job: "plugin-cli".into() })
+}
+
+pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
+    match command {
+        PluginCommand::Check { plugin } => check(&plugin).await,
+        PluginCommand::Call { plugin, input } => call(&plugin, input).await,
+        PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
+    }
+}
+
+/// The policy kind a component exports, and its package version.
+fn world_of(exports: &[String]) -> Option<(&'static str, String)> {
+    let kinds = [
+        ("trigger-policy", "perennial:policy/trigger@"),
+        ("splitter-policy", "perennial:policy/splitter@"),
+        ("selector-policy", "perennial:policy/selector@"),
+    ];
+    exports.iter().find_map(|export| {
+        kinds.iter().find_map(|(world, prefix)| {
+            export.strip_prefix(prefix).map(|version| (*world, format!("perennial:policy@{version}")))
+        })
+    })
+}
+
+async fn check(args: &PluginArgs) -> anyhow::Result<()> {
+    let valid = args.validate()?;
+    let host = args.host()?;
+    let bytes = host.fetch(&valid.source).await?;
+    let inspection = host.inspect(&valid, &bytes)?;
+    let Some((world, package)) = world_of(&inspection.exports) else {
+        bail!("{}: not a Perennial policy; it exports {}", args.plugin, inspection.exports.join(", "));
+    };
+    println!("plugin:   {}", inspection.source);
+    println!("world:    {world} ({package})");
+    println!("sha256:   {}", inspection.digest);
+    println!("size:     {} bytes", inspection.size);
+    let origin = if inspection.from_cache { "from cache" } else { "compiled" };
+    println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
+    if args.config.is_some() {
+        off_runtime(move || load_as(world, &host, &valid, &bytes)).await?;
+        println!("config:   accepted");
+    } else {
+        println!("config:   not checked (pass --config)");
+    }
+    Ok(())
+}
+
+/// Loads (instantiates and configures) a plugin as the kind its world names, then drops it.
+fn load_as(world: &str, host: &PolicyHost, valid: &ValidRef, bytes: &[u8]) -> anyhow::Result<()> {
+    match world {
+        "trigger-policy" => drop(load::<TriggerKind>(host, valid, bytes)?),
+        "splitter-policy" => drop(load::<SplitterKind>(host, valid, bytes)?),
+        _ => drop(load::<SelectorKind>(host, valid, bytes)?),
+    }
+    Ok(())
+}
+
+fn load<K: Kind>(host: &PolicyHost, valid: &ValidRef, bytes: &[u8]) -> anyhow::Result<policy::Policy<K>> {
+    Ok(host.load_bytes::<K>(valid, bytes, events())?)
+}
+
+async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
+    let valid = args.validate()?;
+    let host = args.host()?;
+    let bytes = host.fetch(&valid.source).await?;
+    let answer = off_runtime(move || answer(&host, &valid, &bytes, input)).await?;
+    println!("{answer}");
+    Ok(())
+}
+
+/// The plugin's answer to one `plugin call` input.
+fn answer(host: &PolicyHost, valid: &ValidRef, bytes: &[u8], input: CallInput) -> anyhow::Result<serde_json::Value> {
+    Ok(if let Some(stats) = input.trigger {
+        let stats: TriggerStats = serde_json::from_str(&stats).context("--trigger")?;
+        let policy = load::<TriggerKind>(host, valid, bytes)?;
+        serde_json::to_value(policy.decide(&stats)?)?
+    } else if let Some(file) = input.split {
+        let text = if file.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin()).context("--split: reading stdin")?
+        } else {
+            std::fs::read_to_string(&file).with_context(|| format!("--split: {}", file.display()))?
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let policy = load::<SplitterKind>(host, valid, bytes)?;
+        let assignments = policy.split(SampleBatch::from_lines(0, &lines)?)?;
+        let (train, eval, skip) = assignments.counts();
+        serde_json::json!({"assignments": assignments.to_vec(), "train": train, "eval": eval, "skip": skip})
+    } else if let Some(json) = input.select {
+        let select: SelectInput = serde_json::from_str(&json).context("--select")?;
+        let policy = load::<SelectorKind>(host, valid, bytes)?;
+        serde_json::to_value(policy.select(select.deployed.as_ref(), &select.candidates)?)?
+    } else {
+        bail!("give one of --trigger, --split or --select");
+    })
+}
+
+/// Runs `work` (instantiating and calling a plugin) on a blocking thread, as `perennial run`
+/// runs its policies: WASI's stdio blocks on the async runtime, which panics on one of the
+/// runtime's own threads when a plugin prints or panics.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(work).await.context("the plugin's thread stopped")?
+}
+
+/// Configs to benchmark the built-ins with when none is given.
+fn default_bench_config(plugin: &str) -> Option<serde_json::Value> {
+    Some(match plugin {
+        "builtin:threshold-trigger" => serde_json::json!({"condition": {"operator": ">", "threshold": 500}}),
+        "builtin:ratio-split" => serde_json::json!({"trainProb": 0.8}),
+        "builtin:metric-select" => serde_json::json!({"metric": "accuracy"}),
+        _ => return None,
+    })
+}
+
+async fn bench(args: &PluginArgs, iterations: u32, batch: usize) -> anyhow::Result<()> {
+    let mut reference = args.reference()?;
+    if reference.config.is_none() {
+        reference.config = default_bench_config(&args.plugin);
+    }
+    let valid = reference.validate().map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
+    let uncached = PolicyHost::new(None, S3Credentials::from_env())?;
+    let bytes = uncached.fetch(&valid.source).await?;
+    let cold = uncached.inspect(&valid, &bytes)?;
+    let Some((world, _)) = world_of(&cold.exports) else {
+        bail!("{}: not a Perennial policy", args.plugin);
+    };
+    println!("{} ({world}, {} bytes)", cold.source, cold.size);
+    println!("compile (cold):               {:>9.2} ms", ms(cold.compile_time));
+    off_runtime(move || bench_calls(world, &valid, &bytes, iterations, batch)).await
+}
+
+/// Loads from the disk cache and times calls (on a blocking thread: see [`off_runtime`]).
+fn bench_calls(world: &str, valid: &ValidRef, bytes: &[u8], iterations: u32, batch: usize) -> anyhow::Result<()> {
+    let cache_dir = tempfile::tempdir()?;
+    let cached_host = PolicyHost::new(Some(cache_dir.path().to_path_buf()), None)?;
+    cached_host.inspect(valid, bytes)?;
+    cached_host.clear_memory_cache();
+    let started = Instant::now();
+    load_as(world, &cached_host, valid, bytes)?;
+    println!("load from disk cache + configure: {:>5.3} ms", ms(started.elapsed()));
+
+    let times = match world {
+        "trigger-policy" => {
+            let policy = load::<TriggerKind>(&cached_host, valid, bytes)?;
+            let stats = TriggerStats { pending_train: 501, ..TriggerStats::default() };
+            time_calls(iterations, || policy.decide(&stats).map(drop))?
+        }
+        "splitter-policy" => {
+            let policy = load::<SplitterKind>(&cached_host, valid, bytes)?;
+            let lines: Vec<String> = (0..batch).map(|i| format!("images/{i:08}.jpg,{:>43}", i % 10)).collect();
+            let template = SampleBatch::from_lines(0, &lines)?;
+            let times = time_calls(iterations.min(500), || policy.split(template.clone()).map(drop))?;
+            let per_sample = median(&times).as_secs_f64() / batch as f64;
+            println!("split throughput:             {:>9.2} M samples/s (batch {batch})", 1e-6 / per_sample);
+            times
+        }
+        _ => {
+            let policy = load::<SelectorKind>(&cached_host, valid, bytes)?;
+            let model = |accuracy: f64| ModelInfo {
+                url: "/output/eval/1/index.pkl".into(),
+                format: "pkl".into(),
+                metrics: [("accuracy".to_owned(), accuracy)].into(),
+            };
+            let candidates = [model(0.9), model(0.8)];
+            time_calls(iterations, || policy.select(Some(&model(0.85)), &candidates).map(drop))?
+        }
+    };
+    println!("call: median {:>8.2} µs, p90 {:>8.2} µs", us(median(&times)), us(percentile(&times, 0.9)));
+    Ok(())
+}
+
+fn time_calls(
+    iterations: u32,
+    mut call: impl FnMut() -> Result<(), policy::PolicyError>,
+) -> anyhow::Result<Vec<Duration>> {
+    for _ in 0..iterations.min(50) {
+        call()?;
+    }
+    let mut times = Vec::with_capacity(iterations as usize);
+    for _ in 0..iterations.max(1) {
+        let started = Instant::now();
+        call()?;
+        times.push(started.elapsed());
+    }
+    times.sort();
+    Ok(times)
+}
+
+fn median(sorted: &[Duration]) -> Duration {
+    percentile(sorted, 0.5)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}

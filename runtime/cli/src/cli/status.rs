@@ -1,0 +1,117 @@
+//! `perennial status`: each job's stage, round, samples, deployed model and its metrics, and its
+//! policies, from a run's state dir (it may be running).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use perennial_api::{LifelongLearningJobStatus, Phase};
+use perennial_edge::rounds;
+use perennial_edge::sqlite::Store;
+use perennial_embedded::{progress::metrics, state};
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The state dir of `perennial run`.
+    #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = ".perennial")]
+    state_dir: PathBuf,
+    /// A table, or each job and its whole status as JSON.
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+pub fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let path = args.state_dir.join("control.db");
+    if !path.exists() {
+        anyhow::bail!(
+            "--state-dir {}: no jobs here (no control.db); run `perennial run` first",
+            args.state_dir.display()
+        );
+    }
+    let control = state::open(&args.state_dir)?;
+    let jobs = state::jobs(&control)?;
+    // Why each job waits, as the edge says it now (the status may predate its last look).
+    let edge = args.state_dir.join("edge.db");
+    let waiting = if edge.exists() { rounds::waiting_reasons(&Store::open(&edge)?)? } else { Vec::new() };
+    let mut rows = Vec::new();
+    for (key, stored) in &jobs {
+        let mut status = state::status(&control, key)?;
+        if status.phase == Some(Phase::Waiting)
+            && let Some((_, why)) = waiting.iter().find(|(job, _)| job == key)
+        {
+            status.message = Some(why.clone());
+        }
+        let dataset =
+            format!("{}/{}", key.split_once('/').map_or("default", |(n, _)| n), stored.object.spec.dataset.name);
+        let samples = state::dataset_samples(&control, &dataset)?;
+        rows.push((key.clone(), status, samples));
+    }
+    match args.output {
+        Output::Json => {
+            let all: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(key, status, samples)| serde_json::json!({"job": key, "samples": samples, "status": status}))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&all).context("status as JSON")?);
+        }
+        Output::Table => print_table(&rows),
+    }
+    Ok(())
+}
+
+fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
+    let header = ["JOB", "STAGE", "ROUND", "DONE", "SAMPLES", "DEPLOYED", "METRICS"];
+    let mut table: Vec<[String; 7]> = vec![header.map(String::from)];
+    for (key, s, samples) in rows {
+        let stage = match (s.stage, s.phase) {
+            (Some(stage), Some(phase)) => format!("{stage}/{phase}"),
+            _ => "-".into(),
+        };
+        let (deployed, metrics) = match &s.deployed {
+            Some(m) => (format!("round {}: {}", m.round, m.url), metrics(m.metrics.as_ref())),
+            None => ("-".into(), "-".into()),
+        };
+        table.push([
+            key.clone(),
+            stage,
+            s.round.to_string(),
+            s.rounds_completed.to_string(),
+            samples.map_or("-".into(), |n| n.to_string()),
+            deployed,
+            metrics,
+        ]);
+    }
+    let widths: Vec<usize> =
+        (0..7).map(|c| table.iter().map(|row| row[c].chars().count()).max().unwrap_or(0)).collect();
+    for (i, row) in table.iter().enumerate() {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        println!("{}", line.join("  ").trim_end());
+        if i == 0 {
+            continue;
+        }
+        let s = &rows[i - 1].1;
+        let policies: Vec<String> = s
+            .policies
+            .iter()
+            .map(|(kind, p)| {
+                format!("{kind} {} sha256:{} {:?}", p.plugin, p.digest.get(..12).unwrap_or(&p.digest), p.health)
+            })
+            .collect();
+        if !policies.is_empty() {
+            println!("  policies: {}", policies.join(" · "));
+        }
+        if s.retries > 0 {
+            println!("  retries: {} in a row", s.retries);
+        }
+        if let Some(message) = &s.message {
+            let label = if s.phase == Some(Phase::Waiting) { "waiting" } else { "last" };
+            println!("  {label}: {message}");
+        }
+    }
+}

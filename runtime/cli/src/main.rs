@@ -1,0 +1,30 @@
+//! `perennial`: lifelong learning jobs at the edge.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // Before anything can open a TLS connection (kube, the link, S3 and HTTPS plugin fetches).
+    perennial_tls::install_crypto_provider();
+    let args = cli::Cli::parse();
+    cli::init_tracing(&args);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("perennial: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // One line that says what was wrong; user errors exit with 2.
+            let message = format!("{err:#}");
+            eprintln!("perennial: {}", message.split_whitespace().collect::<Vec<_>>().join(" "));
+            ExitCode::from(2)
+        }
+    }
+}

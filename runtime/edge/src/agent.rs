@@ -1,0 +1,600 @@
+//! The edge agent's job loop: one thread for all jobs, a job woken by a change notification on
+//! its dataset index (the `notify` crate), by a slow stat fallback, and by its trigger's recheck
+//! time. Each turn ingests a batch of what is new, then does what the job's stage asks
+//! (rounds.rs).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use notify::{RecursiveMode, Watcher};
+
+use super::health;
+use super::index_file::IndexFile;
+use super::ingest::IngestError;
+use super::ingest::{FileState, IngestLimits, Split, ingest};
+use super::rounds::RoundError;
+use super::rounds::{self, Clock, Index, Outcome, OutputDir};
+use crate::sqlite::Store;
+use perennial_policy::{
+    Kind, OnError, Policy, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, SplitterPolicy, TracingEvents,
+    TriggerPolicy,
+};
+
+pub use perennial_types::JobConfig;
+
+/// How the loop waits.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopSettings {
+    /// The stat fallback: look at the index at least this often, events or not.
+    pub poll: Duration,
+    pub limits: IngestLimits,
+    pub utc_offset_secs: i32,
+}
+
+impl Default for LoopSettings {
+    fn default() -> Self {
+        LoopSettings { poll: Duration::from_secs(2), limits: IngestLimits::default(), utc_offset_secs: 0 }
+    }
+}
+
+/// A job's loaded policies.
+pub struct JobPolicies {
+    pub splitter: Option<SplitterPolicy>,
+    pub trigger: TriggerPolicy,
+    pub selector: SelectorPolicy,
+    /// The built-in rules failing policies fall back to (`onError: fallback`).
+    pub fallback_trigger: Option<TriggerPolicy>,
+    pub fallback_selector: Option<SelectorPolicy>,
+}
+
+impl JobPolicies {
+    /// Drops the live instances; the next call makes fresh ones (tens of microseconds). An idle
+    /// job then holds compiled code shared with every other job, and no instance memory.
+    pub fn release(&self) {
+        if let Some(splitter) = &self.splitter {
+            splitter.reset();
+        }
+        self.trigger.reset();
+        self.selector.reset();
+        if let Some(trigger) = &self.fallback_trigger {
+            trigger.reset();
+        }
+        if let Some(selector) = &self.fallback_selector {
+            selector.reset();
+        }
+    }
+}
+
+/// Loads a job's policies.
+pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPolicies, perennial_policy::LoadError> {
+    let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: job.name.clone() });
+    let splitter = match &job.splitter {
+        Some(reference) => Some(host.load(reference, events.clone()).await?),
+        None => None,
+    };
+    let fallback_trigger = match &job.fallback_trigger {
+        Some(reference) if job.trigger.on_error == OnError::Fallback => {
+            Some(host.load(reference, events.clone()).await?)
+        }
+        _ => None,
+    };
+    let sedna_selector = PolicyRef::new("builtin:first-select");
+    let fallback_selector =
+        if job.selector.on_error == OnError::Fallback && job.selector.plugin != sedna_selector.plugin {
+            Some(host.load(&sedna_selector, events.clone()).await?)
+        } else {
+            None
+        };
+    Ok(JobPolicies {
+        splitter,
+        trigger: host.load(&job.trigger, events.clone()).await?,
+        selector: host.load(&job.selector, events).await?,
+        fallback_trigger,
+        fallback_selector,
+    })
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Reads a model a worker reported, by URL.
+pub type ModelReader = Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send>;
+
+/// Everything one job needs to run on this node.
+pub struct JobRunner {
+    pub job: JobConfig,
+    pub policies: JobPolicies,
+    /// The job's dataset index (local or S3).
+    pub index: Box<dyn IndexFile + Send>,
+    /// The job's output directory.
+    pub output: opendal::blocking::Operator,
+    /// Reads a model a worker reported (a path or an `s3://` URL), to deploy it.
+    pub read_model: ModelReader,
+    pub settings: LoopSettings,
+}
+
+/// Longest wait between two looks at `stop`.
+const STOP_CHECK: Duration = Duration::from_millis(500);
+
+/// Runs every job on the calling thread until `stop` is set: one thread and one change watcher
+/// for all jobs, so that a hundred idle jobs cost little. A job runs when its index changes,
+/// when its trigger's recheck time or its stat-fallback time comes, and again right away while
+/// it has a backlog (one batch per turn, so that no job holds up the others).
+pub fn run_jobs(
+    store: &Mutex<Store>,
+    jobs: &mut Vec<JobRunner>,
+    stop: &AtomicBool,
+    wakes: Wakes,
+    reported: &dyn Fn(),
+    swapper: Option<&Swapper>,
+) {
+    let Wakes { sender: wake, receiver: woken } = wakes;
+    let mut watch = IndexWatch::new(wake);
+    for (i, runner) in jobs.iter().enumerate() {
+        watch.add(i, runner.index.as_ref());
+    }
+    let mut due = vec![Instant::now(); jobs.len()];
+    let mut missing_said = vec![false; jobs.len()];
+    let mut removed = vec![false; jobs.len()];
+    while !stop.load(Ordering::Relaxed) {
+        for (i, runner) in jobs.iter_mut().enumerate() {
+            if due[i] > Instant::now() || stop.load(Ordering::Relaxed) || removed[i] {
+                continue;
+            }
+            let (recheck, more, report) = turn(store, runner, &mut missing_said[i]);
+            if report {
+                reported();
+            }
+            due[i] = if more { Instant::now() } else { Instant::now() + recheck };
+            if !more {
+                runner.policies.release();
+            }
+        }
+        let next = due
+            .iter()
+            .zip(&removed)
+            .filter(|(_, gone)| !**gone)
+            .map(|(due, _)| *due)
+            .min()
+            .unwrap_or_else(|| Instant::now() + STOP_CHECK);
+        let wait = next.saturating_duration_since(Instant::now()).min(STOP_CHECK);
+        let mut wakes = Vec::new();
+        match woken.recv_timeout(wait) {
+            Ok(wake) => wakes.push(wake),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+        }
+        // Coalesce a burst of events; in order, so that a job added in it can be woken in it.
+        wakes.extend(woken.try_iter());
+        let mut swaps = Vec::new();
+        for wake in wakes {
+            match wake {
+                Wake::Add(runner) => {
+                    // A job from the link: its index is watched like the others'.
+                    watch.add(jobs.len(), runner.index.as_ref());
+                    jobs.push(*runner);
+                    due.push(Instant::now());
+                    missing_said.push(false);
+                    removed.push(false);
+                }
+                Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
+                Wake::Remove(i) if i < due.len() => {
+                    removed[i] = true;
+                    watch.remove(i);
+                }
+                Wake::Swap(i, config) if i < due.len() => swaps.push((i, config)),
+                Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) => {}
+            }
+        }
+        // Between two turns: no call is under way, so no sample is decided by both.
+        for (i, config) in swaps {
+            if let (Some(swapper), Some(runner)) = (swapper, jobs.get_mut(i)) {
+                swap(store, runner, *config, swapper);
+                due[i] = Instant::now();
+            }
+        }
+    }
+}
+
+/// What a hot swap needs: the policy host and a runtime to fetch on.
+pub struct Swapper {
+    pub host: PolicyHost,
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// A swap's outcome: the kind, the plugin, and the digest now serving or why it was rejected.
+type SwapOutcome = (&'static str, String, Result<String, String>);
+
+/// Loads `next` into `slot` if it differs from `current`; the old policy stays if it fails.
+fn swap_in<K: Kind>(
+    swapper: &Swapper,
+    events: &Arc<dyn PolicyEvents>,
+    kind: &'static str,
+    current: &PolicyRef,
+    next: &PolicyRef,
+    slot: &mut Policy<K>,
+) -> Option<SwapOutcome> {
+    if current == next {
+        return None;
+    }
+    let loaded = swapper.runtime.block_on(swapper.host.load::<K>(next, events.clone()));
+    let outcome = loaded
+        .map(|policy| {
+            let digest = policy.info().digest.clone();
+            *slot = policy;
+            digest
+        })
+        .map_err(|err| err.to_string());
+    Some((kind, next.plugin.clone(), outcome))
+}
+
+/// Replaces the job's policies whose reference changed: each new one is fetched, verified,
+/// compiled and configured beside the old one, and replaces it only if all of that succeeded;
+/// otherwise the old one serves on and the rejection is recorded with its reason.
+fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: &Swapper) {
+    let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: runner.job.name.clone() });
+    let job = runner.job.name.clone();
+    let mut outcomes: Vec<SwapOutcome> = Vec::new();
+    outcomes.extend(swap_in(
+        swapper,
+        &events,
+        "trigger",
+        &runner.job.trigger,
+        &next.trigger,
+        &mut runner.policies.trigger,
+    ));
+    outcomes.extend(swap_in(
+        swapper,
+        &events,
+        "selector",
+        &runner.job.selector,
+        &next.selector,
+        &mut runner.policies.selector,
+    ));
+    if runner.job.splitter != next.splitter {
+        let loaded = match &next.splitter {
+            Some(reference) => swapper.runtime.block_on(swapper.host.load(reference, events.clone())).map(Some),
+            None => Ok(None),
+        };
+        let plugin = next.splitter.as_ref().map_or(String::new(), |r| r.plugin.clone());
+        match loaded {
+            Ok(policy) => {
+                let digest = policy.as_ref().map_or(String::new(), |p| p.info().digest.clone());
+                runner.policies.splitter = policy;
+                outcomes.push(("splitter", plugin, Ok(digest)));
+            }
+            Err(err) => outcomes.push(("splitter", plugin, Err(err.to_string()))),
+        }
+    }
+    if runner.job.fallback_trigger != next.fallback_trigger {
+        runner.policies.fallback_trigger = match &next.fallback_trigger {
+            Some(reference) if next.trigger.on_error == OnError::Fallback => {
+                swapper.runtime.block_on(swapper.host.load(reference, events.clone())).ok()
+            }
+            _ => None,
+        };
+        runner.job.fallback_trigger = next.fallback_trigger.clone();
+    }
+    // Sedna reads trainProb live; so does the split (the fallback rule included). The eval set's
+    // size applies from the next eval set on.
+    runner.job.spec.train_prob = next.spec.train_prob;
+    runner.job.spec.eval_set_size = next.spec.eval_set_size;
+    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for (kind, plugin, outcome) in outcomes {
+        let recorded = match &outcome {
+            Ok(digest) => {
+                tracing::info!(job, "the {kind} policy is now {plugin} (sha256 {digest})");
+                match kind {
+                    "trigger" => runner.job.trigger = next.trigger.clone(),
+                    "selector" => runner.job.selector = next.selector.clone(),
+                    _ => runner.job.splitter = next.splitter.clone(),
+                }
+                health::swapped(&mut store, &job, kind, &plugin, digest, now())
+            }
+            Err(why) => {
+                tracing::warn!(job, "the new {kind} policy {plugin} was rejected, the previous one serves on: {why}");
+                health::rejected(&mut store, &job, kind, &format!("{plugin}: {why}"), now())
+            }
+        };
+        if let Err(err) = recorded {
+            tracing::warn!(job, "recording the {kind} policy swap: {err}");
+        }
+    }
+    runner.policies.release();
+}
+
+/// What wakes the loop, for a job given by its index in the list given to [`run_jobs`] (jobs
+/// added later take the next indexes, in the order they were sent).
+pub enum Wake {
+    /// Look at the job now: its index file changed, or the control plane moved its stage.
+    Job(usize),
+    /// The job was deleted: never run it again.
+    Remove(usize),
+    /// The job's policy references changed: swap them in between two turns.
+    Swap(usize, Box<JobConfig>),
+    /// A job that came to this node (the cloud link's desired state): run it too.
+    Add(Box<JobRunner>),
+}
+
+/// The loop's wake-up channel.
+pub struct Wakes {
+    sender: mpsc::Sender<Wake>,
+    receiver: mpsc::Receiver<Wake>,
+}
+
+impl Wakes {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
+        let (sender, receiver) = mpsc::channel();
+        Wakes { sender, receiver }
+    }
+
+    pub fn sender(&self) -> mpsc::Sender<Wake> {
+        self.sender.clone()
+    }
+}
+
+/// One turn of a job: ingest one batch, then the edge's step for the job's stage. Returns when
+/// to come back, whether a backlog remains, and whether a report was queued.
+fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -> (Duration, bool, bool) {
+    let JobRunner { job, policies, index, output, read_model, settings } = runner;
+    let mut recheck = settings.poll;
+    let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
+    let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
+    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob };
+    let mut more = false;
+    match ingest(&mut store, &job.name, index.as_mut(), csv, &split, limits) {
+        Ok(done) => {
+            more = done.batches > 0;
+            match (&done.state, *missing_said) {
+                (FileState::Missing, false) => {
+                    tracing::warn!(job = job.name, "waiting for the dataset index {}", index.name());
+                    *missing_said = true;
+                }
+                (FileState::Present, _) => *missing_said = false,
+                _ => {}
+            }
+            for refused in &done.refused {
+                tracing::warn!(job = job.name, "refused: {refused}");
+            }
+            if let Some(why) = &done.restarted {
+                tracing::warn!(job = job.name, "{why}");
+            }
+            if let Some(err) = &done.fell_back {
+                tracing::warn!(job = job.name, "splitter failed, Sedna's rule decided: {err}");
+            }
+            if policies.splitter.is_some() && done.batches > 0 {
+                let failure = done.fell_back.as_ref().map(|err| format!("{err}; Sedna's trainProb rule decided"));
+                note(&mut store, &job.name, "splitter", failure.as_deref());
+            }
+        }
+        Err(IngestError::Held(err)) => {
+            tracing::error!(job = job.name, "splitter failed, the job holds (onError: hold): {err}");
+            note(&mut store, &job.name, "splitter", Some(&format!("{err}; the job holds (onError: hold)")));
+        }
+        Err(err) => tracing::error!(job = job.name, "ingest: {err}"),
+    }
+    let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
+    let mut index = Index { file: index.as_mut(), csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
+    let out = OutputDir { url: &job.spec.output_dir, op: output };
+    let outcome = match stage(&store, &job.name).as_ref().map(|(s, p)| (s.as_str(), p.as_str())) {
+        Some(("Train", "Waiting")) => {
+            let outcome = rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock);
+            with_fallback(
+                &mut store,
+                &job.name,
+                "trigger",
+                outcome,
+                policies.fallback_trigger.as_ref(),
+                |store, trigger| rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock),
+            )
+        }
+        Some(("Eval", "Waiting")) => {
+            rounds::eval_waiting(&mut store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
+        }
+        Some(("Deploy", "Waiting")) => {
+            let outcome =
+                rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock);
+            with_fallback(
+                &mut store,
+                &job.name,
+                "selector",
+                outcome,
+                policies.fallback_selector.as_ref(),
+                |store, selector| rounds::deploy_waiting(store, &job.name, &out, read_model.as_ref(), selector, clock),
+            )
+        }
+        _ => Ok(Outcome::NotDue { reason: "no edge step in this stage".into() }),
+    };
+    let why = match &outcome {
+        Ok(Outcome::Reported(_)) => Some(None),
+        Ok(Outcome::Waiting { reason, .. }) => Some(Some(reason.clone())),
+        Err(err) => Some(Some(err.to_string())),
+        Ok(Outcome::NotDue { .. }) => None,
+    };
+    if let Some(why) = why
+        && let Err(err) = rounds::set_waiting(&mut store, &job.name, why.as_deref())
+    {
+        tracing::warn!(job = job.name, "recording why the job waits: {err}");
+    }
+    let mut reported = false;
+    match outcome {
+        Ok(Outcome::Reported(report)) => {
+            tracing::info!(job = job.name, round = report.round, "{} {}", report.phase, report.status);
+            reported = true;
+        }
+        Ok(Outcome::Waiting { recheck_after_secs: Some(secs), .. }) => {
+            // At least a second: a trigger that asks for 0 must not spin the loop.
+            recheck = recheck.min(Duration::from_secs(secs.max(1)));
+        }
+        Ok(Outcome::Waiting { .. } | Outcome::NotDue { .. }) => {}
+        Err(err) => tracing::error!(job = job.name, "{err}"),
+    }
+    (recheck, more, reported)
+}
+
+/// Notes a policy's health; a failure to note it is only logged.
+fn note(store: &mut Store, job: &str, kind: &str, failure: Option<&str>) {
+    if let Err(err) = health::record(store, job, kind, failure, now()) {
+        tracing::warn!(job, "recording the {kind} policy's health: {err}");
+    }
+}
+
+/// Notes how the job's `kind` policy did; when it failed and a built-in rule stands in for it
+/// (`onError: fallback`), the step is done again with that rule (nothing was written before the
+/// policy's answer). Without one, the job holds, and says why.
+fn with_fallback<P>(
+    store: &mut Store,
+    job: &str,
+    kind: &'static str,
+    outcome: Result<Outcome, RoundError>,
+    fallback: Option<&P>,
+    again: impl FnOnce(&mut Store, &P) -> Result<Outcome, RoundError>,
+) -> Result<Outcome, RoundError> {
+    match outcome {
+        Err(RoundError::Policy { kind: failed, error }) if failed == kind => match fallback {
+            Some(rule) => {
+                note(store, job, kind, Some(&format!("{error}; Sedna's rule decided")));
+                tracing::warn!(job, "the {kind} policy failed, Sedna's rule decides: {error}");
+                again(store, rule)
+            }
+            None => {
+                note(store, job, kind, Some(&format!("{error}; the job holds")));
+                Err(RoundError::Policy { kind: failed, error })
+            }
+        },
+        Ok(outcome) => {
+            if !matches!(outcome, Outcome::NotDue { .. }) {
+                note(store, job, kind, None);
+            }
+            Ok(outcome)
+        }
+        other => other,
+    }
+}
+
+fn stage(store: &Store, job: &str) -> Option<(String, String)> {
+    store.conn().query_row("SELECT stage, phase FROM jobs WHERE name = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?))).ok()
+}
+
+/// The change watcher of the local indexes: one for the folders of all of them, made when the
+/// first local index comes (a node with none has no watcher), following the jobs that come and
+/// go (the link's desired state). An event on an index wakes its job.
+struct IndexWatch {
+    wake: mpsc::Sender<Wake>,
+    watcher: Option<notify::RecommendedWatcher>,
+    /// The watched jobs' indexes, by the job's place in the loop (shared with the watcher).
+    indexes: Arc<Mutex<Vec<(usize, PathBuf)>>>,
+    /// How many watched indexes each watched folder holds.
+    folders: HashMap<PathBuf, usize>,
+}
+
+impl IndexWatch {
+    fn new(wake: mpsc::Sender<Wake>) -> Self {
+        IndexWatch { wake, watcher: None, indexes: Arc::default(), folders: HashMap::new() }
+    }
+
+    /// Watches job `job`'s index from now on, if it is a local file (S3 is polled).
+    fn add(&mut self, job: usize, index: &dyn IndexFile) {
+        let Some(path) = index.local_path() else { return };
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).push((job, path.to_owned()));
+        let folder = folder_of(path);
+        let count = self.folders.entry(folder.clone()).or_insert(0);
+        *count += 1;
+        if *count > 1 {
+            return;
+        }
+        if self.watcher.is_none() {
+            self.watcher = self.make_watcher();
+        }
+        if let Some(watcher) = &mut self.watcher
+            && let Err(err) = watcher.watch(&folder, RecursiveMode::NonRecursive)
+        {
+            // The stat fallback still sees the file grow.
+            tracing::warn!("cannot watch {}: {err}; polling it instead", folder.display());
+        }
+    }
+
+    /// Stops watching job `job`'s index, and its folder when no other index is in it.
+    fn remove(&mut self, job: usize) {
+        let gone: Vec<PathBuf> = {
+            let mut indexes = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+            let (gone, kept) = std::mem::take(&mut *indexes).into_iter().partition(|(i, _)| *i == job);
+            *indexes = kept;
+            gone.into_iter().map(|(_, path)| path).collect()
+        };
+        for path in gone {
+            let folder = folder_of(&path);
+            let Some(count) = self.folders.get_mut(&folder) else { continue };
+            *count -= 1;
+            if *count == 0 {
+                self.folders.remove(&folder);
+                if let Some(watcher) = &mut self.watcher {
+                    let _ = watcher.unwatch(&folder);
+                }
+            }
+        }
+    }
+
+    fn make_watcher(&self) -> Option<notify::RecommendedWatcher> {
+        let (indexes, wake) = (self.indexes.clone(), self.wake.clone());
+        let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let Ok(event) = event else { return };
+            for (job, index) in indexes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                if event.paths.iter().any(|path| {
+                    path == index || path.file_name() == index.file_name() && path.parent() == index.parent()
+                }) {
+                    let _ = wake.send(Wake::Job(*job));
+                }
+            }
+        });
+        match made {
+            Ok(watcher) => Some(watcher),
+            Err(err) => {
+                tracing::warn!("no change notification ({err}): the indexes are polled");
+                None
+            }
+        }
+    }
+}
+
+fn folder_of(index: &Path) -> PathBuf {
+    index.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned()
+}
+
+/// Largest model the agent copies when deploying.
+pub const MAX_MODEL_BYTES: u64 = 4 << 30;
+
+/// Reads a reported model through OpenDAL (a path or `s3://`), from a thread outside the async
+/// runtime. A local model must resolve, symlinks followed, inside one of `roots` (the job's
+/// output directory and dataset folder): a worker cannot make the agent deploy any other file.
+pub fn model_reader(
+    runtime: tokio::runtime::Handle,
+    s3: Option<perennial_storage::S3Credentials>,
+    roots: Vec<String>,
+) -> ModelReader {
+    Box::new(move |url: &str| {
+        if !url.contains("://") {
+            let real = std::fs::canonicalize(url).map_err(|err| format!("{url}: {err}"))?;
+            let inside = roots
+                .iter()
+                .filter(|root| !root.is_empty() && !root.contains("://"))
+                .filter_map(|root| std::fs::canonicalize(root).ok())
+                .any(|root| real.starts_with(root));
+            if !inside {
+                return Err(format!("{url} resolves to {}, outside the job's output and dataset", real.display()));
+            }
+        }
+        // Bounded by the one mechanism every read uses: a regular file (never a FIFO), the size
+        // checked before reading, a time limit; S3 models alike.
+        let limit =
+            perennial_storage::ReadLimit { max_bytes: MAX_MODEL_BYTES, ..perennial_storage::ReadLimit::DEFAULT };
+        runtime.block_on(perennial_storage::read_limited(url, s3.as_ref(), limit)).map_err(|err| err.to_string())
+    })
+}

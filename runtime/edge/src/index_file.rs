@@ -1,0 +1,140 @@
+//! Reading a dataset index that grows: its size and identity, and byte ranges of it.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// What a look at the index file found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileStat {
+    pub len: u64,
+    /// Changes when the file is replaced (a new inode), even at the same path.
+    pub id: String,
+}
+
+/// An index file that can be looked at and read from an offset.
+pub trait IndexFile {
+    /// `None` when the file does not exist (yet).
+    fn stat(&mut self) -> std::io::Result<Option<FileStat>>;
+    /// Up to `max` bytes from `offset`.
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>>;
+    /// Like `read_at`, from the same file as `expected` describes, or an error.
+    fn read_at_checked(&mut self, offset: u64, max: usize, _expected: &FileStat) -> std::io::Result<Vec<u8>> {
+        self.read_at(offset, max)
+    }
+    /// How to name the file in messages.
+    fn name(&self) -> String;
+    /// The file's path, if it is on this node's filesystem (then a change notification can
+    /// wake its job).
+    fn local_path(&self) -> Option<&Path> {
+        None
+    }
+}
+
+/// An index file on the node's filesystem.
+pub struct LocalFile {
+    pub path: PathBuf,
+}
+
+impl LocalFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        LocalFile { path: path.into() }
+    }
+}
+
+impl IndexFile for LocalFile {
+    fn stat(&mut self) -> std::io::Result<Option<FileStat>> {
+        match std::fs::metadata(&self.path) {
+            Ok(meta) => Ok(Some(FileStat { len: meta.len(), id: file_id(&meta) })),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+        read_from(std::fs::File::open(&self.path)?, offset, max)
+    }
+
+    fn read_at_checked(&mut self, offset: u64, max: usize, expected: &FileStat) -> std::io::Result<Vec<u8>> {
+        // The file that is read must be the file that was looked at: a rename in between
+        // would commit the new file's bytes under the old one's identity.
+        let file = std::fs::File::open(&self.path)?;
+        if file_id(&file.metadata()?) != expected.id {
+            return Err(std::io::Error::other("the index was replaced while it was being read"));
+        }
+        read_from(file, offset, max)
+    }
+
+    fn name(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn local_path(&self) -> Option<&Path> {
+        Some(&self.path)
+    }
+}
+
+fn read_from(mut file: std::fs::File, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+    file.seek(SeekFrom::Start(offset))?;
+    let mut buf = Vec::with_capacity(max.min(1 << 24));
+    file.take(max as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(unix)]
+fn file_id(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!("{}:{}", meta.dev(), meta.ino())
+}
+
+#[cfg(not(unix))]
+fn file_id(meta: &std::fs::Metadata) -> String {
+    format!("{:?}", meta.created().ok())
+}
+
+/// An index object on S3, read by ranged GETs from the last offset. S3 replaces an object
+/// whole on every write, so its identity cannot tell an append from a replacement: only a
+/// shrink is detected.
+pub struct S3Index {
+    pub op: opendal::blocking::Operator,
+    /// The key inside the operator's bucket.
+    pub key: String,
+    /// `s3://bucket/key`, for messages.
+    pub url: String,
+}
+
+impl S3Index {
+    /// Opens `s3://bucket/key` with `s3`'s credentials. Call within a tokio runtime context.
+    pub fn open(
+        url: &str,
+        s3: Option<&perennial_storage::S3Credentials>,
+    ) -> Result<Self, perennial_storage::StorageError> {
+        let (op, key) = perennial_storage::locate(url, s3)?;
+        let op = opendal::blocking::Operator::new(op)
+            .map_err(|source| perennial_storage::StorageError::Io { url: url.to_owned(), source })?;
+        Ok(S3Index { op, key, url: url.to_owned() })
+    }
+}
+
+impl IndexFile for S3Index {
+    fn stat(&mut self) -> std::io::Result<Option<FileStat>> {
+        match self.op.stat(&self.key) {
+            Ok(meta) => Ok(Some(FileStat { len: meta.content_length(), id: "s3".into() })),
+            Err(err) if err.kind() == opendal::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(std::io::Error::other(err)),
+        }
+    }
+
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+        let options =
+            opendal::options::ReadOptions { range: (offset..offset + max as u64).into(), ..Default::default() };
+        match self.op.read_options(&self.key, options) {
+            Ok(buffer) => Ok(buffer.to_vec()),
+            Err(err) if err.kind() == opendal::ErrorKind::RangeNotSatisfied => Ok(Vec::new()),
+            Err(err) => Err(std::io::Error::other(err)),
+        }
+    }
+
+    fn name(&self) -> String {
+        self.url.clone()
+    }
+}

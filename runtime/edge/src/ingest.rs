@@ -1,0 +1,252 @@
+//! Ingest: new complete lines of a job's dataset index go through the job's splitter, one batch
+//! at a time, and each batch's assignments are committed with the new cursor in one SQLite
+//! transaction. A restart resumes from the committed cursor: no sample is split twice or
+//! skipped.
+//!
+//! Shrunk or replaced index (one rule): when the file is shorter than what was consumed, or is
+//! another file at the same path, the job forgets the batches read from the old file (their
+//! byte ranges no longer hold those lines), reads the new file from its beginning, and says so.
+//! Sequence numbers go on counting, so no two samples share one.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::index_file::{FileStat, IndexFile};
+use super::lines::{self, Cursor};
+use crate::sqlite::Store;
+use perennial_policy::{Assignments, OnError, PolicyError, SampleBatch, SplitterPolicy};
+
+/// Bounds on what is held in memory at once.
+#[derive(Clone, Copy, Debug)]
+pub struct IngestLimits {
+    /// Longest line accepted, in bytes (default 1 MiB).
+    pub max_line: usize,
+    /// Bytes read and split per batch (default 4 MiB).
+    pub batch_bytes: usize,
+    /// Batches committed per call before returning (default: all there are), so that the caller
+    /// can ask the trigger after each one.
+    pub batches_per_call: u32,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        IngestLimits { max_line: 1 << 20, batch_bytes: 4 << 20, batches_per_call: u32::MAX }
+    }
+}
+
+/// What the file looked like.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileState {
+    /// The index does not exist yet: the job waits for it.
+    Missing,
+    Present,
+}
+
+/// What one ingest pass did.
+#[derive(Debug, PartialEq)]
+pub struct Ingested {
+    pub state: FileState,
+    /// New samples committed.
+    pub samples: u64,
+    pub batches: u32,
+    /// Lines refused, each naming the file and line.
+    pub refused: Vec<String>,
+    /// Set when the index shrank or was replaced and reading started over.
+    pub restarted: Option<String>,
+    /// Set when the splitter failed and the built-in rule decided instead.
+    pub fell_back: Option<PolicyError>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("reading {file}: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("job {0} is not known to the edge store")]
+    UnknownJob(String),
+    #[error("the job's splitter failed and its onError is hold: {0}")]
+    Held(PolicyError),
+    #[error(transparent)]
+    Store(#[from] rusqlite::Error),
+}
+
+/// How a job splits: its policy (`None`: Sedna's rule computed natively), and the `trainProb`
+/// of that rule, which is also the fallback when the policy fails.
+pub struct Split<'a> {
+    pub policy: Option<&'a SplitterPolicy>,
+    pub train_prob: f64,
+}
+
+/// The job's committed reading position in its index.
+struct JobFile {
+    cursor: Cursor,
+    file_id: Option<String>,
+    batches: i64,
+}
+
+fn load(store: &Store, job: &str) -> Result<JobFile, IngestError> {
+    store
+        .conn()
+        .query_row(
+            "SELECT cursor_offset, cursor_lines, cursor_samples, cursor_skipping, file_id, batches FROM jobs WHERE name = ?1",
+            [job],
+            |row| {
+                Ok(JobFile {
+                    cursor: Cursor {
+                        offset: row.get::<_, i64>(0)? as u64,
+                        lines: row.get::<_, i64>(1)? as u64,
+                        samples: row.get::<_, i64>(2)? as u64,
+                        skipping_from: row.get::<_, Option<i64>>(3)?.map(|v| v as u64),
+                    },
+                    file_id: row.get(4)?,
+                    batches: row.get(5)?,
+                })
+            },
+        )
+        .optional()?
+        .ok_or_else(|| IngestError::UnknownJob(job.to_owned()))
+}
+
+/// Reads and commits everything new in the job's index.
+pub fn ingest(
+    store: &mut Store,
+    job: &str,
+    file: &mut dyn IndexFile,
+    csv: bool,
+    split: &Split<'_>,
+    limits: IngestLimits,
+) -> Result<Ingested, IngestError> {
+    let name = file.name();
+    let read_error = |source| IngestError::Read { file: name.clone(), source };
+    let mut out = Ingested {
+        state: FileState::Present,
+        samples: 0,
+        batches: 0,
+        refused: Vec::new(),
+        restarted: None,
+        fell_back: None,
+    };
+    let mut state = load(store, job)?;
+    loop {
+        let Some(stat) = file.stat().map_err(read_error)? else {
+            out.state = FileState::Missing;
+            return Ok(out);
+        };
+        if let Some(reason) = replaced(&state, &stat) {
+            restart(store, job, &stat)?;
+            out.restarted = Some(format!("{name}: {reason}; reading it again from the start"));
+            state = load(store, job)?;
+        } else if state.file_id.is_none() {
+            store.conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
+            state.file_id = Some(stat.id.clone());
+        }
+        if state.cursor.offset >= stat.len {
+            return Ok(out);
+        }
+        let want = (stat.len - state.cursor.offset).min(limits.batch_bytes.max(limits.max_line + 2) as u64);
+        let buf = file.read_at_checked(state.cursor.offset, want as usize, &stat).map_err(read_error)?;
+        let scan = lines::scan(&buf, state.cursor, limits.max_line, csv);
+        if scan.cursor == state.cursor {
+            return Ok(out); // only a partial line so far
+        }
+        out.refused.extend(scan.refused.iter().map(|refused| format!("{name}: {refused}")));
+        let n = scan.samples.len();
+        let assignments = match split.policy {
+            _ if n == 0 => Assignments::sedna_ratio(0.0, 0, 0),
+            None => Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n),
+            Some(policy) => {
+                let mut batch = SampleBatch::with_capacity(scan.samples[0].seq, n, buf.len());
+                for line in &scan.samples {
+                    batch.push(line.text).expect("a batch is at most batch_bytes long");
+                }
+                match policy.split(batch) {
+                    Ok(assignments) => assignments,
+                    Err(err) if policy.info().on_error == OnError::Fallback => {
+                        out.fell_back = Some(err);
+                        Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n)
+                    }
+                    Err(err) => return Err(IngestError::Held(err)),
+                }
+            }
+        };
+        let (train, eval, _) = assignments.counts();
+        let tx = store.write()?;
+        if let (Some(first), Some(last)) = (scan.samples.first(), scan.samples.last()) {
+            tx.execute(
+                "INSERT INTO batches (job, batch, first_seq, start, end, assignments, train_count, eval_count, checksum)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    job,
+                    state.batches + 1,
+                    first.seq as i64,
+                    first.start as i64,
+                    last.end as i64,
+                    assignments.as_bytes(),
+                    train as i64,
+                    eval as i64,
+                    batch_checksum(&buf[(first.start - state.cursor.offset) as usize..(last.end - state.cursor.offset) as usize])
+                ],
+            )?;
+            state.batches += 1;
+            out.batches += 1;
+            out.samples += scan.samples.len() as u64;
+        }
+        if let Some(header) = scan.header {
+            tx.execute("UPDATE jobs SET header = ?2 WHERE name = ?1", params![job, header])?;
+        }
+        tx.execute(
+            "UPDATE jobs SET cursor_offset = ?2, cursor_lines = ?3, cursor_samples = ?4, cursor_skipping = ?5,
+                 file_len = ?6, refused = refused + ?7, batches = ?8 WHERE name = ?1",
+            params![
+                job,
+                scan.cursor.offset as i64,
+                scan.cursor.lines as i64,
+                scan.cursor.samples as i64,
+                scan.cursor.skipping_from.map(|v| v as i64),
+                stat.len as i64,
+                scan.refused.len() as i64,
+                state.batches,
+            ],
+        )?;
+        // The dataset's count: the furthest any of its jobs has read.
+        tx.execute(
+            "INSERT INTO dataset_status (dataset, samples)
+             SELECT json_extract(spec, '$.dataset'), ?2 FROM jobs
+             WHERE name = ?1 AND COALESCE(json_extract(spec, '$.dataset'), '') != ''
+             ON CONFLICT (dataset) DO UPDATE SET samples = excluded.samples, reported = 0
+             WHERE excluded.samples > dataset_status.samples",
+            params![job, scan.cursor.samples as i64],
+        )?;
+        tx.commit()?;
+        state.cursor = scan.cursor;
+        if out.batches >= limits.batches_per_call {
+            return Ok(out);
+        }
+    }
+}
+
+/// The checksum of a batch's bytes, checked when round files read them back.
+pub fn batch_checksum(bytes: &[u8]) -> Vec<u8> {
+    xxhash_rust::xxh3::xxh3_128(bytes).to_le_bytes().to_vec()
+}
+
+/// Why the file is not the one the cursor points into, if it is not.
+fn replaced(state: &JobFile, stat: &FileStat) -> Option<String> {
+    match &state.file_id {
+        Some(id) if *id != stat.id => Some("the index was replaced by another file".into()),
+        _ if stat.len < state.cursor.offset => {
+            Some(format!("the index shrank from {} to {} bytes", state.cursor.offset, stat.len))
+        }
+        _ => None,
+    }
+}
+
+/// The shrunk-or-replaced rule, in one transaction.
+fn restart(store: &mut Store, job: &str, stat: &FileStat) -> Result<(), rusqlite::Error> {
+    let tx = store.write()?;
+    tx.execute("DELETE FROM batches WHERE job = ?1", [job])?;
+    tx.execute(
+        "UPDATE jobs SET cursor_offset = 0, cursor_lines = 0, cursor_skipping = NULL, header = NULL,
+             file_id = ?2, file_len = ?3 WHERE name = ?1",
+        params![job, stat.id, stat.len as i64],
+    )?;
+    tx.commit()
+}

@@ -1,0 +1,584 @@
+//! What the edge does in each Waiting stage of a job's round:
+//!
+//! - Train/Waiting: ask the trigger; when it fires, write the round's train samples to
+//!   `<outputDir>/data/train/<round>/data.{txt,csv}` and report Train Ready.
+//! - Eval/Waiting: with the train result at hand, write the rolling eval set (the job's most
+//!   recent eval samples, `evalSetSize` of them, each once, in dataset order) to
+//!   `data/eval/<round>/` and report Eval Ready with the trained models; without it, wait and
+//!   say so.
+//! - Deploy/Waiting: ask the selector; copy the chosen model to `deploy/index.pkl` and report
+//!   Deploy Ready, or report Deploy Completed with the selector's reason, or Deploy Failed with
+//!   the cause of a failed copy.
+//!
+//! Files are written before the transaction that records them: a crash in between rewrites the
+//! same file on restart, and a reader never sees a half-written one. Each step happens once per
+//! round (`acted`), so a repeated stage notice does not report twice.
+
+use opendal::blocking::Operator;
+use rusqlite::{OptionalExtension, params};
+
+use super::index_file::IndexFile;
+use super::lines::{self, Cursor};
+use super::report::{self, Input, Model, Report};
+use crate::sqlite::Store;
+use perennial_policy::{Metrics, ModelInfo, PolicyError, SelectorPolicy, TriggerPolicy, TriggerStats};
+
+/// The job's dataset index, to read sample lines back from.
+pub struct Index<'a> {
+    pub file: &'a mut dyn IndexFile,
+    pub csv: bool,
+    /// The dataset's `spec.url`.
+    pub url: &'a str,
+    pub max_line: usize,
+}
+
+/// The job's output directory.
+pub struct OutputDir<'a> {
+    /// `spec.outputDir` as the job gives it (a path or `s3://bucket/prefix`).
+    pub url: &'a str,
+    pub op: &'a Operator,
+}
+
+/// Wall clock and the node's offset from UTC.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    pub now: u64,
+    pub utc_offset_secs: i32,
+}
+
+/// What a step did.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    /// Nothing to report yet, and why; the trigger may ask to be asked again after a while.
+    Waiting { reason: String, recheck_after_secs: Option<u64> },
+    /// A report was committed to the outbox.
+    Reported(Box<Report>),
+    /// Nothing for the edge to do in this stage or round (another stage, or this step already
+    /// done); no policy was asked.
+    NotDue { reason: String },
+}
+
+impl Outcome {
+    fn wait(reason: impl Into<String>) -> Outcome {
+        Outcome::Waiting { reason: reason.into(), recheck_after_secs: None }
+    }
+
+    fn not_due(reason: impl Into<String>) -> Outcome {
+        Outcome::NotDue { reason: reason.into() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    #[error("job {0} is not known to the edge store")]
+    UnknownJob(String),
+    #[error("the job's {kind} policy failed: {error}")]
+    Policy { kind: &'static str, error: PolicyError },
+    #[error("reading the dataset index {file}: {message}")]
+    Index { file: String, message: String },
+    #[error("writing {path}: {source}")]
+    Write { path: String, source: opendal::Error },
+    #[error(transparent)]
+    Store(#[from] rusqlite::Error),
+}
+
+struct JobRow {
+    uid: String,
+    round: i64,
+    stage: String,
+    phase: String,
+    acted: Option<String>,
+    round_started_at: Option<i64>,
+    samples: i64,
+    header: Option<String>,
+    deployed: Option<String>,
+}
+
+fn job_row(store: &Store, job: &str) -> Result<JobRow, RoundError> {
+    store
+        .conn()
+        .query_row(
+            "SELECT uid, round, stage, phase, acted, round_started_at, cursor_samples, header, deployed
+             FROM jobs WHERE name = ?1",
+            [job],
+            |row| {
+                Ok(JobRow {
+                    uid: row.get(0)?,
+                    round: row.get(1)?,
+                    stage: row.get(2)?,
+                    phase: row.get(3)?,
+                    acted: row.get(4)?,
+                    round_started_at: row.get(5)?,
+                    samples: row.get(6)?,
+                    header: row.get(7)?,
+                    deployed: row.get(8)?,
+                })
+            },
+        )
+        .optional()?
+        .ok_or_else(|| RoundError::UnknownJob(job.to_owned()))
+}
+
+/// The job and the round to act on, if it waits in `stage` and the edge has not yet done that
+/// stage's step for the round (Train acts for the next round); otherwise why it waits.
+fn due(store: &Store, job: &str, stage: &str) -> Result<Result<(JobRow, i64), Outcome>, RoundError> {
+    let row = job_row(store, job)?;
+    let round = if stage == "Train" { row.round + 1 } else { row.round };
+    if (row.stage.as_str(), row.phase.as_str()) != (stage, "Waiting") {
+        return Ok(Err(Outcome::not_due(format!("the job is in {}/{}, not {stage}/Waiting", row.stage, row.phase))));
+    }
+    if row.acted.as_deref() == Some(&format!("{round}/{stage}")) {
+        return Ok(Err(Outcome::not_due(format!("the {stage} step of round {round} was already done"))));
+    }
+    Ok(Ok((row, round)))
+}
+
+/// Records the stage the control plane says the job is in.
+pub fn set_stage(store: &mut Store, job: &str, stage: &str, phase: &str) -> Result<(), rusqlite::Error> {
+    store.conn().execute("UPDATE jobs SET stage = ?2, phase = ?3 WHERE name = ?1", params![job, stage, phase])?;
+    Ok(())
+}
+
+/// Applies the control plane's word that the job waits in `stage` for `round`'s step (Train:
+/// `round` is the last round, done or failed; the edge starts `round + 1`). A notice older than
+/// what the edge already did is ignored, so that a resent notice never makes the edge step back.
+/// When `failed`, the failed round's train samples return to the pending ones, for the next
+/// round. Returns whether the notice was applied.
+pub fn apply_notice(
+    store: &mut Store,
+    job: &str,
+    stage: &str,
+    round: i64,
+    failed: bool,
+) -> Result<bool, rusqlite::Error> {
+    let tx = store.write()?;
+    let applied = apply_notice_in(&tx, job, stage, round, failed)?;
+    tx.commit()?;
+    Ok(applied)
+}
+
+/// [`apply_notice`] inside the caller's transaction.
+pub fn apply_notice_in(
+    tx: &rusqlite::Transaction<'_>,
+    job: &str,
+    stage: &str,
+    round: i64,
+    failed: bool,
+) -> Result<bool, rusqlite::Error> {
+    let edge_round: Option<i64> =
+        tx.query_row("SELECT round FROM jobs WHERE name = ?1", [job], |r| r.get(0)).optional()?;
+    let Some(edge_round) = edge_round else { return Ok(false) };
+    // The edge may be ahead (it started the next round and its report is on the way), never behind.
+    if round < edge_round {
+        return Ok(false);
+    }
+    if failed && stage == "Train" {
+        tx.execute("UPDATE batches SET train_round = NULL WHERE job = ?1 AND train_round = ?2", params![job, round])?;
+    }
+    tx.execute(
+        "UPDATE jobs SET stage = ?2, phase = 'Waiting', round = MAX(round, ?3) WHERE name = ?1",
+        params![job, stage, round],
+    )?;
+    Ok(true)
+}
+
+/// Records why the job waits on the edge (`None`: it does not); writes only a change.
+pub fn set_waiting(store: &mut Store, job: &str, why: Option<&str>) -> Result<(), rusqlite::Error> {
+    store.conn().execute("UPDATE jobs SET waiting = ?2 WHERE name = ?1 AND waiting IS NOT ?2", params![job, why])?;
+    Ok(())
+}
+
+/// Why each job waits on the edge, for the jobs that do.
+pub fn waiting_reasons(store: &Store) -> Result<Vec<(String, String)>, rusqlite::Error> {
+    let mut statement = store.conn().prepare_cached("SELECT name, waiting FROM jobs WHERE waiting IS NOT NULL")?;
+    let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
+/// Records a worker's result for a round and stage (`train` or `eval`); a repeat replaces it.
+pub fn record_result(
+    tx: &rusqlite::Transaction<'_>,
+    job: &str,
+    round: i64,
+    stage: &str,
+    models: &[Model],
+) -> Result<(), rusqlite::Error> {
+    let body = serde_json::to_string(models).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    tx.execute(
+        "INSERT INTO results (job, round, stage, body) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (job, round, stage) DO UPDATE SET body = excluded.body",
+        params![job, round, stage, body],
+    )?;
+    Ok(())
+}
+
+fn result(store: &Store, job: &str, round: i64, stage: &str) -> Result<Option<Vec<Model>>, rusqlite::Error> {
+    let body: Option<String> = store
+        .conn()
+        .query_row(
+            "SELECT body FROM results WHERE job = ?1 AND round = ?2 AND stage = ?3",
+            params![job, round, stage],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(body.and_then(|body| serde_json::from_str(&body).ok()))
+}
+
+/// The trigger's view of the job.
+pub fn trigger_stats(store: &Store, job: &str, clock: Clock) -> Result<TriggerStats, RoundError> {
+    let row = job_row(store, job)?;
+    let (train, eval): (i64, i64) = store.conn().query_row(
+        "SELECT COALESCE(SUM(train_count), 0), COALESCE(SUM(eval_count), 0) FROM batches
+         WHERE job = ?1 AND train_round IS NULL",
+        [job],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
+    Ok(TriggerStats {
+        pending_train: train as u64,
+        pending_eval: eval as u64,
+        total_samples: row.samples as u64,
+        rounds_completed: u32::try_from(row.round).unwrap_or(u32::MAX),
+        seconds_since_last_round: row.round_started_at.map(|t| clock.now.saturating_sub(t as u64)),
+        wall_clock_secs: clock.now,
+        utc_offset_secs: clock.utc_offset_secs,
+        deployed_metrics: deployed.as_ref().map(metrics_of).unwrap_or_default(),
+    })
+}
+
+/// Train/Waiting: ask the trigger, and start the next round when it says so.
+pub fn train_waiting(
+    store: &mut Store,
+    job: &str,
+    index: &mut Index<'_>,
+    output: &OutputDir<'_>,
+    trigger: &TriggerPolicy,
+    clock: Clock,
+) -> Result<Outcome, RoundError> {
+    let (row, round) = match due(store, job, "Train")? {
+        Ok(due) => due,
+        Err(wait) => return Ok(wait),
+    };
+    let stats = trigger_stats(store, job, clock)?;
+    let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
+    if !decision.train {
+        return Ok(Outcome::Waiting { reason: decision.reason, recheck_after_secs: decision.recheck_after_secs });
+    }
+    let pending: Vec<(i64, Stored)> = {
+        let mut statement = store.conn().prepare(
+            "SELECT batch, start, end, assignments, checksum FROM batches
+             WHERE job = ?1 AND train_round IS NULL ORDER BY batch",
+        )?;
+        statement.query_map([job], |r| Ok((r.get(0)?, stored(r, 1)?)))?.collect::<Result<_, _>>()?
+    };
+    let extension = if index.csv { "csv" } else { "txt" };
+    let data_path = format!("data/train/{round}/data.{extension}");
+    let data_index =
+        write_samples(index, output, &data_path, row.header.as_deref(), pending.iter().map(|(_, b)| b), 0)?;
+    let input = Input {
+        models: Vec::new(),
+        data_url: Some(super::output::url_in(output.url, &data_path)),
+        data_index_url: data_index.map(|path| super::output::url_in(output.url, &path)),
+        output_dir: Some(super::output::url_in(output.url, &format!("train/{round}"))),
+    };
+    let report = Report {
+        job: job.to_owned(),
+        job_uid: row.uid,
+        round,
+        phase: "Train".into(),
+        status: "Ready".into(),
+        input: Some(input),
+        output: None,
+        reason: Some(decision.reason),
+    };
+    let tx = store.write()?;
+    for (batch, ..) in &pending {
+        tx.execute("UPDATE batches SET train_round = ?3 WHERE job = ?1 AND batch = ?2", params![job, batch, round])?;
+    }
+    tx.execute(
+        "UPDATE jobs SET round = ?2, round_started_at = ?3, acted = ?4, stage = 'Train', phase = 'Ready' WHERE name = ?1",
+        params![job, round, clock.now as i64, format!("{round}/Train")],
+    )?;
+    report::enqueue(&tx, &report, clock.now)?;
+    tx.commit()?;
+    Ok(Outcome::Reported(Box::new(report)))
+}
+
+/// Eval/Waiting: write the eval set (the job's last `eval_set_size` eval samples) and report
+/// Eval Ready with the train result's models.
+pub fn eval_waiting(
+    store: &mut Store,
+    job: &str,
+    index: &mut Index<'_>,
+    output: &OutputDir<'_>,
+    eval_set_size: u64,
+    clock: Clock,
+) -> Result<Outcome, RoundError> {
+    let (row, round) = match due(store, job, "Eval")? {
+        Ok(due) => due,
+        Err(wait) => return Ok(wait),
+    };
+    let Some(models) = result(store, job, round, "train")?.filter(|models| !models.is_empty()) else {
+        return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
+    };
+    let recent = recent_eval(store, job, eval_set_size)?;
+    let extension = if index.csv { "csv" } else { "txt" };
+    let data_path = format!("data/eval/{round}/data.{extension}");
+    let data_index = write_samples(index, output, &data_path, row.header.as_deref(), recent.iter(), EVAL)?;
+    let report = Report {
+        job: job.to_owned(),
+        job_uid: row.uid,
+        round,
+        phase: "Eval".into(),
+        status: "Ready".into(),
+        input: Some(Input {
+            models,
+            data_url: Some(super::output::url_in(output.url, &data_path)),
+            data_index_url: data_index.map(|path| super::output::url_in(output.url, &path)),
+            output_dir: Some(super::output::url_in(output.url, &format!("eval/{round}"))),
+        }),
+        output: None,
+        reason: None,
+    };
+    commit_report(store, job, &format!("{round}/Eval"), "Eval", &report, None, clock)?;
+    Ok(Outcome::Reported(Box::new(report)))
+}
+
+/// Deploy/Waiting: let the selector choose among the evaluated models, and deploy its choice.
+pub fn deploy_waiting(
+    store: &mut Store,
+    job: &str,
+    output: &OutputDir<'_>,
+    read_model: &dyn Fn(&str) -> Result<Vec<u8>, String>,
+    selector: &SelectorPolicy,
+    clock: Clock,
+) -> Result<Outcome, RoundError> {
+    let (row, round) = match due(store, job, "Deploy")? {
+        Ok(due) => due,
+        Err(wait) => return Ok(wait),
+    };
+    let candidates = result(store, job, round, "eval")?.unwrap_or_default();
+    let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
+    let as_info = |m: &Model| ModelInfo { url: m.url.clone(), format: m.format.clone(), metrics: metrics_of(m) };
+    let infos: Vec<ModelInfo> = candidates.iter().map(as_info).collect();
+    let choice = selector
+        .select(deployed.as_ref().map(as_info).as_ref(), &infos)
+        .map_err(|error| RoundError::Policy { kind: "selector", error })?;
+    let mut report = Report {
+        job: job.to_owned(),
+        job_uid: row.uid,
+        round,
+        phase: "Deploy".into(),
+        status: "Completed".into(),
+        input: None,
+        output: None,
+        reason: Some(choice.reason),
+    };
+    let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
+        commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, None, clock)?;
+        return Ok(Outcome::Reported(Box::new(report)));
+    };
+    let deploy_path = "deploy/index.pkl";
+    let copied = read_model(&chosen.url).and_then(|bytes| {
+        output.op.write(deploy_path, bytes).map(drop).map_err(|err| format!("writing {deploy_path}: {err}"))
+    });
+    match copied {
+        Ok(()) => {
+            let deployed = Model {
+                format: chosen.format.clone(),
+                url: super::output::url_in(output.url, deploy_path),
+                metrics: chosen.metrics.clone(),
+            };
+            report.status = "Ready".into();
+            report.input = Some(Input { models: vec![deployed.clone()], ..Input::default() });
+            commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, Some(&deployed), clock)?;
+        }
+        Err(cause) => {
+            report.status = "Failed".into();
+            report.reason = Some(format!("copying {} to {deploy_path} failed: {cause}", chosen.url));
+            commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, None, clock)?;
+        }
+    }
+    Ok(Outcome::Reported(Box::new(report)))
+}
+
+fn commit_report(
+    store: &mut Store,
+    job: &str,
+    acted: &str,
+    stage: &str,
+    report: &Report,
+    deployed: Option<&Model>,
+    clock: Clock,
+) -> Result<(), RoundError> {
+    let tx = store.write()?;
+    tx.execute(
+        "UPDATE jobs SET acted = ?2, stage = ?3, phase = ?4 WHERE name = ?1",
+        params![job, acted, stage, report.status],
+    )?;
+    if let Some(model) = deployed {
+        let body =
+            serde_json::to_string(model).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+        tx.execute("UPDATE jobs SET deployed = ?2 WHERE name = ?1", params![job, body])?;
+    }
+    report::enqueue(&tx, report, clock.now)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// A model's numeric metrics by name: top-level numbers, and numbers one level down as
+/// `outer.inner`.
+pub fn metrics_of(model: &Model) -> Metrics {
+    let mut metrics = Metrics::new();
+    if let Some(serde_json::Value::Object(map)) = &model.metrics {
+        for (name, value) in map {
+            match value {
+                serde_json::Value::Number(n) => {
+                    metrics.insert(name.clone(), n.as_f64().unwrap_or(f64::NAN));
+                }
+                serde_json::Value::Object(inner) => {
+                    for (sub, value) in inner {
+                        if let Some(v) = value.as_f64() {
+                            metrics.insert(format!("{name}.{sub}"), v);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    metrics
+}
+
+/// The batches that hold the job's last `size` eval samples, oldest first; in the oldest, the
+/// eval samples before the window are marked skip, so that exactly `size` remain (or all there
+/// are, when fewer).
+fn recent_eval(store: &Store, job: &str, size: u64) -> Result<Vec<Stored>, rusqlite::Error> {
+    let mut statement = store
+        .conn()
+        .prepare("SELECT start, end, assignments, checksum FROM batches WHERE job = ?1 ORDER BY batch DESC")?;
+    let mut rows = statement.query([job])?;
+    let mut recent = Vec::new();
+    let mut held = 0u64;
+    while held < size {
+        let Some(row) = rows.next()? else { break };
+        let mut batch = stored(row, 0)?;
+        let eval = batch.assignments.iter().filter(|a| **a == EVAL).count() as u64;
+        if eval == 0 {
+            continue;
+        }
+        if held + eval > size {
+            let mut excess = held + eval - size;
+            for assignment in batch.assignments.iter_mut() {
+                if excess == 0 {
+                    break;
+                }
+                if *assignment == EVAL {
+                    *assignment = SKIP;
+                    excess -= 1;
+                }
+            }
+        }
+        held += eval.min(size - held);
+        recent.push(batch);
+    }
+    recent.reverse();
+    Ok(recent)
+}
+
+/// Assignment bytes, as stored.
+const EVAL: u8 = 1;
+const SKIP: u8 = 2;
+
+/// A committed batch as round files need it: its byte range, assignments and checksum.
+struct Stored {
+    start: u64,
+    end: u64,
+    assignments: Vec<u8>,
+    checksum: Option<Vec<u8>>,
+}
+
+/// Reads a `Stored` from the columns start, end, assignments, checksum, from column `first` on.
+fn stored(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Stored> {
+    Ok(Stored {
+        start: row.get::<_, i64>(first)? as u64,
+        end: row.get::<_, i64>(first + 1)? as u64,
+        assignments: row.get(first + 2)?,
+        checksum: row.get(first + 3)?,
+    })
+}
+
+/// Writes the samples with assignment `wanted` from the given batches (byte ranges of the index
+/// and their assignments) to `path` in the output directory, header first for csv. For a txt
+/// dataset on S3, also writes `dataIndex.txt` (the dataset's base URL, then each sample's file
+/// names) and returns its path.
+fn write_samples<'r>(
+    index: &mut Index<'_>,
+    output: &OutputDir<'_>,
+    path: &str,
+    header: Option<&str>,
+    batches: impl Iterator<Item = &'r Stored>,
+    wanted: u8,
+) -> Result<Option<String>, RoundError> {
+    let write_error = |source| RoundError::Write { path: super::output::url_in(output.url, path), source };
+    let name = index.file.name();
+    let remote_txt = !index.csv && index.url.starts_with("s3://");
+    let mut writer = output.op.writer(path).map_err(write_error)?;
+    let mut data_index = String::new();
+    if remote_txt {
+        let base = index.url.rsplit_once('/').map(|(dir, _)| dir).unwrap_or(index.url);
+        data_index.push_str(base);
+        data_index.push('\n');
+    }
+    if let (true, Some(header)) = (index.csv, header) {
+        writer.write(format!("{header}\n")).map_err(write_error)?;
+    }
+    for Stored { start, end, assignments, checksum } in batches {
+        let (start, end) = (*start, *end);
+        // The range ends at the last sample's text; its line end follows (at most "\r\n").
+        let bytes = index
+            .file
+            .read_at(start, (end - start) as usize + 2)
+            .map_err(|err| RoundError::Index { file: name.clone(), message: err.to_string() })?;
+        let range = &bytes[..((end - start) as usize).min(bytes.len())];
+        if checksum.as_ref().is_some_and(|sum| *sum != super::ingest::batch_checksum(range)) {
+            return Err(RoundError::Index {
+                file: name.clone(),
+                message: format!(
+                    "bytes {start}..{end} changed since they were read (was the index overwritten in place?)"
+                ),
+            });
+        }
+        let scan = lines::scan(&bytes, Cursor { offset: start, ..Cursor::default() }, index.max_line, false);
+        if scan.samples.len() != assignments.len() {
+            return Err(RoundError::Index {
+                file: name.clone(),
+                message: format!("bytes {start}..{end} no longer hold the {} samples read there", assignments.len()),
+            });
+        }
+        let mut chunk = String::new();
+        for (line, assignment) in scan.samples.iter().zip(assignments) {
+            if *assignment == wanted {
+                chunk.push_str(line.text);
+                chunk.push('\n');
+                if remote_txt {
+                    for token in line.text.split_whitespace().filter(|t| t.contains('.')) {
+                        data_index.push_str(token);
+                        data_index.push('\n');
+                    }
+                }
+            }
+        }
+        writer.write(chunk).map_err(write_error)?;
+    }
+    writer.close().map_err(write_error)?;
+    if !remote_txt {
+        return Ok(None);
+    }
+    let index_path = path.rsplit_once('/').map(|(dir, _)| format!("{dir}/dataIndex.txt")).unwrap_or_default();
+    output
+        .op
+        .write(&index_path, data_index)
+        .map_err(|source| RoundError::Write { path: index_path.clone(), source })?;
+    Ok(Some(index_path))
+}

@@ -1,0 +1,101 @@
+//! What the edge tells the cloud besides stage reports, queued in the outbox when it changes:
+//! each dataset's sample count (`Dataset.status.numberOfSamples`) and each job's policies (the
+//! plugin and digest serving, a rejected swap, a failing call). The embedded mode reads both
+//! from the store directly; over the link they travel, in order, with the stage reports.
+
+use std::collections::{BTreeMap, HashMap};
+
+use rusqlite::params;
+use serde_json::json;
+
+use super::health;
+use crate::sqlite::Store;
+use perennial_types::PolicyStatus;
+
+/// The policies last queued per job, so that only a change is sent (after a restart each job's
+/// are sent once again).
+pub type SentPolicies = HashMap<String, BTreeMap<String, PolicyStatus>>;
+
+/// Queues what changed, in one transaction; returns how many reports were queued.
+pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Result<usize, rusqlite::Error> {
+    let healths = health::all(store)?;
+    let jobs: Vec<(String, String)> = {
+        let mut statement = store.conn().prepare("SELECT name, uid FROM jobs ORDER BY name")?;
+        statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
+    };
+    let tx = store.write()?;
+    let mut queued = 0;
+    let counts: Vec<(String, i64)> = {
+        let mut statement = tx.prepare("SELECT dataset, samples FROM dataset_status WHERE reported = 0")?;
+        statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
+    };
+    for (dataset, samples) in counts {
+        let body = json!({"dataset": dataset, "numberOfSamples": samples}).to_string();
+        tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![dataset, body, now as i64])?;
+        tx.execute(
+            "UPDATE dataset_status SET reported = 1 WHERE dataset = ?1 AND samples = ?2",
+            params![dataset, samples],
+        )?;
+        queued += 1;
+    }
+    let mut next = SentPolicies::new();
+    for (job, uid) in jobs {
+        let mut policies = BTreeMap::new();
+        for found in healths.iter().filter(|h| h.job == job) {
+            health::apply_to(&mut policies, found);
+        }
+        policies.retain(|_, policy: &mut PolicyStatus| !policy.plugin.is_empty());
+        if sent.get(&job) != Some(&policies) && !policies.is_empty() {
+            let body = json!({"job": job, "jobUid": uid, "policies": policies}).to_string();
+            tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![job, body, now as i64])?;
+            queued += 1;
+        }
+        next.insert(job, policies);
+    }
+    tx.commit()?;
+    *sent = next;
+    Ok(queued)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::JobSpec;
+
+    fn outbox(store: &Store) -> Vec<serde_json::Value> {
+        let mut statement = store.conn().prepare("SELECT body FROM outbox ORDER BY seq").unwrap();
+        statement
+            .query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .map(|body| serde_json::from_str(&body.unwrap()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn counts_and_policies_are_queued_when_they_change_and_only_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+        crate::register_job(&mut store, "ml/a", "uid-a", &JobSpec::default()).unwrap();
+        store
+            .conn()
+            .execute("INSERT INTO dataset_status (dataset, samples, reported) VALUES ('ml/d', 120, 0)", [])
+            .unwrap();
+        health::swapped(&mut store, "ml/a", "trigger", "builtin:threshold-trigger", "abc", 1).unwrap();
+        let mut sent = SentPolicies::new();
+        assert_eq!(queue_changes(&mut store, &mut sent, 5).unwrap(), 2);
+        let queued = outbox(&store);
+        assert_eq!(queued[0], json!({"dataset": "ml/d", "numberOfSamples": 120}));
+        assert_eq!(
+            queued[1],
+            json!({"job": "ml/a", "jobUid": "uid-a", "policies": {"trigger": {
+                "plugin": "builtin:threshold-trigger", "digest": "abc", "health": "Serving"}}})
+        );
+        // Nothing changed: nothing queued.
+        assert_eq!(queue_changes(&mut store, &mut sent, 6).unwrap(), 0);
+        // A rejected swap: the job's policies again, the previous digest serving.
+        health::rejected(&mut store, "ml/a", "trigger", "x.wasm: configure refused", 7).unwrap();
+        assert_eq!(queue_changes(&mut store, &mut sent, 8).unwrap(), 1);
+        let policies = &outbox(&store)[2]["policies"]["trigger"];
+        assert_eq!((policies["digest"].as_str(), policies["health"].as_str()), (Some("abc"), Some("LoadFailed")));
+    }
+}

@@ -1,0 +1,277 @@
+//! The worker report API, as Sedna's workers call it: `POST /sedna/workers/{name}/info` on the
+//! edge agent (port 9100, `BIND_PORT`), with Sedna's body and reply, so that Sedna's Python
+//! worker library works unchanged.
+//!
+//! Unlike Sedna: a report from a worker name this agent did not issue for that job is refused
+//! (403, with the reason); a report for an unknown job is 404; a malformed body is 400 naming
+//! the field; a model URL outside the job's output directory and dataset folder is refused (no
+//! path traversal); the report is committed before 200 is sent; a repeated report is harmless.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use super::jobs::job_spec;
+use super::report::{self, Model, Output, Report};
+use super::rounds::record_result;
+use crate::sqlite::Store;
+
+pub use perennial_types::new_worker_name;
+
+/// Issues a worker name for a job's stage and round: Sedna's shape (`train-worker-…`) with an
+/// unguessable token, remembered so that only this worker may report for that round.
+pub fn issue_worker_name(store: &mut Store, job: &str, round: i64, stage: &str) -> Result<String, rusqlite::Error> {
+    let name = new_worker_name(stage).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
+    store.conn().execute(
+        "INSERT INTO workers (name, job, round, stage) VALUES (?1, ?2, ?3, ?4)",
+        params![name, job, round, stage],
+    )?;
+    Ok(name)
+}
+
+/// Sedna's report body (`lib/sedna/core/base.py`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerReport {
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub owner_name: Option<String>,
+    pub owner_kind: Option<String>,
+    pub kind: Option<String>,
+    pub status: Option<String>,
+    #[serde(default)]
+    pub results: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub owner_info: Option<serde_json::Value>,
+}
+
+/// Sedna's reply: `{"Status": 200, "Message": "OK"}` (capitalised keys).
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+pub struct Reply {
+    #[serde(rename = "Status")]
+    pub status: u16,
+    #[serde(rename = "Message")]
+    pub message: String,
+}
+
+type Answer = (StatusCode, Json<Reply>);
+
+fn answer(status: StatusCode, message: impl Into<String>) -> Answer {
+    (status, Json(Reply { status: status.as_u16(), message: message.into() }))
+}
+
+/// A checked report, ready to commit.
+struct Accepted {
+    job: String,
+    stage: String,
+    status: String,
+    models: Vec<Model>,
+}
+
+/// Called after a report was committed to the outbox (the embedded mode wakes its control
+/// plane with it).
+pub type OnReport = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+struct ApiState {
+    store: Arc<Mutex<Store>>,
+    on_report: OnReport,
+}
+
+/// The router, over the edge's store.
+pub fn router(store: Arc<Mutex<Store>>, on_report: OnReport) -> axum::Router {
+    axum::Router::new().route("/sedna/workers/{name}/info", post(receive)).with_state(ApiState { store, on_report })
+}
+
+async fn receive(
+    State(ApiState { store, on_report }): State<ApiState>,
+    UrlPath(name): UrlPath<String>,
+    body: axum::body::Bytes,
+) -> Answer {
+    let report: WorkerReport = match serde_json::from_slice(&body) {
+        Ok(report) => report,
+        Err(err) => return answer(StatusCode::BAD_REQUEST, format!("body: {err}")),
+    };
+    let accepted = match check_shape(&name, report) {
+        Ok(accepted) => accepted,
+        Err(message) => return answer(StatusCode::BAD_REQUEST, message),
+    };
+    // SQLite work off the async threads.
+    let outcome = tokio::task::spawn_blocking(move || {
+        let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        commit(&mut store, &name, accepted)
+    })
+    .await;
+    match outcome {
+        Ok(Ok(())) => {
+            on_report();
+            answer(StatusCode::OK, "OK")
+        }
+        Ok(Err((status, message))) => answer(status, message),
+        Err(join) => answer(StatusCode::INTERNAL_SERVER_ERROR, format!("the report was not stored: {join}")),
+    }
+}
+
+/// The checks that need nothing but the request; the error names the field.
+fn check_shape(path_name: &str, report: WorkerReport) -> Result<Accepted, String> {
+    let name = report.name.ok_or("name: missing")?;
+    if name != path_name {
+        return Err(format!("name: {name:?} does not match the worker name {path_name:?} in the path"));
+    }
+    let namespace = report.namespace.ok_or("namespace: missing")?;
+    let owner = report.owner_name.ok_or("ownerName: missing")?;
+    let owner_kind = report.owner_kind.ok_or("ownerKind: missing")?;
+    if !owner_kind.eq_ignore_ascii_case("lifelonglearningjob") {
+        return Err(format!("ownerKind: {owner_kind:?} is not lifelonglearningjob"));
+    }
+    let stage = report.kind.ok_or("kind: missing")?.to_ascii_lowercase();
+    if !["train", "eval", "deploy"].contains(&stage.as_str()) {
+        return Err(format!("kind: {stage:?} is not train, eval or deploy"));
+    }
+    let status = report.status.ok_or("status: missing")?.to_ascii_lowercase();
+    if !["completed", "failed", "running"].contains(&status.as_str()) {
+        return Err(format!("status: {status:?} is not completed, failed or running"));
+    }
+    let mut models = Vec::new();
+    for (i, result) in report.results.into_iter().enumerate() {
+        let model: Model = serde_json::from_value(result).map_err(|err| format!("results[{i}]: {err}"))?;
+        if model.url.is_empty() {
+            return Err(format!("results[{i}].url: empty"));
+        }
+        models.push(model);
+    }
+    if status == "completed" && stage != "deploy" && models.is_empty() {
+        return Err(format!("results: a completed {stage} report needs at least one model"));
+    }
+    Ok(Accepted { job: format!("{namespace}/{owner}"), stage, status, models })
+}
+
+fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (StatusCode, String)> {
+    let db = |err: rusqlite::Error| (StatusCode::INTERNAL_SERVER_ERROR, format!("state database: {err}"));
+    let Some(spec) = job_spec(store, &report.job).map_err(db)? else {
+        return Err((StatusCode::NOT_FOUND, format!("job {} is not known to this agent", report.job)));
+    };
+    let issued: Option<(String, i64, String)> = store
+        .conn()
+        .query_row("SELECT job, round, stage FROM workers WHERE name = ?1", [worker], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .map_err(db)?;
+    let Some((job, round, stage)) = issued else {
+        return Err((StatusCode::FORBIDDEN, format!("worker {worker} was not started by this agent")));
+    };
+    if job != report.job || stage != report.stage {
+        return Err((
+            StatusCode::FORBIDDEN,
+            format!(
+                "worker {worker} was started for the {stage} stage of job {job}, not {} of {}",
+                report.stage, report.job
+            ),
+        ));
+    }
+    let dataset_dir = Path::new(&spec.dataset_url).parent().map(|p| p.display().to_string()).unwrap_or_default();
+    let roots = [spec.output_dir.as_str(), dataset_dir.as_str()];
+    for (i, model) in report.models.iter().enumerate() {
+        if let Err(why) = check_model_url(&model.url, &roots) {
+            return Err((StatusCode::FORBIDDEN, format!("results[{i}].url: {why}")));
+        }
+    }
+    if report.status == "running" || stage == "deploy" {
+        return Ok(()); // nothing to keep: Sedna's control plane ignores these too
+    }
+    let uid: String =
+        store.conn().query_row("SELECT uid FROM jobs WHERE name = ?1", [&job], |r| r.get(0)).map_err(db)?;
+    let tx = store.write().map_err(db)?;
+    // A repeat of the worker's last report (same status, same results) is not relayed again.
+    let body = serde_json::to_string(&report.models).unwrap_or_default();
+    let fingerprint = format!("{}|{body}", report.status);
+    let last: Option<String> = tx
+        .query_row("SELECT last_report FROM workers WHERE name = ?1", [worker], |r| r.get(0))
+        .optional()
+        .map_err(db)?
+        .flatten();
+    if last.as_deref() != Some(fingerprint.as_str()) {
+        if report.status == "completed" {
+            record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
+        }
+        let phase = if stage == "train" { "Train" } else { "Eval" };
+        let relayed = Report {
+            job: job.clone(),
+            job_uid: uid,
+            round,
+            phase: phase.into(),
+            status: if report.status == "completed" { "Completed".into() } else { "Failed".into() },
+            input: None,
+            output: Some(Output { models: report.models }),
+            reason: (report.status == "failed").then(|| format!("worker {worker} reported failure")),
+        };
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        report::enqueue(&tx, &relayed, now).map_err(db)?;
+        tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
+    }
+    tx.commit().map_err(db)?;
+    Ok(())
+}
+
+/// Checks that a reported model URL lies under one of `roots` (the job's output directory, the
+/// dataset's folder), with no `..` to climb out; returns the reason when it does not.
+pub fn check_model_url(url: &str, roots: &[&str]) -> Result<(), String> {
+    let normal = normalize(url).ok_or_else(|| format!("{url:?} climbs out with `..`"))?;
+    let inside = roots.iter().filter(|root| !root.is_empty()).any(|root| match normalize(root) {
+        Some(root) => normal.starts_with(&root),
+        None => false,
+    });
+    if inside { Ok(()) } else { Err(format!("{url:?} is outside the job's output directory and dataset")) }
+}
+
+/// A URL or path as components, without `.`; `None` if it has a `..`.
+fn normalize(url: &str) -> Option<PathBuf> {
+    let (scheme, path) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    let mut out = PathBuf::from(scheme);
+    for component in Path::new(path).components() {
+        match component {
+            Component::ParentDir => return None,
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_model_url;
+
+    #[test]
+    fn model_urls_must_stay_inside_the_roots() {
+        let roots = ["/output", "/data/thermal"];
+        let cases: &[(&str, bool)] = &[
+            ("/output/train/1/index.pkl", true),
+            ("/output/./eval/2/index.pkl", true),
+            ("/data/thermal/model.pkl", true),
+            ("/output/../etc/shadow", false),
+            ("/output/train/../../etc/passwd", false),
+            ("/outputs/x.pkl", false),
+            ("/etc/passwd", false),
+            ("relative/x.pkl", false),
+        ];
+        for (url, ok) in cases {
+            assert_eq!(check_model_url(url, &roots).is_ok(), *ok, "{url}");
+        }
+        let s3 = ["s3://bucket/out"];
+        assert!(check_model_url("s3://bucket/out/train/1/index.pkl", &s3).is_ok());
+        assert!(check_model_url("s3://bucket/out/../other/x", &s3).is_err());
+        assert!(check_model_url("s3://bucket/outside/x", &s3).is_err());
+        assert!(check_model_url("s3://other/out/x", &s3).is_err());
+    }
+}

@@ -1,0 +1,385 @@
+//! The embedded control plane: for each job, the stage machine over the edge's reports (read
+//! from the edge outbox: the in-process link) and the local worker of the current stage; its
+//! actions carried out with local processes and stage notices to the edge. It runs on one
+//! thread, which also starts every worker (so that they die with it, see `workers::local`).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::progress::Progress;
+use perennial_api::{LifelongLearningJobStatus, Phase, Stage};
+use perennial_edge::agent::{JobConfig, Wake};
+use perennial_edge::sqlite::Store;
+use perennial_edge::{health, report, rounds, worker_api};
+use perennial_lifecycle::{self as lifecycle, Action, EdgeNotice, JobView, Observations, Settings, WorkerSpec};
+use perennial_workers::{self as workers, LocalCommand, LocalWorkers, ProcessSpec, WorkerContext};
+
+/// A job as the controller runs it.
+pub struct ControlledJob {
+    /// `namespace/name`.
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// Its index in the edge loop, to wake it.
+    pub edge_index: usize,
+    pub output_dir: String,
+    pub dataset_key: String,
+    pub dataset_url: String,
+    /// Train, Eval, Deploy workers.
+    pub commands: [LocalCommand; 3],
+    pub view: JobView,
+    pub status: LifelongLearningJobStatus,
+    /// The dataset's sample count, as the edge last said.
+    pub samples: u64,
+    /// Deleted from the job store while running (`perennial delete`): its workers are stopped.
+    pub deleted: bool,
+    /// What the edge runs the job with (its policies).
+    pub config: JobConfig,
+}
+
+/// A plain pod of the manifests, run as a local process (e.g. a data generator).
+pub struct LocalPod {
+    pub key: String,
+    pub command: LocalCommand,
+}
+
+/// What the controller needs around it.
+pub struct Controller {
+    pub control: Store,
+    pub edge: Arc<Mutex<Store>>,
+    pub jobs: Vec<ControlledJob>,
+    pub pods: Vec<LocalPod>,
+    pub edge_wake: Sender<Wake>,
+    /// Woken by new reports in the edge outbox.
+    pub wake: Receiver<()>,
+    /// Signalled when the manifests were applied again (edited while running).
+    pub reload: Receiver<()>,
+    pub settings: Settings,
+    pub lc_server: String,
+    pub kb_server: String,
+    pub state_dir: PathBuf,
+    /// Stop when every job has completed this many rounds.
+    pub rounds: Option<u64>,
+    pub progress: Progress,
+}
+
+/// How often the controller looks at its processes when nothing wakes it.
+const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("job store: {0}")]
+    Store(#[from] rusqlite::Error),
+}
+
+impl Controller {
+    /// Runs until `stop` is set or the rounds are done; stops every worker before returning.
+    /// Returns whether the rounds were done.
+    pub fn run(mut self, stop: &AtomicBool) -> Result<bool, ControlError> {
+        let mut workers = LocalWorkers::new();
+        for pod in &self.pods {
+            workers.start(self.pod_process(pod));
+        }
+        // The full desired state to the edge, as on a (re)connect: a crash may have come between
+        // a status commit and its notice.
+        for job in &self.jobs {
+            if job.status.phase == Some(Phase::Waiting) {
+                let notice = EdgeNotice {
+                    stage: job.status.stage.unwrap_or(Stage::Train),
+                    round: job.status.round,
+                    failed: after_failure(&job.status),
+                };
+                self.notify_edge(job, &notice);
+            }
+        }
+        // The deployed model's inference worker, unless a deploy is under way: on a cluster its
+        // pod outlives the operator; here it stopped with the last run.
+        for (i, job) in self.jobs.iter().enumerate() {
+            let deploying = job.status.stage == Some(Stage::Deploy)
+                && matches!(job.status.phase, Some(Phase::Ready | Phase::Starting | Phase::Running));
+            if let (Some(model), false) = (&job.status.deployed, deploying) {
+                let spec = WorkerSpec {
+                    stage: Stage::Deploy,
+                    round: model.round,
+                    input: perennial_api::Input {
+                        models: vec![perennial_api::Model {
+                            format: model.format.clone(),
+                            url: model.url.clone(),
+                            metrics: model.metrics.clone(),
+                        }],
+                        ..Default::default()
+                    },
+                    previous_model: None,
+                };
+                self.act(i, &Action::StartWorker(spec), &job.status, &mut workers);
+            }
+        }
+        let mut done = false;
+        while !stop.load(Ordering::Relaxed) {
+            workers.poll();
+            let recheck = self.sweep(&mut workers)?;
+            self.progress.tick(&self.jobs);
+            if let Some(target) = self.rounds
+                && self.jobs.iter().all(|job| job.deleted || job.status.rounds_completed >= target)
+            {
+                done = true;
+                break;
+            }
+            let wait = recheck.unwrap_or(POLL).min(POLL);
+            match self.wake.recv_timeout(wait) {
+                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+            }
+            while self.wake.try_recv().is_ok() {}
+        }
+        workers.stop_all();
+        Ok(done)
+    }
+
+    /// One pass over every job: apply new reports, follow the workers, act, commit, acknowledge.
+    fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Option<Duration>, ControlError> {
+        self.drop_deleted(workers)?;
+        if self.reload.try_recv().is_ok() {
+            while self.reload.try_recv().is_ok() {}
+            self.reload_jobs()?;
+        }
+        let applied = super::state::applied_seq(&self.control)?;
+        let (pending, datasets, healths, waiting) = {
+            let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let pending = report::pending(&edge, 1000)?;
+            (pending, report::dataset_updates(&edge)?, health::all(&edge)?, rounds::waiting_reasons(&edge)?)
+        };
+        let last_seq = pending.last().map_or(applied, |(seq, _)| *seq);
+        for (dataset, samples) in &datasets {
+            for job in self.jobs.iter_mut().filter(|job| &job.dataset_key == dataset) {
+                job.samples = *samples;
+            }
+        }
+        let now = Timestamp::now();
+        let mut recheck: Option<Duration> = None;
+        let mut changed = Vec::new();
+        for i in 0..self.jobs.len() {
+            let job = &self.jobs[i];
+            if job.deleted {
+                continue;
+            }
+            let reports: Vec<lifecycle::Report> = pending
+                .iter()
+                .filter(|(seq, r)| *seq > applied && r.job == job.key)
+                .map(|(_, r)| perennial_lifecycle::Report::from(r))
+                .collect();
+            let stage = job.status.stage.unwrap_or(Stage::Train);
+            let worker = workers.observe(&job.key, stage, job.status.round);
+            let observed = Observations { reports, worker };
+            let mut status = job.status.clone();
+            for found in healths.iter().filter(|h| h.job == job.key) {
+                health::apply_to(&mut status.policies, found);
+            }
+            // A splitter swapped out for Sedna's rule (computed natively) has no plugin.
+            status.policies.retain(|_, policy| !policy.plugin.is_empty());
+            // Waiting on the edge: say why (the trigger's reason, a held policy).
+            if status.phase == Some(Phase::Waiting)
+                && let Some((_, why)) = waiting.iter().find(|(name, _)| *name == job.key)
+            {
+                status.message = Some(why.clone());
+            }
+            let step = lifecycle::step(&job.view, &status, &observed, now, &self.settings);
+            if let Some(after) = step.recheck_after {
+                recheck = Some(recheck.map_or(after, |r: Duration| r.min(after)));
+            }
+            if step.status == job.status && step.actions.is_empty() {
+                continue;
+            }
+            for action in &step.actions {
+                self.act(i, action, &step.status, workers);
+            }
+            let before = std::mem::replace(&mut self.jobs[i].status, step.status);
+            self.progress.changed(&self.jobs[i], &before);
+            changed.push(i);
+        }
+        if !changed.is_empty() || last_seq > applied || !datasets.is_empty() {
+            let statuses: Vec<(&str, &LifelongLearningJobStatus)> =
+                changed.iter().map(|&i| (self.jobs[i].key.as_str(), &self.jobs[i].status)).collect();
+            let now_secs = now.as_second();
+            super::state::save(&mut self.control, &statuses, last_seq, &datasets, now_secs)?;
+            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if last_seq > 0 {
+                report::acknowledge(&mut edge, last_seq)?;
+            }
+            for (dataset, samples) in &datasets {
+                report::dataset_reported(&mut edge, dataset, *samples)?;
+            }
+        }
+        Ok(recheck)
+    }
+
+    /// Takes the jobs' edited manifests: their templates for the next workers, and their policy
+    /// references, which the edge swaps in between two calls.
+    fn reload_jobs(&mut self) -> Result<(), ControlError> {
+        let stored = super::state::jobs(&self.control)?;
+        let datasets = super::state::datasets(&self.control)?;
+        for job in self.jobs.iter_mut().filter(|job| !job.deleted) {
+            let Some((_, stored)) = stored.iter().find(|(key, _)| *key == job.key) else { continue };
+            match super::prepare_job(&self.state_dir, &job.key, stored, &datasets) {
+                Ok(prepared) => {
+                    job.commands = prepared.commands;
+                    let next = super::job_config(&job.key, stored, prepared.edge_spec);
+                    if next != job.config {
+                        tracing::info!(job = job.key, "the job changed: its policies are swapped in");
+                        job.config = next.clone();
+                        let _ = self.edge_wake.send(Wake::Swap(job.edge_index, Box::new(next)));
+                    }
+                }
+                Err(err) => tracing::warn!(job = job.key, "the edited job was not taken: {err}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the jobs deleted from the job store: their workers, and their edge state.
+    fn drop_deleted(&mut self, workers: &mut LocalWorkers) -> Result<(), ControlError> {
+        let stored = super::state::job_keys(&self.control)?;
+        for job in self.jobs.iter_mut().filter(|job| !job.deleted && !stored.contains(&job.key)) {
+            tracing::info!(job = job.key, "deleted: stopping its workers");
+            workers.stop(&job.key, None);
+            job.deleted = true;
+            let _ = self.edge_wake.send(Wake::Remove(job.edge_index));
+            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            perennial_edge::forget_job(&mut edge, &job.key)?;
+        }
+        Ok(())
+    }
+
+    fn act(&self, i: usize, action: &Action, status: &LifelongLearningJobStatus, workers: &mut LocalWorkers) {
+        let job = &self.jobs[i];
+        match action {
+            Action::StartWorker(spec) => match self.worker_process(job, spec) {
+                Ok(process) => {
+                    tracing::info!(
+                        job = job.key,
+                        round = spec.round,
+                        worker = process.name,
+                        "starting the {} worker",
+                        spec.stage
+                    );
+                    workers.start(process);
+                }
+                Err(err) => tracing::error!(job = job.key, "cannot start the {} worker: {err}", spec.stage),
+            },
+            Action::StopWorkers { stage } => workers.stop(&job.key, Some(*stage)),
+            Action::Edge(notice) => self.notify_edge(job, notice),
+            Action::Event { warning: true, reason, message } => {
+                tracing::warn!(job = job.key, round = status.round, reason, "{message}")
+            }
+            Action::Event { reason, message, .. } => tracing::info!(job = job.key, reason, "{message}"),
+        }
+    }
+
+    fn notify_edge(&self, job: &ControlledJob, notice: &EdgeNotice) {
+        let stage = notice.stage.to_string();
+        let round = i64::try_from(notice.round).unwrap_or(i64::MAX);
+        let applied = {
+            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            rounds::apply_notice(&mut edge, &job.key, &stage, round, notice.failed)
+        };
+        match applied {
+            Ok(_) => {
+                let _ = self.edge_wake.send(Wake::Job(job.edge_index));
+            }
+            Err(err) => tracing::error!(job = job.key, "telling the edge {stage}/Waiting: {err}"),
+        }
+    }
+
+    /// The process for a stage's worker: the template's command, its env, then Sedna's.
+    fn worker_process(&self, job: &ControlledJob, spec: &WorkerSpec) -> Result<ProcessSpec, String> {
+        let kind = match spec.stage {
+            Stage::Train => "train",
+            Stage::Eval => "eval",
+            Stage::Deploy => "deploy",
+        };
+        let round = i64::try_from(spec.round).unwrap_or(i64::MAX);
+        let name = {
+            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            worker_api::issue_worker_name(&mut edge, &job.key, round, kind).map_err(|err| err.to_string())?
+        };
+        let ctx = WorkerContext {
+            namespace: &job.namespace,
+            job_name: &job.name,
+            worker_name: &name,
+            lc_server: &self.lc_server,
+            kb_server: &self.kb_server,
+            output_dir: &job.output_dir,
+            dataset_url: &job.dataset_url,
+        };
+        let mut injected = workers::sedna_env(spec, &ctx);
+        // Paths are the host's own here: no /home/data prefix to strip.
+        injected.push(("DATA_PATH_PREFIX".into(), String::new()));
+        injected.push(("PERENNIAL_STATE_DIR".into(), self.state_dir.display().to_string()));
+        let urls = [&job.output_dir, &job.dataset_url];
+        if urls.iter().any(|u| u.starts_with("s3://"))
+            && let Some(s3) = perennial_storage::S3Credentials::from_env()
+        {
+            injected.extend(s3.worker_env());
+        }
+        let command = &job.commands[spec.stage as usize];
+        let log = self.state_dir.join("logs").join(&job.namespace).join(&job.name).join(format!(
+            "{:04}-{}-{name}.log",
+            spec.round,
+            spec.stage.worker_kind()
+        ));
+        let ready_after = if spec.stage == Stage::Deploy { Duration::from_millis(500) } else { Duration::ZERO };
+        Ok(process(job.key.clone(), Some(spec.stage), spec.round, name, command, injected, log, ready_after))
+    }
+
+    fn pod_process(&self, pod: &LocalPod) -> ProcessSpec {
+        let injected = vec![("PERENNIAL_STATE_DIR".to_owned(), self.state_dir.display().to_string())];
+        let name = pod.key.replace('/', "-");
+        let log = self.state_dir.join("logs").join("pods").join(format!("{name}.log"));
+        process(format!("pod/{}", pod.key), None, 0, name, &pod.command, injected, log, Duration::ZERO)
+    }
+}
+
+/// A process from a container's command: its env expanded (`$(VAR)` over the whole env), the
+/// injected env after it, so that the injected values win.
+#[allow(clippy::too_many_arguments)]
+fn process(
+    owner: String,
+    stage: Option<Stage>,
+    round: u64,
+    name: String,
+    command: &LocalCommand,
+    injected: Vec<(String, String)>,
+    log: PathBuf,
+    ready_after: Duration,
+) -> ProcessSpec {
+    let mut all: Vec<(String, String)> = command.env.clone();
+    all.extend(injected);
+    let lookup = |var: &str| all.iter().rev().find(|(k, _)| k == var).map(|(_, v)| v.clone());
+    let env: Vec<(String, String)> = all.iter().map(|(k, v)| (k.clone(), workers::expand(v, &lookup))).collect();
+    let lookup = |var: &str| env.iter().rev().find(|(k, _)| k == var).map(|(_, v)| v.clone());
+    ProcessSpec {
+        owner,
+        stage,
+        round,
+        name,
+        program: workers::expand(&command.program, &lookup),
+        args: command.args.iter().map(|a| workers::expand(a, &lookup)).collect(),
+        cwd: command.cwd.clone(),
+        env: env.clone(),
+        restart_policy: command.restart_policy,
+        log,
+        ready_after,
+    }
+}
+
+/// Whether the job came to Train/Waiting from a failure (its round's samples go back).
+fn after_failure(status: &LifelongLearningJobStatus) -> bool {
+    let n = status.conditions.len();
+    n >= 2 && status.conditions[n - 2].type_ == Phase::Failed
+}

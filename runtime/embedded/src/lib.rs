@@ -1,0 +1,424 @@
+//! The embedded mode behind `perennial run`: the whole system on one machine, no cluster. The
+//! manifests go to a local job store (SQLite) instead of an API server; the edge core runs the
+//! jobs' datasets, policies and round files; the stage machine drives them; workers are local
+//! processes; the link between the halves is in-process (the edge outbox, read and
+//! acknowledged by the control plane). Relative paths in Dataset and job manifests are under
+//! the state dir; a template's relative `workingDir` is under its manifest's folder.
+
+pub mod controller;
+pub mod progress;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use self::controller::{ControlledJob, Controller, LocalPod};
+use self::state::Stored;
+use perennial_api::manifest::{self, Object};
+use perennial_api::{self as resources, Dataset, LifelongLearningJob, PolicyHealth, PolicyStatus};
+use perennial_edge::agent::{self, JobConfig, JobRunner, LoopSettings, Wakes};
+use perennial_edge::sqlite::Store;
+use perennial_edge::{self as edge, IndexFile, JobSpec, LocalFile, S3Index, worker_api};
+use perennial_lifecycle::{JobView, Settings};
+use perennial_policy::PolicyHost;
+use perennial_storage::S3Credentials;
+use perennial_workers::{LocalCommand, RestartPolicy, local_command};
+
+/// How `perennial run` runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Manifest files or folders to apply first; none: run every stored job.
+    pub paths: Vec<PathBuf>,
+    pub state_dir: PathBuf,
+    /// Stop (successfully) when every job has completed this many rounds.
+    pub rounds: Option<u64>,
+    /// The worker report API (`LC_SERVER` for the workers).
+    pub bind: SocketAddr,
+    /// Sedna's `KB_SERVER` for train and eval workers.
+    pub kb_server: String,
+    /// The stat fallback of dataset tailing.
+    pub poll: Duration,
+    /// Live progress lines (a terminal) or plain lines.
+    pub terminal: bool,
+    pub settings: Settings,
+}
+
+/// How a run ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// Every job completed the rounds asked for.
+    RoundsDone,
+    /// Stopped by a signal; the next run resumes.
+    Stopped,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("--state-dir {path}: {source}")]
+    StateDir { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Manifest(#[from] manifest::ManifestError),
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<resources::FieldErrors>),
+    #[error("{0}")]
+    Job(String),
+    #[error("nothing to run: give manifest files or folders (no job is stored in {0})")]
+    NothingToRun(String),
+    #[error(transparent)]
+    Store(#[from] perennial_edge::sqlite::StoreError),
+    #[error("job store: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("worker API on {address}: {source}")]
+    Bind { address: SocketAddr, source: std::io::Error },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Lock(#[from] perennial_edge::state_lock::LockError),
+}
+
+/// Runs the jobs until the rounds are done or `stop` is set.
+pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, RunError> {
+    let state_error = |source| RunError::StateDir { path: options.state_dir.display().to_string(), source };
+    std::fs::create_dir_all(&options.state_dir).map_err(state_error)?;
+    let state_dir = options.state_dir.canonicalize().map_err(state_error)?;
+    let _lock = perennial_edge::state_lock::lock(&state_dir, "perennial run")?;
+    let mut control = state::open(&state_dir)?;
+    let (job_keys, pod_keys) = apply_manifests(&mut control, &options.paths)?;
+    let datasets = state::datasets(&control)?;
+    let mut jobs_in_store = state::jobs(&control)?;
+    if !options.paths.is_empty() {
+        jobs_in_store.retain(|(key, _)| job_keys.contains(key));
+    }
+    if jobs_in_store.is_empty() {
+        return Err(RunError::NothingToRun(state_dir.display().to_string()));
+    }
+    let pods: Vec<LocalPod> = state::list::<k8s_openapi::api::core::v1::Pod>(&control, "Pod")?
+        .into_iter()
+        .filter(|(key, _)| options.paths.is_empty() || pod_keys.contains(key))
+        .map(|(key, stored)| pod_command(&key, &stored).map(|command| LocalPod { key, command }))
+        .collect::<Result<_, _>>()?;
+
+    let mut edge_store = Store::open(&state_dir.join("edge.db"))?;
+    let host = PolicyHost::new(Some(state_dir.join("policy-cache")), None).map_err(|e| RunError::Job(e.to_string()))?;
+    let s3 = S3Credentials::from_env();
+    let mut controlled = Vec::new();
+    let mut runners = Vec::new();
+    for (index, (key, stored)) in jobs_in_store.into_iter().enumerate() {
+        let job = prepare_job(&state_dir, &key, &stored, &datasets)?;
+        edge::register_job(&mut edge_store, &key, &stored.uid, &job.edge_spec)?;
+        let config = job_config(&key, &stored, job.edge_spec.clone());
+        let policies =
+            agent::load_policies(&host, &config).await.map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
+        let mut status = state::status(&control, &key)?;
+        status.policies.clear();
+        let mut record = |kind: &str, info: &perennial_policy::PolicyInfo| {
+            let entry = PolicyStatus {
+                plugin: info.source.clone(),
+                digest: info.digest.clone(),
+                health: PolicyHealth::Serving,
+                message: None,
+            };
+            status.policies.insert(kind.to_owned(), entry);
+        };
+        if let Some(splitter) = &policies.splitter {
+            record("splitter", splitter.info());
+        }
+        record("trigger", policies.trigger.info());
+        record("selector", policies.selector.info());
+        policies.release();
+        state::save(&mut control, &[(&key, &status)], 0, &[], 0)?;
+        let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
+            .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
+        let output = opendal::blocking::Operator::new(output).map_err(|err| RunError::Job(err.to_string()))?;
+        let index_file: Box<dyn IndexFile + Send> = if job.edge_spec.dataset_url.starts_with("s3://") {
+            Box::new(
+                S3Index::open(&job.edge_spec.dataset_url, s3.as_ref())
+                    .map_err(|err| RunError::Job(format!("job {key}: the dataset index: {err}")))?,
+            )
+        } else {
+            Box::new(LocalFile { path: job.edge_spec.dataset_url.clone().into() })
+        };
+        let dataset_dir = Path::new(&job.edge_spec.dataset_url).parent().map(|p| p.display().to_string());
+        let roots = [Some(job.edge_spec.output_dir.clone()), dataset_dir].into_iter().flatten().collect();
+        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3.clone(), roots);
+        let settings = LoopSettings { poll: options.poll, ..LoopSettings::default() };
+        let controlled_config = config.clone();
+        runners.push(JobRunner { job: config, policies, index: index_file, output, read_model, settings });
+        let (namespace, name) = key.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).unwrap_or_default();
+        let spec = &stored.object.spec;
+        let timeouts =
+            [spec.train_spec.timeout_seconds, spec.eval_spec.timeout_seconds, spec.deploy_spec.timeout_seconds]
+                .map(|t| t.map(Duration::from_secs));
+        controlled.push(ControlledJob {
+            key,
+            namespace,
+            name,
+            uid: stored.uid.clone(),
+            edge_index: index,
+            output_dir: job.edge_spec.output_dir.clone(),
+            dataset_key: job.edge_spec.dataset.clone(),
+            dataset_url: job.edge_spec.dataset_url.clone(),
+            commands: job.commands,
+            view: JobView { uid: stored.uid, timeouts },
+            status,
+            samples: 0,
+            deleted: false,
+            config: controlled_config,
+        });
+    }
+    let edge_store = Arc::new(Mutex::new(edge_store));
+
+    let listener = tokio::net::TcpListener::bind(options.bind)
+        .await
+        .map_err(|source| RunError::Bind { address: options.bind, source })?;
+    let address = listener.local_addr()?;
+    let (wake_control, woken) = mpsc::channel::<()>();
+    let on_report: worker_api::OnReport = {
+        let wake = wake_control.clone();
+        Arc::new(move || {
+            let _ = wake.send(());
+        })
+    };
+    let api = worker_api::router(edge_store.clone(), on_report.clone());
+
+    let wakes = Wakes::new();
+    let edge_wake = wakes.sender();
+    let edge_stop = Arc::new(AtomicBool::new(false));
+    let swapper = agent::Swapper { host: host.clone(), runtime: tokio::runtime::Handle::current() };
+    let (reload_control, reload) = mpsc::channel::<()>();
+    let _manifest_watch = if options.paths.is_empty() {
+        None
+    } else {
+        watch_manifests(&options.paths, &state_dir, reload_control, wake_control.clone())
+    };
+    let edge_thread = {
+        let (store, stop, on_report) = (edge_store.clone(), edge_stop.clone(), on_report.clone());
+        std::thread::Builder::new()
+            .name("edge".into())
+            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, wakes, &|| on_report(), Some(&swapper)))?
+    };
+    tracing::info!("worker report API on {address}; state in {}", state_dir.display());
+    let progress = progress::Progress::new(options.terminal, &controlled);
+    let controller = Controller {
+        control,
+        edge: edge_store,
+        jobs: controlled,
+        pods,
+        edge_wake,
+        wake: woken,
+        reload,
+        settings: options.settings,
+        lc_server: format!("http://{address}"),
+        kb_server: options.kb_server.clone(),
+        state_dir: state_dir.clone(),
+        rounds: options.rounds,
+        progress,
+    };
+    let (finished_tx, finished) = tokio::sync::oneshot::channel();
+    let control_thread = {
+        let stop = stop.clone();
+        std::thread::Builder::new().name("control".into()).spawn(move || {
+            let outcome = controller.run(&stop);
+            let _ = finished_tx.send(());
+            outcome
+        })?
+    };
+    perennial_edge::serve::serve(listener, api, async move {
+        let _ = finished.await;
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    edge_stop.store(true, Ordering::Relaxed);
+    let _ = wake_control.send(());
+    let outcome = tokio::task::spawn_blocking(move || control_thread.join())
+        .await
+        .map_err(|err| RunError::Job(err.to_string()))?
+        .map_err(|_| RunError::Job("the control thread panicked".into()))?;
+    let _ = tokio::task::spawn_blocking(move || edge_thread.join()).await;
+    match outcome {
+        Ok(true) => Ok(RunEnd::RoundsDone),
+        Ok(false) => Ok(RunEnd::Stopped),
+        Err(err) => Err(RunError::Job(err.to_string())),
+    }
+}
+
+/// Reads, checks and stores the manifests; returns the keys of the jobs and pods they hold.
+/// Nothing is stored unless every manifest is valid.
+fn apply_manifests(control: &mut Store, paths: &[PathBuf]) -> Result<(Vec<String>, Vec<String>), RunError> {
+    if paths.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let manifests = manifest::load(paths)?;
+    let stored_datasets: Vec<String> = state::datasets(control)?.into_iter().map(|(key, _)| key).collect();
+    let given_datasets: Vec<String> = manifests
+        .iter()
+        .filter_map(|m| match &m.object {
+            Object::Dataset(d) => Some(resources::key(&d.metadata)),
+            _ => None,
+        })
+        .collect();
+    let exists = |key: &str| given_datasets.iter().chain(&stored_datasets).any(|k| k == key);
+    let mut errors = Vec::new();
+    for m in &manifests {
+        let checked = match &m.object {
+            Object::Dataset(d) => resources::validate_dataset(d),
+            Object::Job(j) => resources::validate_job(j, &exists),
+            Object::Pod(_) => Ok(()),
+        };
+        if let Err(mut err) = checked {
+            err.object = format!("{}: {}", m.origin(), err.object);
+            errors.push(err);
+        }
+    }
+    if !errors.is_empty() {
+        return Err(RunError::Invalid(errors));
+    }
+    let (mut jobs, mut pods) = (Vec::new(), Vec::new());
+    for m in &manifests {
+        let dir = m.file.parent().map(Path::to_owned).unwrap_or_default();
+        let dir = dir.canonicalize().unwrap_or(dir);
+        let (kind, key, body) = match &m.object {
+            Object::Dataset(d) => ("Dataset", resources::key(&d.metadata), serde_json::to_value(d)),
+            Object::Job(j) => ("LifelongLearningJob", resources::key(&j.metadata), serde_json::to_value(j)),
+            Object::Pod(p) => ("Pod", resources::key(&p.metadata), serde_json::to_value(p)),
+        };
+        let body = body.map_err(|err| RunError::Job(format!("{}: {err}", m.origin())))?;
+        state::apply(control, kind, &key, &body, &dir)?;
+        match kind {
+            "LifelongLearningJob" => jobs.push(key),
+            "Pod" => pods.push(key),
+            _ => {}
+        }
+    }
+    Ok((jobs, pods))
+}
+
+/// What the edge runs a job with.
+pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: JobSpec) -> JobConfig {
+    JobConfig {
+        name: key.to_owned(),
+        uid: stored.uid.clone(),
+        spec,
+        splitter: stored.object.spec.dataset.split_policy.clone(),
+        trigger: stored.object.spec.trigger_policy(),
+        selector: stored.object.spec.select_policy(),
+        fallback_trigger: stored.object.spec.fallback_trigger(),
+    }
+}
+
+/// A job resolved for this machine.
+pub(crate) struct PreparedJob {
+    pub edge_spec: JobSpec,
+    pub commands: [LocalCommand; 3],
+}
+
+pub(crate) fn prepare_job(
+    state_dir: &Path,
+    key: &str,
+    stored: &Stored<LifelongLearningJob>,
+    datasets: &[(String, Stored<Dataset>)],
+) -> Result<PreparedJob, RunError> {
+    let spec = &stored.object.spec;
+    let namespace = key.split_once('/').map_or("default", |(n, _)| n);
+    let dataset_key = format!("{namespace}/{}", spec.dataset.name);
+    let dataset = datasets
+        .iter()
+        .find(|(k, _)| *k == dataset_key)
+        .map(|(_, d)| &d.object)
+        .ok_or_else(|| RunError::Job(format!("job {key}: spec.dataset.name: no Dataset {dataset_key}")))?;
+    // A dataset under the state dir gets its folder now, so that it is watched from the start
+    // (not polled) even before its generator writes the first line.
+    if !dataset.spec.url.contains("://") && Path::new(&dataset.spec.url).is_relative() {
+        let index = PathBuf::from(resolve(state_dir, &dataset.spec.url));
+        if let Some(folder) = index.parent() {
+            std::fs::create_dir_all(folder)?;
+        }
+    }
+    let edge_spec = JobSpec {
+        dataset: dataset_key,
+        dataset_url: resolve(state_dir, &dataset.spec.url),
+        dataset_format: dataset.spec.format.to_ascii_lowercase(),
+        output_dir: resolve(state_dir, &spec.output_dir),
+        train_prob: spec.dataset.train_prob,
+        eval_set_size: spec.eval_spec.eval_set_size,
+    };
+    let command = |template, field: &str, restart| {
+        local_command(template, field, &stored.dir, restart).map_err(|err| RunError::Job(format!("job {key}: {err}")))
+    };
+    let commands = [
+        command(&spec.train_spec.template, "spec.trainSpec.template", RestartPolicy::OnFailure)?,
+        command(&spec.eval_spec.template, "spec.evalSpec.template", RestartPolicy::OnFailure)?,
+        command(&spec.deploy_spec.template, "spec.deploySpec.template", RestartPolicy::Always)?,
+    ];
+    Ok(PreparedJob { edge_spec, commands })
+}
+
+fn pod_command(key: &str, stored: &Stored<k8s_openapi::api::core::v1::Pod>) -> Result<LocalCommand, RunError> {
+    let template = k8s_openapi::api::core::v1::PodTemplateSpec {
+        metadata: Some(stored.object.metadata.clone()),
+        spec: stored.object.spec.clone(),
+    };
+    local_command(&template, "spec", &stored.dir, RestartPolicy::Always)
+        .map_err(|err| RunError::Job(format!("Pod {key}: {}", err.trim_start_matches("spec."))))
+}
+
+/// A relative path is under the state dir; absolute paths and URLs stay as they are.
+pub fn resolve(state_dir: &Path, url: &str) -> String {
+    if url.contains("://") || Path::new(url).is_absolute() {
+        url.to_owned()
+    } else {
+        state_dir.join(url).display().to_string()
+    }
+}
+
+/// Watches the manifest files and folders of the run: an edited manifest is checked and applied
+/// again (a bad one is refused, said, and changes nothing), then the control plane takes it.
+fn watch_manifests(
+    paths: &[PathBuf],
+    state_dir: &Path,
+    reload: mpsc::Sender<()>,
+    wake: mpsc::Sender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::{RecursiveMode, Watcher};
+    let (changed, events) = mpsc::channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let manifest = |p: &PathBuf| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
+        if event.is_ok_and(|e| (e.kind.is_modify() || e.kind.is_create()) && e.paths.iter().any(manifest)) {
+            let _ = changed.send(());
+        }
+    })
+    .ok()?;
+    for path in paths {
+        // A file's folder: editors replace files by renaming over them.
+        let folder = if path.is_dir() { path.clone() } else { path.parent().map(Path::to_owned).unwrap_or_default() };
+        let folder = if folder.as_os_str().is_empty() { PathBuf::from(".") } else { folder };
+        if let Err(err) = watcher.watch(&folder, RecursiveMode::NonRecursive) {
+            tracing::warn!("cannot watch {} for edits: {err}", folder.display());
+        }
+    }
+    let (paths, state_dir) = (paths.to_vec(), state_dir.to_owned());
+    std::thread::Builder::new()
+        .name("manifests".into())
+        .spawn(move || {
+            while events.recv().is_ok() {
+                // An editor's save is several events: take them as one.
+                std::thread::sleep(Duration::from_millis(50));
+                while events.try_recv().is_ok() {}
+                let applied = state::open(&state_dir)
+                    .map_err(RunError::from)
+                    .and_then(|mut control| apply_manifests(&mut control, &paths));
+                match applied {
+                    Ok(_) => {
+                        let _ = reload.send(());
+                        let _ = wake.send(());
+                    }
+                    Err(err) => tracing::warn!("the edited manifests were not applied: {err}"),
+                }
+            }
+        })
+        .ok()?;
+    Some(watcher)
+}

@@ -1,0 +1,527 @@
+//! The rule as a table (every shape of lease against the clock), then the shell against a mock
+//! API server that checks the exact sequence of calls, under paused tokio time.
+
+use std::task::Poll;
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Client;
+use kube::client::Body;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tower_test::mock::{self, Handle, SendResponse};
+
+use super::{Decision, Elector, LeaderError, LeaseSettings, decide, released};
+
+const ME: &str = "operator-0";
+const RIVAL: &str = "operator-1";
+const LEASE: &str = "perennial-system/perennial-operator";
+const COLLECTION: &str = "/apis/coordination.k8s.io/v1/namespaces/perennial-system/leases";
+const ITEM: &str = "/apis/coordination.k8s.io/v1/namespaces/perennial-system/leases/perennial-operator";
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+
+/// `secs` seconds after a fixed instant; the elector's clock starts at `at(0)`.
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn time(secs: i64) -> Option<MicroTime> {
+    Some(MicroTime(at(secs)))
+}
+
+fn settings() -> LeaseSettings {
+    LeaseSettings::new("perennial-system", "perennial-operator", ME)
+}
+
+/// A spec held by `holder`, acquired at -100 s, renewed at `renewed`, 15 s, `transitions`.
+fn spec(holder: Option<&str>, renewed: i64, transitions: i32) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: holder.map(str::to_owned),
+        lease_duration_seconds: Some(15),
+        acquire_time: time(-100),
+        renew_time: time(renewed),
+        lease_transitions: Some(transitions),
+        ..LeaseSpec::default()
+    }
+}
+
+/// What we write when we hold it: acquired at `acquired`, renewed at `now`.
+fn mine(acquired: i64, now: i64, transitions: i32) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: Some(ME.to_owned()),
+        lease_duration_seconds: Some(15),
+        acquire_time: time(acquired),
+        renew_time: time(now),
+        lease_transitions: Some(transitions),
+        ..LeaseSpec::default()
+    }
+}
+
+fn follow(retry_after: Duration) -> Decision {
+    Decision::Follow { holder: RIVAL.to_owned(), retry_after }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rule
+
+#[test]
+fn decide_table() {
+    let s = settings();
+    let micro = Duration::from_micros(1);
+    let cases: Vec<(&str, Option<LeaseSpec>, Timestamp, Decision)> = vec![
+        ("no lease: create it", None, at(0), Decision::Create(mine(0, 0, 0))),
+        ("mine, fresh: renew, acquireTime kept", Some(spec(Some(ME), -3, 4)), at(0), Decision::Renew(mine(-100, 0, 4))),
+        (
+            "mine, expired (nobody took it): renew, no transition",
+            Some(spec(Some(ME), -60, 4)),
+            at(0),
+            Decision::Renew(mine(-100, 0, 4)),
+        ),
+        (
+            "mine without acquireTime: renew, acquired now",
+            Some(LeaseSpec { acquire_time: None, ..spec(Some(ME), -3, 4) }),
+            at(0),
+            Decision::Renew(mine(0, 0, 4)),
+        ),
+        (
+            "other's, fresh: follow, look again in retry_every",
+            Some(spec(Some(RIVAL), -3, 4)),
+            at(0),
+            follow(s.retry_every),
+        ),
+        (
+            "other's, 1 s left: follow, look again when it runs out",
+            Some(spec(Some(RIVAL), -14, 4)),
+            at(0),
+            follow(Duration::from_secs(1)),
+        ),
+        (
+            "other's, 1 µs before expiry: follow",
+            Some(spec(Some(RIVAL), -15, 4)),
+            at(0).checked_sub(micro).unwrap(),
+            follow(micro),
+        ),
+        (
+            "other's, clock exactly at expiry: take over",
+            Some(spec(Some(RIVAL), -15, 4)),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 5)),
+        ),
+        (
+            "other's, expired: take over, transitions + 1",
+            Some(spec(Some(RIVAL), -20, 4)),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 5)),
+        ),
+        ("empty holder: take over at once", Some(spec(Some(""), 0, 4)), at(0), Decision::TakeOver(mine(0, 0, 5))),
+        ("no holder (released): take over at once", Some(spec(None, 0, 4)), at(0), Decision::TakeOver(mine(0, 0, 5))),
+        ("an empty spec: take over", Some(LeaseSpec::default()), at(0), Decision::TakeOver(mine(0, 0, 1))),
+        (
+            "other's, no renewTime, acquired recently: follow from acquireTime",
+            Some(LeaseSpec { renew_time: None, acquire_time: time(-3), ..spec(Some(RIVAL), 0, 4) }),
+            at(0),
+            follow(s.retry_every),
+        ),
+        (
+            "other's, no renewTime, acquired long ago: take over",
+            Some(LeaseSpec { renew_time: None, ..spec(Some(RIVAL), 0, 4) }),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 5)),
+        ),
+        (
+            "other's, neither renewTime nor acquireTime: take over",
+            Some(LeaseSpec { renew_time: None, acquire_time: None, ..spec(Some(RIVAL), 0, 4) }),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 5)),
+        ),
+        (
+            "other's, its own 60 s duration wins over ours",
+            Some(LeaseSpec { lease_duration_seconds: Some(60), ..spec(Some(RIVAL), -20, 4) }),
+            at(0),
+            follow(s.retry_every),
+        ),
+        (
+            "other's, no duration: ours (15 s) applies",
+            Some(LeaseSpec { lease_duration_seconds: None, ..spec(Some(RIVAL), -20, 4) }),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 5)),
+        ),
+        (
+            "other's, negative duration: expired",
+            Some(LeaseSpec { lease_duration_seconds: Some(-5), ..spec(Some(RIVAL), 0, 4) }),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 5)),
+        ),
+        (
+            "no leaseTransitions: the first takeover makes it 1",
+            Some(LeaseSpec { lease_transitions: None, ..spec(Some(RIVAL), -20, 0) }),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 1)),
+        ),
+        (
+            "a negative leaseTransitions counts as 0",
+            Some(spec(Some(RIVAL), -20, -3)),
+            at(0),
+            Decision::TakeOver(mine(0, 0, 1)),
+        ),
+        (
+            "leaseTransitions at the maximum stays there",
+            Some(spec(None, 0, i32::MAX)),
+            at(0),
+            Decision::TakeOver(mine(0, 0, i32::MAX)),
+        ),
+        (
+            "other fields (preferredHolder) are kept",
+            Some(LeaseSpec { preferred_holder: Some(ME.to_owned()), ..spec(Some(RIVAL), -20, 4) }),
+            at(0),
+            Decision::TakeOver(LeaseSpec { preferred_holder: Some(ME.to_owned()), ..mine(0, 0, 5) }),
+        ),
+        (
+            "a renewTime in the future (clock skew): follow",
+            Some(spec(Some(RIVAL), 30, 4)),
+            at(0),
+            follow(s.retry_every),
+        ),
+    ];
+    for (name, lease, now, expected) in cases {
+        assert_eq!(decide(lease.as_ref(), ME, now, &s), expected, "{name}");
+    }
+}
+
+#[test]
+fn duration_is_whole_seconds_at_least_one() {
+    for (duration, seconds) in [(Duration::from_secs(15), 15), (Duration::from_millis(15_900), 15), (Duration::ZERO, 1)]
+    {
+        let s = LeaseSettings { duration, ..settings() };
+        let Decision::Create(spec) = decide(None, ME, at(0), &s) else { panic!("no lease: create") };
+        assert_eq!(spec.lease_duration_seconds, Some(seconds), "{duration:?}");
+    }
+}
+
+#[test]
+fn a_released_lease_is_taken_over_at_once() {
+    let held = mine(-100, -1, 4);
+    let free = released(&held, at(0));
+    assert_eq!(free, LeaseSpec { holder_identity: None, lease_duration_seconds: Some(1), renew_time: time(0), ..held });
+    let rival = LeaseSettings { identity: RIVAL.to_owned(), ..settings() };
+    let Decision::TakeOver(taken) = decide(Some(&free), RIVAL, at(0), &rival) else { panic!("take over") };
+    assert_eq!((taken.holder_identity.as_deref(), taken.lease_transitions), (Some(RIVAL), Some(5)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shell against a mock API server
+
+/// The API server's side: each call is checked as it arrives, and answered by hand.
+struct ApiServer(Handle<Request<Body>, Response<Body>>);
+
+/// One call as it arrived: method, path, the Lease sent (writes), and where to answer.
+struct Call {
+    method: Method,
+    path: String,
+    lease: Option<Lease>,
+    reply: SendResponse<Response<Body>>,
+}
+
+impl ApiServer {
+    async fn next(&mut self) -> Call {
+        let (request, reply) = self.0.next_request().await.expect("the elector made no call");
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let body = request.into_body().collect_bytes().await.expect("request body");
+        let lease = (!body.is_empty()).then(|| serde_json::from_slice(&body).expect("a Lease in the body"));
+        Call { method, path, lease, reply }
+    }
+
+    /// Expects `GET` of the lease.
+    async fn get(&mut self) -> SendResponse<Response<Body>> {
+        let call = self.next().await;
+        assert_eq!((call.method, call.path.as_str()), (Method::GET, ITEM));
+        call.reply
+    }
+
+    /// Expects `POST` (create) of a lease; returns what was sent.
+    async fn create(&mut self) -> (Lease, SendResponse<Response<Body>>) {
+        let call = self.next().await;
+        assert_eq!((call.method, call.path.as_str()), (Method::POST, COLLECTION));
+        (call.lease.expect("a Lease to create"), call.reply)
+    }
+
+    /// Expects `PUT` (replace) of the lease; returns what was sent.
+    async fn replace(&mut self) -> (Lease, SendResponse<Response<Body>>) {
+        let call = self.next().await;
+        assert_eq!((call.method, call.path.as_str()), (Method::PUT, ITEM));
+        (call.lease.expect("a Lease to replace"), call.reply)
+    }
+}
+
+fn lease(spec: LeaseSpec, resource_version: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some("perennial-operator".into()),
+            namespace: Some("perennial-system".into()),
+            resource_version: Some(resource_version.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+    }
+}
+
+fn ok(lease: &Lease) -> Response<Body> {
+    Response::new(Body::from(serde_json::to_vec(lease).unwrap()))
+}
+
+fn status(code: u16, reason: &str) -> Response<Body> {
+    let status = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("leases \"perennial-operator\": {reason}"), "reason": reason, "code": code,
+    });
+    Response::builder().status(code).body(Body::from(serde_json::to_vec(&status).unwrap())).unwrap()
+}
+
+/// The spec of what the elector sent, with its resourceVersion.
+fn sent(lease: &Lease) -> (LeaseSpec, Option<&str>) {
+    (lease.spec.clone().expect("a spec"), lease.metadata.resource_version.as_deref())
+}
+
+fn start() -> (Elector, ApiServer, Instant) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let elector = Elector::with_clock(Client::new(service, "default"), settings(), at(0));
+    (elector, ApiServer(handle), Instant::now())
+}
+
+fn spawn_acquire(elector: Elector) -> JoinHandle<(Elector, Result<(), LeaderError>)> {
+    tokio::spawn(async move {
+        let result = elector.acquire().await;
+        (elector, result)
+    })
+}
+
+/// Runs `acquire` through a create (no lease yet) answered with resourceVersion "1".
+async fn acquired(elector: Elector, server: &mut ApiServer) -> Elector {
+    let task = spawn_acquire(elector);
+    server.get().await.send_response(status(404, "NotFound"));
+    let (created, reply) = server.create().await;
+    reply.send_response(ok(&lease(created.spec.clone().unwrap(), "1")));
+    let (elector, result) = task.await.unwrap();
+    result.expect("acquired");
+    elector
+}
+
+/// (a) No lease: GET answered 404, POST with me as the holder, and we lead.
+#[tokio::test(start_paused = true)]
+async fn no_lease_is_created() {
+    let (elector, mut server, t0) = start();
+    let task = spawn_acquire(elector);
+    server.get().await.send_response(status(404, "NotFound"));
+    let (created, reply) = server.create().await;
+    assert_eq!(sent(&created), (mine(0, 0, 0), None));
+    assert_eq!(created.metadata.name.as_deref(), Some("perennial-operator"));
+    assert_eq!(created.metadata.namespace.as_deref(), Some("perennial-system"));
+    reply.send_response(ok(&lease(mine(0, 0, 0), "1")));
+    let (_, result) = task.await.unwrap();
+    assert!(result.is_ok());
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+}
+
+/// A 404 whose body is not a Status (a proxy's page) still means "no lease" (kube 5's
+/// `is_not_found` alone would not say so).
+#[tokio::test(start_paused = true)]
+async fn a_plain_404_means_no_lease() {
+    let (elector, mut server, _) = start();
+    let task = spawn_acquire(elector);
+    let page = Response::builder().status(404).body(Body::from(b"404 page not found".to_vec())).unwrap();
+    server.get().await.send_response(page);
+    let (created, reply) = server.create().await;
+    reply.send_response(ok(&lease(created.spec.unwrap(), "1")));
+    assert!(task.await.unwrap().1.is_ok());
+}
+
+/// (b) Another replica holds a fresh lease: GETs only, every retry_every (sooner as it runs
+/// out), and at its expiry a PUT with the resourceVersion read and leaseTransitions + 1.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_holder_is_followed_then_taken_over_at_expiry() {
+    let (elector, mut server, t0) = start();
+    let task = spawn_acquire(elector);
+    // Renewed at -10 s for 15 s: runs out at +5 s.
+    let rival = lease(spec(Some(RIVAL), -10, 3), "41");
+    for secs in [0, 2, 4] {
+        server.get().await.send_response(ok(&rival));
+        assert_eq!(t0.elapsed(), Duration::from_secs(secs), "a follower's look");
+        assert!(!task.is_finished());
+    }
+    server.get().await.send_response(ok(&rival));
+    let (taken, reply) = server.replace().await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(5), "the takeover waits out the lease, no longer");
+    assert_eq!(sent(&taken), (mine(5, 5, 4), Some("41")));
+    reply.send_response(ok(&lease(mine(5, 5, 4), "42")));
+    assert!(task.await.unwrap().1.is_ok());
+}
+
+/// (c) Two candidates race for an expired lease: our PUT is answered 409, so we do not lead,
+/// look again after retry_every and follow the winner.
+#[tokio::test(start_paused = true)]
+async fn a_lost_race_on_replace_is_not_leadership() {
+    let (elector, mut server, t0) = start();
+    let task = spawn_acquire(elector);
+    server.get().await.send_response(ok(&lease(spec(Some("operator-gone"), -60, 3), "41")));
+    let (attempt, reply) = server.replace().await;
+    assert_eq!(sent(&attempt), (mine(0, 0, 4), Some("41")));
+    reply.send_response(status(409, "Conflict"));
+    // The winner's lease, read again after retry_every.
+    server.get().await.send_response(ok(&lease(spec(Some(RIVAL), 0, 4), "42")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(2));
+    // Still following: the next call is another look, not a write.
+    server.get().await.send_response(ok(&lease(spec(Some(RIVAL), 0, 4), "42")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(4));
+    assert!(!task.is_finished(), "acquire must not return after losing the race");
+    task.abort();
+}
+
+/// The same race on create: the POST is answered 409 AlreadyExists.
+#[tokio::test(start_paused = true)]
+async fn a_lost_race_on_create_is_not_leadership() {
+    let (elector, mut server, t0) = start();
+    let task = spawn_acquire(elector);
+    server.get().await.send_response(status(404, "NotFound"));
+    let (_, reply) = server.create().await;
+    reply.send_response(status(409, "AlreadyExists"));
+    server.get().await.send_response(ok(&lease(spec(Some(RIVAL), 0, 0), "7")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(2));
+    server.get().await.send_response(ok(&lease(spec(Some(RIVAL), 0, 0), "7")));
+    assert!(!task.is_finished(), "acquire must not return after losing the race");
+    task.abort();
+}
+
+/// Transient failures (500, a call that never returns) are retried; a refusal (403, no RBAC
+/// for leases) is an error naming the lease.
+#[tokio::test(start_paused = true)]
+async fn acquire_retries_failures_and_stops_on_refusal() {
+    let (elector, mut server, t0) = start();
+    let task = spawn_acquire(elector);
+    server.get().await.send_response(status(500, "InternalError"));
+    let hung = server.get().await; // at 2 s, never answered: times out after 15 s
+    assert_eq!(t0.elapsed(), Duration::from_secs(2));
+    server.get().await.send_response(status(403, "Forbidden"));
+    assert_eq!(t0.elapsed(), Duration::from_secs(19));
+    drop(hung);
+    let (_, result) = task.await.unwrap();
+    let error = result.expect_err("a 403 stops acquire");
+    assert!(matches!(&error, LeaderError::Api { lease, .. } if lease == LEASE), "{error:?}");
+    assert!(error.to_string().starts_with("lease perennial-system/perennial-operator: "), "{error}");
+}
+
+/// (d) Holding: every renew_every a GET, then a PUT with the resourceVersion just read; a GET
+/// that shows another holder ends `hold` with Lost.
+#[tokio::test(start_paused = true)]
+async fn hold_renews_then_sees_another_holder() {
+    let (elector, mut server, t0) = start();
+    let elector = acquired(elector, &mut server).await;
+    let task = tokio::spawn(async move { elector.hold().await });
+
+    server.get().await.send_response(ok(&lease(mine(0, 0, 0), "1")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(5));
+    let (renewed, reply) = server.replace().await;
+    assert_eq!(sent(&renewed), (mine(0, 5, 0), Some("1")), "acquireTime kept, renewTime now");
+    reply.send_response(ok(&lease(mine(0, 5, 0), "2")));
+
+    server.get().await.send_response(ok(&lease(mine(0, 5, 0), "2")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(10));
+    let (renewed, reply) = server.replace().await;
+    assert_eq!(sent(&renewed), (mine(0, 10, 0), Some("2")));
+    reply.send_response(ok(&lease(mine(0, 10, 0), "3")));
+
+    // Someone else wrote the lease (say an operator edited it by hand).
+    server.get().await.send_response(ok(&lease(spec(Some(RIVAL), 14, 1), "4")));
+    let lost = task.await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_secs(15));
+    assert!(
+        matches!(&lost, LeaderError::Lost { lease, holder } if lease == LEASE && holder.as_deref() == Some(RIVAL)),
+        "{lost:?}"
+    );
+    assert_eq!(lost.to_string(), "lease perennial-system/perennial-operator: leadership lost, now held by operator-1");
+}
+
+/// A lease deleted under the leader, or released by someone else: lost, to nobody.
+#[tokio::test(start_paused = true)]
+async fn hold_loses_a_deleted_or_emptied_lease() {
+    for answer in [status(404, "NotFound"), ok(&lease(spec(None, 3, 0), "2"))] {
+        let (elector, mut server, _) = start();
+        let elector = acquired(elector, &mut server).await;
+        let task = tokio::spawn(async move { elector.hold().await });
+        server.get().await.send_response(answer);
+        let lost = task.await.unwrap();
+        assert!(matches!(&lost, LeaderError::Lost { holder: None, .. }), "{lost:?}");
+    }
+}
+
+/// Renewal failures are retried every retry_every (a 503, a 409 on the write); a success
+/// restarts the clock; once no renewal has succeeded for a lease duration, `hold` gives up at
+/// that instant without another call.
+#[tokio::test(start_paused = true)]
+async fn hold_retries_failed_renewals_until_the_lease_would_expire() {
+    let (elector, mut server, t0) = start();
+    let elector = acquired(elector, &mut server).await;
+    let task = tokio::spawn(async move { elector.hold().await });
+
+    server.get().await.send_response(status(503, "ServiceUnavailable"));
+    assert_eq!(t0.elapsed(), Duration::from_secs(5));
+    server.get().await.send_response(ok(&lease(mine(0, 0, 0), "1")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(7));
+    let (_, reply) = server.replace().await;
+    reply.send_response(status(409, "Conflict"));
+    server.get().await.send_response(ok(&lease(mine(0, 0, 0), "1")));
+    assert_eq!(t0.elapsed(), Duration::from_secs(9));
+    let (renewed, reply) = server.replace().await;
+    assert_eq!(sent(&renewed), (mine(0, 9, 0), Some("1")));
+    reply.send_response(ok(&lease(mine(0, 9, 0), "2")));
+
+    // Renewed at 9 s: from 14 s every call fails; the last try that fits is at 22 s.
+    for secs in [14, 16, 18, 20, 22] {
+        server.get().await.send_response(status(500, "InternalError"));
+        assert_eq!(t0.elapsed(), Duration::from_secs(secs));
+    }
+    let lost = task.await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_secs(24), "9 s + the 15 s lease");
+    assert!(matches!(&lost, LeaderError::RenewFailed { lease, .. } if lease == LEASE), "{lost:?}");
+    assert!(lost.to_string().contains("not renewed for 15s"), "{lost}");
+}
+
+/// A renewal call that hangs does not extend leadership: `hold` gives up at the deadline.
+#[tokio::test(start_paused = true)]
+async fn hold_gives_up_on_a_hung_renewal_at_the_deadline() {
+    let (elector, mut server, t0) = start();
+    let elector = acquired(elector, &mut server).await;
+    let task = tokio::spawn(async move { elector.hold().await });
+    let _hung = server.get().await;
+    let lost = task.await.unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_secs(15));
+    assert!(matches!(&lost, LeaderError::RenewFailed { last_error, .. } if last_error == "timed out"), "{lost:?}");
+}
+
+/// Release: the holder writes no holder and a one-second lease, conditional on the
+/// resourceVersion; a replica that does not hold the lease writes nothing.
+#[tokio::test(start_paused = true)]
+async fn release_frees_only_our_own_lease() {
+    let (elector, mut server, _) = start();
+    let elector = acquired(elector, &mut server).await;
+    let task = tokio::spawn(async move {
+        elector.release().await;
+        elector
+    });
+    server.get().await.send_response(ok(&lease(mine(0, 0, 2), "5")));
+    let (freed, reply) = server.replace().await;
+    assert_eq!(sent(&freed), (released(&mine(0, 0, 2), at(0)), Some("5")));
+    assert_eq!(freed.spec.as_ref().and_then(|spec| spec.holder_identity.as_deref()), None);
+    reply.send_response(ok(&freed));
+    let elector = task.await.unwrap();
+
+    let task = tokio::spawn(async move { elector.release().await });
+    server.get().await.send_response(ok(&lease(spec(Some(RIVAL), 0, 3), "6")));
+    task.await.unwrap();
+    assert!(!matches!(server.0.poll_request(), Poll::Ready(Some(_))), "no write after seeing another holder");
+}

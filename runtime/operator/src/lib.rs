@@ -1,0 +1,229 @@
+//! The operator (`perennial operator`): kube-rs's `Controller` over LifelongLearningJobs and the
+//! pods they own, feeding the same stage machine as the embedded mode (`lifecycle`) and carrying
+//! out its actions with the pod builder (`workers::pod`). The decisions are pure and tested
+//! exhaustively; this module is the thin Kubernetes shell, tested against a mock API server
+//! that checks the sequence of calls.
+
+pub mod identity;
+pub mod inbox;
+pub mod leader;
+pub mod link;
+pub mod metrics;
+pub mod node_state;
+pub mod observe;
+pub mod patch;
+pub mod reconcile;
+pub mod watches;
+pub mod written;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, ResourceExt};
+
+pub use inbox::Inbox;
+pub use metrics::Metrics;
+use perennial_api::{Dataset, LifelongLearningJob};
+use perennial_lifecycle::Settings;
+pub use reconcile::{Context, WorkerDefaults};
+
+/// How `perennial operator` runs.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// Watch one namespace; `None`: all.
+    pub namespace: Option<String>,
+    pub metrics_addr: SocketAddr,
+    pub settings: Settings,
+    pub workers: WorkerDefaults,
+    /// Lease-based leader election (two replicas, one acts); `None`: act at once, alone.
+    pub leader: Option<leader::LeaseSettings>,
+    /// This replica's name in events (its pod name).
+    pub instance: Option<String>,
+    /// The edge link's listener; `None`: no edge nodes (reports come from nowhere).
+    pub link: Option<link::LinkOptions>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("metrics endpoint {address}: {source}")]
+    Metrics { address: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    #[error(transparent)]
+    Link(#[from] link::LinkSetupError),
+}
+
+/// Runs the operator until SIGTERM/Ctrl-C, or until it stops being the leader (an error: the
+/// process exits and Kubernetes starts it again as a standby).
+pub async fn run(client: Client, options: OperatorOptions) -> Result<(), OperatorError> {
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(options.metrics_addr)
+        .await
+        .map_err(|source| OperatorError::Metrics { address: options.metrics_addr, source })?;
+    tracing::info!(address = %options.metrics_addr, "serving /metrics and /healthz");
+    let served = metrics.clone();
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, metrics::router(served)).await {
+            tracing::error!("metrics endpoint: {err}");
+        }
+    });
+
+    // A bad certificate is said at once, not after winning the election.
+    let link_tls = options.link.as_ref().map(link::load_tls).transpose()?;
+    let elector = options.leader.clone().map(|settings| leader::Elector::new(client.clone(), settings));
+    if let Some(elector) = &elector {
+        tracing::info!("waiting to become the leader");
+        elector.acquire().await?;
+    }
+
+    let (inbox, woken) = Inbox::new();
+    let scope = options.namespace.as_deref();
+    let jobs = scoped::<LifelongLearningJob>(&client, scope);
+    let (pods, datasets) = (scoped::<Pod>(&client, scope), scoped::<Dataset>(&client, scope));
+    let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        settings: options.settings,
+        workers: options.workers.clone(),
+        inbox: Arc::new(inbox),
+        recorder: Recorder::new(client.clone(), reporter),
+        metrics: metrics.clone(),
+        failures: Default::default(),
+        written: Default::default(),
+    });
+    // One watch per kind, followed by the Controller and the link alike.
+    let (link_changes, changes) = match options.link {
+        Some(_) => {
+            let (sender, receiver) = futures::channel::mpsc::unbounded();
+            (Some(sender), Some(receiver))
+        }
+        None => (None, None),
+    };
+    let (stores, triggers) = watches::start((jobs, datasets, pods), link_changes);
+    let stop_link = match (&options.link, link_tls, changes) {
+        (Some(options), Some(tls), Some(changes)) => {
+            Some(start_link(&client, options.clone(), tls, &context, stores.clone(), changes))
+        }
+        _ => None,
+    };
+    if options.link.is_none() {
+        metrics.set_ready(true);
+    }
+    let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
+    let known = stores.jobs.clone();
+    // A Dataset created or changed after its jobs (its node, its credential) wakes them.
+    let controller = Controller::for_stream(triggers.jobs, stores.jobs.clone())
+        .owns_stream(triggers.pods)
+        .watches_stream(triggers.datasets, move |dataset| jobs_of_dataset(&known.state(), &dataset))
+        .reconcile_on(reports)
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((job, _)) => tracing::debug!(job = %job, "reconciled"),
+                Err(err) => tracing::debug!("reconcile: {err}"),
+            }
+        });
+    tracing::info!(namespace = options.namespace.as_deref().unwrap_or("all"), "reconciling LifelongLearningJobs");
+    match &elector {
+        None => controller.await,
+        Some(elector) => {
+            tokio::select! {
+                () = controller => elector.release().await,
+                lost = elector.hold() => {
+                    metrics.set_healthy(false);
+                    return Err(lost.into());
+                }
+            }
+        }
+    }
+    if let Some(stop) = stop_link {
+        stop.send_replace(true);
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The edge link, on the leader: the nodes' desired state followed, their tokens read, and the
+/// listener opened once the desired state is complete (ready from then on). Returns its stop.
+fn start_link(
+    client: &Client,
+    options: link::LinkOptions,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    context: &Context,
+    stores: watches::Stores,
+    changes: futures::channel::mpsc::UnboundedReceiver<watches::Seen>,
+) -> tokio::sync::watch::Sender<bool> {
+    let book = Arc::new(link::NodeBook::default());
+    let (complete, completed) = tokio::sync::oneshot::channel();
+    tokio::spawn(link::follow_cluster(stores, changes, book.clone(), complete));
+    let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));
+    tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
+    let side = Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let metrics = context.metrics.clone();
+    tokio::spawn(async move {
+        if completed.await.is_err() {
+            return;
+        }
+        metrics.set_ready(true);
+        if let Err(err) = link::listen(&options, tls, read_tokens, side, stopped).await {
+            tracing::error!("{err}");
+            metrics.set_ready(false);
+        }
+    });
+    stop
+}
+
+/// An API over one namespace, or all of them.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The jobs that use `dataset` (same namespace, `spec.dataset.name`).
+pub fn jobs_of_dataset(jobs: &[Arc<LifelongLearningJob>], dataset: &Dataset) -> Vec<ObjectRef<LifelongLearningJob>> {
+    let (namespace, name) = (dataset.namespace(), dataset.name_any());
+    jobs.iter()
+        .filter(|job| job.namespace() == namespace && job.spec.dataset.name == name)
+        .map(|job| ObjectRef::from_obj(job.as_ref()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dataset_wakes_the_jobs_that_use_it() {
+        let job = |namespace: &str, name: &str, dataset: &str| {
+            let value = serde_json::json!({
+                "apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"dataset": {"name": dataset, "trainProb": 0.8},
+                         "trainSpec": {"template": {}, "trigger": {}}, "evalSpec": {"template": {}},
+                         "deploySpec": {"template": {}}, "outputDir": "/o"}
+            });
+            Arc::new(serde_json::from_value::<LifelongLearningJob>(value).expect("job"))
+        };
+        let jobs = vec![job("ml", "a", "d"), job("ml", "b", "other"), job("lab", "c", "d"), job("ml", "e", "d")];
+        let dataset: Dataset = serde_json::from_value(serde_json::json!({
+            "apiVersion": "sedna.io/v1alpha1", "kind": "Dataset", "metadata": {"name": "d", "namespace": "ml"},
+            "spec": {"url": "/i", "format": "txt", "nodeName": "n"}
+        }))
+        .expect("dataset");
+        let woken: Vec<String> = jobs_of_dataset(&jobs, &dataset).iter().map(|r| r.name.clone()).collect();
+        assert_eq!(woken, ["a", "e"]);
+    }
+}

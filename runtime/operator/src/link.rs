@@ -1,0 +1,377 @@
+//! The operator's side of the cloud–edge link: the listener (leader only), agents' projected
+//! ServiceAccount tokens checked by TokenReview ([`super::identity`]), static node tokens from a
+//! Secret (nodes outside the cluster), each node's desired state from the cluster (reflectors over jobs, datasets and their
+//! pods, folded by the pure [`node_state`](super::node_state)), and edge reports applied through
+//! the same inbox and stage machine as every reconcile. A report is acknowledged to the edge only
+//! once the job status that applied it is written.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::channel::mpsc::UnboundedReceiver;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_rustls::rustls::ServerConfig;
+
+use super::identity::{IdentitySettings, TokenReviewer};
+use super::inbox::Inbox;
+use super::node_state::{DesiredNodes, object_key};
+use super::observe::UID_LABEL;
+use super::reconcile::write_dataset_status;
+use super::watches::{Seen, Stores};
+use perennial_api::LifelongLearningJob;
+use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired, ServerSettings, serve};
+use perennial_link::socket::{NodeTokens, server_tls};
+use perennial_types::Report;
+
+/// How long a report may wait for the status write that applies it before the connection is
+/// dropped (the edge resends it; the stage machine takes it once).
+const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often the node tokens' Secret is read again (the operator may only `get` Secrets).
+const TOKENS_REFRESH: Duration = Duration::from_secs(30);
+
+/// The link's settings (`perennial operator --link-*`).
+#[derive(Clone, Debug)]
+pub struct LinkOptions {
+    pub addr: SocketAddr,
+    /// The listener's certificate chain and key (PEM), e.g. a mounted `kubernetes.io/tls` Secret.
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The Secret holding one key per node name, its bearer token the value.
+    pub tokens_secret: String,
+    pub tokens_namespace: String,
+    /// Agents in the cluster: their projected ServiceAccount tokens, checked by TokenReview.
+    pub identity: IdentitySettings,
+    pub heartbeat_secs: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkSetupError {
+    #[error("{what} {path}: {message}")]
+    File { what: &'static str, path: String, message: String },
+    #[error("link listener {address}: {source}")]
+    Listen { address: SocketAddr, source: std::io::Error },
+}
+
+/// Each node's desired state, as a channel its connection follows.
+#[derive(Default)]
+pub struct NodeBook {
+    nodes: Mutex<HashMap<String, watch::Sender<Arc<NodeDesired>>>>,
+}
+
+impl NodeBook {
+    /// Every node's state now; a node left out holds nothing.
+    pub fn replace_all(&self, mut desired: BTreeMap<String, NodeDesired>) {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for (node, sender) in nodes.iter() {
+            let next = desired.remove(node).unwrap_or_default();
+            sender.send_if_modified(|current| {
+                let changed = **current != next;
+                if changed {
+                    *current = Arc::new(next);
+                }
+                changed
+            });
+        }
+        for (node, next) in desired {
+            nodes.insert(node, watch::channel(Arc::new(next)).0);
+        }
+    }
+
+    /// One node's state now.
+    pub fn set(&self, node: &str, next: NodeDesired) {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match nodes.get(node) {
+            Some(sender) => {
+                sender.send_if_modified(|current| {
+                    let changed = **current != next;
+                    if changed {
+                        *current = Arc::new(next);
+                    }
+                    changed
+                });
+            }
+            None => {
+                nodes.insert(node.to_owned(), watch::channel(Arc::new(next)).0);
+            }
+        }
+    }
+
+    pub fn subscribe(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        nodes.entry(node.to_owned()).or_insert_with(|| watch::channel(Arc::default()).0).subscribe()
+    }
+}
+
+/// Edge reports into job and dataset status.
+pub struct OperatorSide {
+    pub book: Arc<NodeBook>,
+    pub inbox: Arc<Inbox>,
+    pub client: Client,
+    /// The highest report applied per node since this operator started. After a restart it is
+    /// 0: the edge resends what it holds, and the stage machine takes each report once.
+    watermarks: Mutex<HashMap<String, u64>>,
+}
+
+impl OperatorSide {
+    pub fn new(book: Arc<NodeBook>, inbox: Arc<Inbox>, client: Client) -> OperatorSide {
+        OperatorSide { book, inbox, client, watermarks: Mutex::default() }
+    }
+
+    async fn apply_job(&self, body: Value) -> Applied {
+        let report: Report = match serde_json::from_value(body) {
+            Ok(report) => report,
+            Err(err) => return Applied::Rejected(format!("not a job report: {err}")),
+        };
+        let Some((namespace, name)) = report.job.split_once('/') else {
+            return Applied::Rejected(format!("job {:?} is not namespace/name", report.job));
+        };
+        let receipt = self.inbox.deliver(namespace, name, perennial_lifecycle::Report::from(&report));
+        match tokio::time::timeout(APPLY_TIMEOUT, receipt).await {
+            Ok(Ok(())) => Applied::Applied,
+            Ok(Err(_)) => Applied::Rejected(format!("job {} was deleted before the report was applied", report.job)),
+            Err(_) => Applied::Failed(format!("job {}'s status was not written within {APPLY_TIMEOUT:?}", report.job)),
+        }
+    }
+
+    /// The job's policies as its edge runs them: `status.policies`, replaced whole (a kind no
+    /// longer there is removed). The stage machine never writes them, so no conflict with it.
+    async fn apply_policies(&self, body: Value) -> Applied {
+        let key = body.get("job").and_then(Value::as_str).unwrap_or_default();
+        let Some((namespace, name)) = key.split_once('/') else {
+            return Applied::Rejected(format!("job {key:?} is not namespace/name"));
+        };
+        let Some(reported) = body.get("policies").and_then(Value::as_object) else {
+            return Applied::Rejected(format!("job {key}: policies is not an object"));
+        };
+        let mut policies = serde_json::Map::new();
+        for kind in ["trigger", "splitter", "selector"] {
+            policies.insert(kind.to_owned(), reported.get(kind).cloned().unwrap_or(Value::Null));
+        }
+        let jobs: Api<LifelongLearningJob> = Api::namespaced(self.client.clone(), namespace);
+        let patch = serde_json::json!({"status": {"policies": policies}});
+        match jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Applied::Applied,
+            Err(kube::Error::Api(status)) if status.code == 404 => Applied::Rejected(format!("job {key} is gone")),
+            Err(err) => Applied::Failed(format!("job {key}: writing its policies: {err}")),
+        }
+    }
+
+    async fn apply_dataset(&self, body: Value) -> Applied {
+        let key = body.get("dataset").and_then(Value::as_str).unwrap_or_default();
+        let Some(samples) = body.get("numberOfSamples").and_then(Value::as_u64) else {
+            return Applied::Rejected(format!("dataset {key}: numberOfSamples is missing or not a count"));
+        };
+        let Some((namespace, name)) = key.split_once('/') else {
+            return Applied::Rejected(format!("dataset {key:?} is not namespace/name"));
+        };
+        match write_dataset_status(self.client.clone(), namespace, name, samples).await {
+            Ok(()) => Applied::Applied,
+            Err(super::reconcile::Error::Kube { source, .. }) if matches!(source.as_ref(), kube::Error::Api(status) if status.code == 404) => {
+                Applied::Rejected(format!("dataset {key} is gone"))
+            }
+            Err(err) => Applied::Failed(err.to_string()),
+        }
+    }
+}
+
+impl CloudSide for OperatorSide {
+    async fn last_applied_report(&self, node: &str) -> Result<u64, String> {
+        Ok(self.watermarks.lock().unwrap_or_else(|p| p.into_inner()).get(node).copied().unwrap_or(0))
+    }
+
+    async fn apply(&self, node: &str, seq: u64, body: Value) -> Applied {
+        let outcome = if body.get("policies").is_some() {
+            self.apply_policies(body).await
+        } else if body.get("job").is_some() {
+            self.apply_job(body).await
+        } else {
+            self.apply_dataset(body).await
+        };
+        if outcome == Applied::Applied {
+            let mut watermarks = self.watermarks.lock().unwrap_or_else(|p| p.into_inner());
+            let mark = watermarks.entry(node.to_owned()).or_insert(0);
+            *mark = (*mark).max(seq);
+        }
+        outcome
+    }
+
+    fn desired(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>> {
+        self.book.subscribe(node)
+    }
+}
+
+/// Follows the cluster for the nodes' desired state: built whole once every store has listed its
+/// kind (then `ready` is sent: the link may open), then kept object by object as the watches
+/// see changes; built whole again when a watch lists its kind again.
+pub async fn follow_cluster(
+    stores: Stores,
+    mut changes: UnboundedReceiver<Seen>,
+    book: Arc<NodeBook>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    stores.ready().await;
+    let build =
+        |stores: &Stores| DesiredNodes::build(&stores.jobs.state(), &stores.datasets.state(), &stores.pods.state());
+    let mut desired = build(&stores);
+    book.replace_all(desired.nodes().clone());
+    tracing::info!("the nodes' desired state is complete; the link opens");
+    let _ = ready.send(());
+    while let Some(first) = changes.next().await {
+        // What queued meanwhile is applied in one go, each node published once.
+        let mut batch = vec![first];
+        while let Ok(more) = changes.try_recv() {
+            batch.push(more);
+        }
+        if batch.iter().any(|seen| matches!(seen, Seen::Relisted)) {
+            desired = build(&stores);
+            book.replace_all(desired.nodes().clone());
+            continue;
+        }
+        let (jobs, datasets, pods) = (stores.jobs.state(), stores.datasets.state(), stores.pods.state());
+        let mut touched = BTreeSet::new();
+        for seen in batch {
+            touched.extend(match seen {
+                Seen::Job(job) => {
+                    let key = object_key(job.as_ref());
+                    let now = stores.jobs.get(&ObjectRef::from_obj(job.as_ref()));
+                    desired.job_changed(&key, now.as_ref(), &datasets, &pods)
+                }
+                Seen::Dataset(dataset) => {
+                    let key = object_key(dataset.as_ref());
+                    let now = stores.datasets.get(&ObjectRef::from_obj(dataset.as_ref()));
+                    desired.dataset_changed(&key, now.as_ref(), &jobs, &datasets, &pods)
+                }
+                Seen::Pod(pod) => match pod.metadata.labels.as_ref().and_then(|labels| labels.get(UID_LABEL)) {
+                    Some(uid) => desired.pod_changed(uid, &jobs, &datasets, &pods),
+                    None => BTreeSet::new(),
+                },
+                Seen::Relisted => BTreeSet::new(),
+            });
+        }
+        for node in touched {
+            book.set(&node, desired.node(&node));
+        }
+    }
+}
+
+/// Reads the static node tokens' Secret now and then (nodes outside the cluster); a missing
+/// Secret means no such node may connect.
+pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::Sender<Arc<NodeTokens>>) {
+    let secrets: Api<Secret> = Api::namespaced(client, &options.tokens_namespace);
+    let mut said_missing = false;
+    loop {
+        match secrets.get_opt(&options.tokens_secret).await {
+            Ok(Some(secret)) => {
+                let pairs: Vec<(String, String)> = secret
+                    .data
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(node, token)| (node, String::from_utf8_lossy(&token.0).trim().to_owned()))
+                    .collect();
+                let count = pairs.len();
+                tokens.send_replace(Arc::new(NodeTokens::new(pairs.iter().map(|(n, t)| (n.as_str(), t.as_str())))));
+                tracing::debug!(nodes = count, "node tokens read");
+                said_missing = false;
+            }
+            Ok(None) if !said_missing => {
+                tracing::warn!(
+                    "no Secret {}/{}: no node outside the cluster can connect until it exists (agents in the \
+                     cluster open the link with their projected ServiceAccount token)",
+                    options.tokens_namespace,
+                    options.tokens_secret
+                );
+                said_missing = true;
+            }
+            Ok(None) => {}
+            Err(err) => tracing::warn!("reading the node tokens: {err}"),
+        }
+        tokio::time::sleep(TOKENS_REFRESH).await;
+    }
+}
+
+/// The listener's TLS from its certificate and key files (checked at start-up, before waiting
+/// to lead).
+pub fn load_tls(options: &LinkOptions) -> Result<Arc<ServerConfig>, LinkSetupError> {
+    let read = |what: &'static str, path: &PathBuf| {
+        std::fs::read(path).map_err(|err| LinkSetupError::File {
+            what,
+            path: path.display().to_string(),
+            message: err.to_string(),
+        })
+    };
+    let (cert, key) = (read("--link-cert", &options.cert_file)?, read("--link-key", &options.key_file)?);
+    server_tls(&cert, &key).map_err(|err| LinkSetupError::File {
+        what: "--link-cert/--link-key",
+        path: options.cert_file.display().to_string(),
+        message: err.to_string(),
+    })
+}
+
+/// Opens the listener and serves nodes until `stop`.
+pub async fn listen(
+    options: &LinkOptions,
+    tls: Arc<ServerConfig>,
+    tokens: watch::Receiver<Arc<NodeTokens>>,
+    side: Arc<OperatorSide>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), LinkSetupError> {
+    let listener = tokio::net::TcpListener::bind(options.addr)
+        .await
+        .map_err(|source| LinkSetupError::Listen { address: options.addr, source })?;
+    tracing::info!(address = %options.addr, "the edge link listens");
+    let reviewer = Arc::new(TokenReviewer::new(side.client.clone(), options.identity.clone()));
+    tracing::info!(
+        audience = options.identity.audience,
+        service_account = options.identity.username(),
+        "edge agents in the cluster open the link with their projected ServiceAccount token; static node tokens from \
+         {}/{}",
+        options.tokens_namespace,
+        options.tokens_secret
+    );
+    let settings = ServerSettings { tls, tokens, reviewer: Some(reviewer), heartbeat_secs: options.heartbeat_secs };
+    serve(listener, settings, side, stop).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn holding(job: &str) -> NodeDesired {
+        let mut desired = NodeDesired::default();
+        desired.jobs.insert(job.into(), json!({"metadata": {"namespace": "ml", "name": job}}));
+        desired
+    }
+
+    #[test]
+    fn a_nodes_connection_hears_of_its_changes_only() {
+        let book = NodeBook::default();
+        let mut early = book.subscribe("edge-1");
+        assert_eq!(**early.borrow_and_update(), NodeDesired::default(), "a node not yet known holds nothing");
+        book.replace_all(BTreeMap::from([("edge-1".into(), holding("a")), ("edge-2".into(), holding("b"))]));
+        assert!(early.has_changed().unwrap());
+        assert_eq!(**early.borrow_and_update(), holding("a"));
+        let mut other = book.subscribe("edge-2");
+        assert_eq!(**other.borrow_and_update(), holding("b"));
+        // The same state again: nobody is woken.
+        book.replace_all(BTreeMap::from([("edge-1".into(), holding("a")), ("edge-2".into(), holding("b"))]));
+        assert!(!early.has_changed().unwrap() && !other.has_changed().unwrap());
+        // edge-2's job is gone: it is told it holds nothing; edge-1 hears nothing.
+        book.replace_all(BTreeMap::from([("edge-1".into(), holding("a"))]));
+        assert!(!early.has_changed().unwrap());
+        assert!(other.has_changed().unwrap());
+        assert_eq!(**other.borrow_and_update(), NodeDesired::default());
+    }
+}

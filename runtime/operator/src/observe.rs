@@ -1,0 +1,282 @@
+//! What the stage machine sees of a job's pods (pure): the worker of a stage and round, from the
+//! pods listed by the job's uid label.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+
+use perennial_api::Stage;
+use perennial_lifecycle::{WorkerObservation, WorkerPhase};
+use perennial_workers::pod::ROUND_LABEL;
+
+/// Sedna's worker-type label.
+pub const WORKER_TYPE_LABEL: &str = "lifelonglearningjob.sedna.io/worker-type";
+/// Sedna's job uid label: the operator lists a job's pods by it.
+pub const UID_LABEL: &str = "lifelonglearningjob.sedna.io/uid";
+
+/// The pod of `stage` and `round` among a job's pods, as the stage machine reads it. The newest
+/// wins when there are several (a re-created worker beside one still terminating).
+pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Option<WorkerObservation> {
+    let kind = stage.worker_kind();
+    pods.iter()
+        .filter(|pod| label(pod, WORKER_TYPE_LABEL) == Some(kind))
+        .filter(|pod| label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok()) == Some(round))
+        .max_by_key(|pod| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .map(|pod| observe(pod, stage, round, now))
+}
+
+/// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
+const STUCK: &[&str] =
+    &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"];
+const STUCK_FOR_SECS: i64 = 300;
+
+/// One pod as a worker observation.
+pub fn observe(pod: &Pod, stage: Stage, round: u64, now: Timestamp) -> WorkerObservation {
+    let status = pod.status.clone().unwrap_or_default();
+    let containers = status.container_statuses.clone().unwrap_or_default();
+    let init = status.init_container_statuses.clone().unwrap_or_default();
+    // An init container (the downloads) that crash-loops counts like the worker itself.
+    let restarts = containers.iter().chain(&init).map(|c| u32::try_from(c.restart_count).unwrap_or(0)).sum();
+    let terminated: Vec<_> =
+        containers.iter().filter_map(|c| c.state.as_ref().and_then(|s| s.terminated.clone())).collect();
+    let finished_at = terminated
+        .iter()
+        .filter_map(|t| t.finished_at.as_ref().map(|f| f.0))
+        .max()
+        // A Succeeded pod whose containers say nothing (garbage-collected statuses): the time
+        // its Ready condition last moved, else its creation, so that the result grace ends.
+        .or_else(|| ready_transition(pod))
+        .or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let deleting = pod.metadata.deletion_timestamp.is_some();
+    let created = pod.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+    let stuck = stuck_reason(&containers, &init).filter(|_| now.as_second() - created.as_second() >= STUCK_FOR_SECS);
+    let phase = match status.phase.as_deref() {
+        _ if stuck.is_some() && !deleting => WorkerPhase::Failed,
+        // A pod being deleted is waited for, not counted as running: its replacement comes
+        // once it is gone.
+        _ if deleting => WorkerPhase::Pending,
+        Some("Running") if stage == Stage::Deploy && !ready(pod) => WorkerPhase::Pending,
+        Some("Running") => WorkerPhase::Running,
+        Some("Succeeded") => WorkerPhase::Succeeded,
+        Some("Failed") => WorkerPhase::Failed,
+        _ => WorkerPhase::Pending,
+    };
+    let detail = match phase {
+        WorkerPhase::Failed => stuck.or_else(|| failure_detail(pod)),
+        _ => None,
+    };
+    WorkerObservation {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        stage,
+        round,
+        phase,
+        restarts,
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        finished_at: match phase {
+            WorkerPhase::Succeeded | WorkerPhase::Failed => finished_at,
+            _ => None,
+        },
+        detail,
+    }
+}
+
+fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// Whether the pod says it is Ready (an inference worker without a readiness probe is Ready
+/// once its containers run).
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+fn ready_transition(pod: &Pod) -> Option<Timestamp> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "Ready")?.last_transition_time.as_ref().map(|t| t.0)
+}
+
+/// The first container (init containers too) waiting on a reason that does not clear by itself.
+fn stuck_reason(
+    containers: &[k8s_openapi::api::core::v1::ContainerStatus],
+    init: &[k8s_openapi::api::core::v1::ContainerStatus],
+) -> Option<String> {
+    init.iter().chain(containers).find_map(|c| {
+        let waiting = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref().filter(|r| STUCK.contains(r))?;
+        let message = waiting.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+        Some(format!("container {} stuck in {reason}{message}", c.name))
+    })
+}
+
+/// Why a pod failed: the pod's reason and message, or the first failed container's.
+fn failure_detail(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if let Some(reason) = &status.reason {
+        return Some(match &status.message {
+            Some(message) => format!("{reason}: {message}"),
+            None => reason.clone(),
+        });
+    }
+    let init = status.init_container_statuses.iter().flatten();
+    init.chain(status.container_statuses.iter().flatten()).find_map(|c| {
+        let t = c.state.as_ref()?.terminated.as_ref()?;
+        (t.exit_code != 0).then(|| {
+            let why = t.reason.as_deref().unwrap_or("Error");
+            format!("container {} exited {} ({why})", c.name, t.exit_code)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        "2026-01-01T00:01:00Z".parse().expect("time")
+    }
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).expect("a pod")
+    }
+
+    fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> Pod {
+        pod(json!({
+            "metadata": {
+                "name": name,
+                "creationTimestamp": created,
+                "labels": {WORKER_TYPE_LABEL: "train", ROUND_LABEL: round.to_string()}
+            },
+            "spec": {"containers": [], "nodeName": "edge-1"},
+            "status": status
+        }))
+    }
+
+    #[test]
+    fn picks_the_stage_and_round_and_the_newest() {
+        let pods = vec![
+            train_pod("old", 2, "2026-01-01T00:00:00Z", json!({"phase": "Failed"})),
+            train_pod("new", 2, "2026-01-01T00:05:00Z", json!({"phase": "Running"})),
+            train_pod("other-round", 3, "2026-01-01T00:09:00Z", json!({"phase": "Running"})),
+        ];
+        let seen = worker_of(&pods, Stage::Train, 2, now()).expect("a worker");
+        assert_eq!((seen.name.as_str(), seen.phase), ("new", WorkerPhase::Running));
+        assert_eq!(seen.node.as_deref(), Some("edge-1"));
+        assert!(worker_of(&pods, Stage::Eval, 2, now()).is_none());
+        assert!(worker_of(&pods, Stage::Train, 1, now()).is_none());
+    }
+
+    #[test]
+    fn phases_restarts_and_finish_time() {
+        let cases = [
+            (json!({"phase": "Pending"}), WorkerPhase::Pending),
+            (json!({"phase": "Unknown"}), WorkerPhase::Pending),
+            (json!({}), WorkerPhase::Pending),
+            (json!({"phase": "Running"}), WorkerPhase::Running),
+            (json!({"phase": "Succeeded"}), WorkerPhase::Succeeded),
+            (json!({"phase": "Failed"}), WorkerPhase::Failed),
+        ];
+        for (status, phase) in cases {
+            let seen = observe(&train_pod("p", 1, "2026-01-01T00:00:00Z", status.clone()), Stage::Train, 1, now());
+            assert_eq!(seen.phase, phase, "{status}");
+        }
+        let done = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Succeeded", "containerStatuses": [
+                {"name": "a", "restartCount": 2, "ready": false, "image": "i", "imageID": "",
+                 "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-01-01T00:03:00Z"}}},
+                {"name": "b", "restartCount": 1, "ready": false, "image": "i", "imageID": "",
+                 "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-01-01T00:04:00Z"}}}
+            ]}),
+        );
+        let seen = observe(&done, Stage::Train, 1, now());
+        assert_eq!(seen.restarts, 3);
+        assert_eq!(seen.finished_at, Some("2026-01-01T00:04:00Z".parse().expect("time")));
+        // No container statuses: the creation time, so that the result grace still ends.
+        let bare =
+            observe(&train_pod("p", 1, "2026-01-01T00:00:00Z", json!({"phase": "Succeeded"})), Stage::Train, 1, now());
+        assert_eq!(bare.finished_at, Some("2026-01-01T00:00:00Z".parse().expect("time")));
+    }
+
+    #[test]
+    fn failures_say_why() {
+        let evicted = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}),
+        );
+        assert_eq!(observe(&evicted, Stage::Train, 1, now()).detail.as_deref(), Some("Evicted: low on memory"));
+        let crashed = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Failed", "containerStatuses": [
+                {"name": "train", "restartCount": 0, "ready": false, "image": "i", "imageID": "",
+                 "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+            ]}),
+        );
+        assert_eq!(
+            observe(&crashed, Stage::Train, 1, now()).detail.as_deref(),
+            Some("container train exited 137 (OOMKilled)")
+        );
+    }
+
+    #[test]
+    fn a_pod_stuck_on_its_image_or_config_fails_after_a_while_init_containers_count() {
+        let stuck = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Pending", "initContainerStatuses": [
+                {"name": "storage-initializer", "restartCount": 2, "ready": false, "image": "i", "imageID": "",
+                 "state": {"running": {}}}
+            ], "containerStatuses": [
+                {"name": "train", "restartCount": 0, "ready": false, "image": "i", "imageID": "",
+                 "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
+            ]}),
+        );
+        let early = observe(&stuck, Stage::Train, 1, now());
+        assert_eq!((early.phase, early.restarts), (WorkerPhase::Pending, 2), "a pull may still succeed");
+        let later = observe(&stuck, Stage::Train, 1, "2026-01-01T00:05:00Z".parse().expect("time"));
+        assert_eq!(later.phase, WorkerPhase::Failed);
+        assert_eq!(later.detail.as_deref(), Some("container train stuck in ImagePullBackOff: no such image"));
+        let failed_init = train_pod(
+            "p",
+            1,
+            "2026-01-01T00:00:00Z",
+            json!({"phase": "Failed", "initContainerStatuses": [
+                {"name": "storage-initializer", "restartCount": 0, "ready": false, "image": "i", "imageID": "",
+                 "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
+            ]}),
+        );
+        assert_eq!(
+            observe(&failed_init, Stage::Train, 1, now()).detail.as_deref(),
+            Some("container storage-initializer exited 2 (Error)")
+        );
+    }
+
+    #[test]
+    fn an_inference_pod_counts_once_ready_and_a_deleting_pod_is_waited_for() {
+        let inference = |ready: &str, deleting: bool| {
+            let mut value = json!({
+                "metadata": {"name": "inf", "labels": {WORKER_TYPE_LABEL: "inference", ROUND_LABEL: "4"}},
+                "spec": {"containers": []},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]}
+            });
+            if deleting {
+                value["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            vec![pod(value)]
+        };
+        let phase = |pods: Vec<Pod>| worker_of(&pods, Stage::Deploy, 4, now()).map(|w| w.phase);
+        assert_eq!(phase(inference("False", false)), Some(WorkerPhase::Pending));
+        assert_eq!(phase(inference("True", false)), Some(WorkerPhase::Running));
+        assert_eq!(phase(inference("True", true)), Some(WorkerPhase::Pending));
+    }
+}

@@ -1,0 +1,393 @@
+//! The reconciler: one LifelongLearningJob at a time, the shared stage machine over what the API
+//! server says (the job's status, its pods listed by uid) and the edge's waiting reports; the
+//! new status written first (a merge patch under the resourceVersion read, retried from a fresh
+//! read on a conflict), then its actions carried out (pods created or deleted, events).
+//!
+//! Writing the status before acting makes a crash between the two safe: the next reconcile
+//! finds the stage Starting with no pod and starts it again (counted), and a status write that
+//! lost a race never acts at all. Pods are listed from the API server's watch cache, cheap at
+//! any number of pods, with the pods created here that it may not show yet (`written`), so a
+//! pod just created is never taken for a vanished one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{self, finalizer};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::inbox::Inbox;
+use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
+use super::patch;
+use perennial_api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
+use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, WorkerSpec};
+use perennial_workers::pod::{Credential, PodContext, build_pod, endpoint_url};
+
+/// Holds a job until its pods are removed and its edge is told (`kubectl delete` waits for it).
+pub const FINALIZER: &str = "lifelonglearningjob.perennial.io/cleanup";
+/// The worker name a pod was given (`WORKER_NAME`): the link tells the job's edge, whose worker
+/// API accepts reports only from names it was told.
+pub const WORKER_NAME_ANNOTATION: &str = "perennial.io/worker-name";
+/// How often a job is looked at when nothing happens.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Status writes tried before giving up for this reconcile (each after a fresh read).
+const STATUS_TRIES: usize = 5;
+
+/// What worker pods are made with, beyond the job.
+#[derive(Clone, Debug)]
+pub struct WorkerDefaults {
+    /// The edge agent's worker API as workers reach it (host network): Sedna's `LC_SERVER`.
+    pub lc_server: String,
+    pub kb_server: String,
+    /// The operator's own image, whose `perennial fetch` downloads remote inputs.
+    pub fetch_image: String,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub workers: WorkerDefaults,
+    pub inbox: Arc<Inbox>,
+    pub recorder: Recorder,
+    pub metrics: Arc<super::metrics::Metrics>,
+    /// Failed reconciles in a row, per job (`namespace/name`): the error backoff.
+    pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// The pods created here that the API server's cache may not show yet.
+    pub written: super::written::WrittenPods,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what} for {object}: {source}")]
+    Kube { what: &'static str, object: String, source: Box<kube::Error> },
+    #[error("{0}: the status changed under each of {STATUS_TRIES} writes; trying again later")]
+    Conflicts(String),
+    #[error("{0}")]
+    Finalizer(Box<finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// The metric label of the error.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube { what, .. } => what,
+            Error::Conflicts(_) => "status_conflicts",
+            Error::Finalizer(inner) => match inner.as_ref() {
+                finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err) => err.kind(),
+                _ => "finalizer",
+            },
+        }
+    }
+}
+
+fn kube_error<'a>(what: &'static str, object: &'a str) -> impl FnOnce(kube::Error) -> Error + 'a {
+    move |source| Error::Kube { what, object: object.to_owned(), source: Box::new(source) }
+}
+
+/// Reconciles one job (kube's `Controller` calls it on every change of the job or its pods,
+/// and when the edge has reports for it).
+pub async fn reconcile(job: Arc<LifelongLearningJob>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    ctx.metrics.reconciles.inc();
+    let (namespace, key) = (namespace_of(&job), perennial_api::key(&job.metadata));
+    let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    let outcome = finalizer(&jobs, FINALIZER, job, |event| async {
+        match event {
+            finalizer::Event::Apply(job) => apply(&job, &ctx).await,
+            finalizer::Event::Cleanup(job) => cleanup(&job, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|err| Error::Finalizer(Box::new(err)));
+    if outcome.is_ok() {
+        ctx.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&key);
+    }
+    outcome
+}
+
+/// The job's namespace (`default` when left out, as `api::key` says).
+fn namespace_of(job: &LifelongLearningJob) -> String {
+    job.namespace().unwrap_or_else(|| "default".into())
+}
+
+/// After an error: counted, logged, tried again after a while.
+pub fn error_policy(job: Arc<LifelongLearningJob>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.error(error.kind());
+    let key = perennial_api::key(&job.metadata);
+    tracing::warn!(job = key, "{error}");
+    // 5 s doubling to 5 min while the job keeps failing, so a lasting error (RBAC, a missing
+    // subresource) does not hammer the API server.
+    let mut failures = ctx.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let count = failures.entry(key).or_insert(0);
+    *count = count.saturating_add(1);
+    let wait = Duration::from_secs(5).saturating_mul(1 << (*count - 1).min(6)).min(Duration::from_secs(300));
+    Requeue::requeue(wait)
+}
+
+/// The stage machine's view of the job's spec.
+pub fn job_view(job: &LifelongLearningJob) -> JobView {
+    let spec = &job.spec;
+    let timeouts = [spec.train_spec.timeout_seconds, spec.eval_spec.timeout_seconds, spec.deploy_spec.timeout_seconds]
+        .map(|t| t.map(Duration::from_secs));
+    JobView { uid: job.metadata.uid.clone().unwrap_or_default(), timeouts }
+}
+
+async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {
+    let (namespace, name, key) = (namespace_of(job), job.name_any(), perennial_api::key(&job.metadata));
+    let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let view = job_view(job);
+    // The CRD's schema refuses most bad input; what it cannot check (policy references, a
+    // trigger's window...) waits here for an edit, said once per change on the job.
+    if let Err(errors) = perennial_api::validate_job(job, &|_| true) {
+        ctx.metrics.error("invalid_spec");
+        publish(ctx, &job.object_ref(&()), true, "InvalidSpec", errors.to_string()).await;
+        return Ok(Requeue::await_change());
+    }
+
+    let reports = ctx.inbox.peek(&namespace, &name);
+    // The job comes from the watch's cache. Reports are judged against the status as it is:
+    // one judged stale against an old status would be acknowledged and lost.
+    let mut current = job.clone();
+    if !reports.is_empty() {
+        let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else { return Ok(Requeue::await_change()) };
+        current = fresh;
+    }
+    // From the API server's watch cache (no etcd read of the whole namespace), with the pods
+    // created here that it may not show yet.
+    let selector = format!("{UID_LABEL}={}", view.uid);
+    let listed =
+        pods.list(&ListParams::default().labels(&selector).match_any()).await.map_err(kube_error("list_pods", &key))?;
+    let listed = ctx.written.with_created(&view.uid, listed.items, listed.metadata.resource_version.as_deref());
+
+    let mut tries = 0;
+    let (before, step) = loop {
+        let status = current.status.clone().unwrap_or_default();
+        let stage = status.stage.unwrap_or(Stage::Train);
+        let now = Timestamp::now();
+        let worker = observe::worker_of(&listed, stage, status.round, now);
+        let observed = Observations { reports: reports.clone(), worker };
+        let step = lifecycle::step(&view, &status, &observed, now, &ctx.settings);
+        let old = serde_json::to_value(&status).unwrap_or_default();
+        let new = serde_json::to_value(&step.status).unwrap_or_default();
+        let version = current.metadata.resource_version.clone().unwrap_or_default();
+        let Some(body) = patch::status_patch(&version, &old, &new) else { break (status, step) };
+        match jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
+            Ok(_) => break (status, step),
+            Err(kube::Error::Api(status)) if status.is_conflict() && tries + 1 < STATUS_TRIES => {
+                tries += 1;
+                tracing::debug!(job = key, "the status changed since it was read; reading it again");
+                let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else {
+                    return Ok(Requeue::await_change()); // deleted meanwhile
+                };
+                current = fresh;
+            }
+            Err(kube::Error::Api(status)) if status.is_conflict() => return Err(Error::Conflicts(key)),
+            Err(err) => return Err(kube_error("patch_status", &key)(err)),
+        }
+    };
+    // Durable now: the edge may drop these from its outbox.
+    ctx.inbox.applied(&namespace, &name, reports.len());
+
+    let reference = job.object_ref(&());
+    for condition in added_conditions(&before, &step.status) {
+        ctx.metrics.transition(&condition.stage.to_string(), &condition.type_.to_string());
+        let note = match &condition.message {
+            Some(message) => format!("round {}: {message}", step.status.round),
+            None => format!("round {}", step.status.round),
+        };
+        let warning = condition.type_ == Phase::Failed;
+        publish(ctx, &reference, warning, &format!("{}{}", condition.stage, condition.type_), note).await;
+    }
+    for action in &step.actions {
+        act(job, ctx, &reference, action).await?;
+    }
+    Ok(match step.recheck_after {
+        Some(after) => Requeue::requeue(after.min(RESYNC)),
+        None => Requeue::requeue(RESYNC),
+    })
+}
+
+/// The job as the API server has it now, if it is still the same job (not deleted, not
+/// re-created under the same name).
+async fn read_fresh(
+    jobs: &Api<LifelongLearningJob>,
+    name: &str,
+    uid: &str,
+    key: &str,
+) -> Result<Option<LifelongLearningJob>, Error> {
+    let fresh = jobs.get_opt(name).await.map_err(kube_error("read_job", key))?;
+    Ok(fresh.filter(|job| job.metadata.uid.as_deref() == Some(uid)))
+}
+
+/// The conditions `after` has that `before` did not (the list is capped: found by the last
+/// condition `before` had).
+pub fn added_conditions<'a>(
+    before: &LifelongLearningJobStatus,
+    after: &'a LifelongLearningJobStatus,
+) -> &'a [JobCondition] {
+    match before.conditions.last() {
+        None => &after.conditions,
+        Some(last) => match after.conditions.iter().rposition(|c| c == last) {
+            Some(at) => &after.conditions[at + 1..],
+            None => &after.conditions,
+        },
+    }
+}
+
+async fn act(
+    job: &LifelongLearningJob,
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    action: &Action,
+) -> Result<(), Error> {
+    let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
+    match action {
+        Action::StartWorker(spec) => match start_worker(job, ctx, spec).await {
+            Ok(pod) => {
+                ctx.metrics.pod_created(spec.stage.worker_kind());
+                let note = format!("round {}: created the {} pod {pod}", spec.round, spec.stage.worker_kind());
+                publish(ctx, reference, false, "WorkerCreated", note).await;
+            }
+            // Said on the job; the next reconcile finds no pod and tries again (counted).
+            Err(err) => {
+                ctx.metrics.error(err.kind());
+                publish(ctx, reference, true, "WorkerNotCreated", err.to_string()).await;
+                return Err(err);
+            }
+        },
+        Action::StopWorkers { stage } => {
+            let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+            let uid = job.metadata.uid.clone().unwrap_or_default();
+            let selector = format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL}={}", stage.worker_kind());
+            pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
+                .await
+                .map_err(kube_error("delete_pods", &key))?;
+        }
+        // The status just written is the notice: the link sends each node its jobs' status.
+        Action::Edge(notice) => {
+            tracing::debug!(job = key, round = notice.round, "the edge waits for {}", notice.stage)
+        }
+        Action::Event { warning, reason, message } => {
+            publish(ctx, reference, *warning, reason, message.clone()).await;
+        }
+    }
+    Ok(())
+}
+
+/// Creates the stage's pod from the job's template; returns its name.
+async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpec) -> Result<String, Error> {
+    let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
+    let datasets: Api<Dataset> = Api::namespaced(ctx.client.clone(), &namespace);
+    let dataset_name = &job.spec.dataset.name;
+    let dataset = datasets.get(dataset_name).await.map_err(kube_error("read_dataset", &key))?;
+    let job_credential = credential(ctx, &namespace, job.spec.credential_name.as_deref(), &key).await?;
+    let dataset_credential = credential(ctx, &namespace, dataset.spec.credential_name.as_deref(), &key).await?;
+    let kind = spec.stage.worker_kind();
+    let worker_name = perennial_types::new_worker_name(kind).map_err(|err| Error::Kube {
+        what: "worker_name",
+        object: key.clone(),
+        source: Box::new(kube::Error::Service(Box::new(err))),
+    })?;
+    let context = PodContext {
+        job,
+        dataset: &dataset,
+        worker_name: &worker_name,
+        lc_server: &ctx.workers.lc_server,
+        kb_server: &ctx.workers.kb_server,
+        fetch_image: &ctx.workers.fetch_image,
+        job_credential,
+        dataset_credential,
+    };
+    let mut pod = build_pod(spec, &context);
+    pod.metadata.annotations.get_or_insert_with(Default::default).insert(WORKER_NAME_ANNOTATION.into(), worker_name);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let created = pods.create(&PostParams::default(), &pod).await.map_err(kube_error("create_pod", &key))?;
+    let name = created.name_any();
+    ctx.written.created(job.metadata.uid.as_deref().unwrap_or_default(), created);
+    tracing::info!(job = key, round = spec.round, pod = name, "created the {kind} pod");
+    Ok(name)
+}
+
+/// A credential Secret as the pod builder needs it: its name and the endpoint of its
+/// annotations (never its keys: those reach pods by `secretKeyRef`).
+async fn credential(
+    ctx: &Context,
+    namespace: &str,
+    name: Option<&str>,
+    key: &str,
+) -> Result<Option<Credential>, Error> {
+    let Some(name) = name.filter(|n| !n.is_empty()) else { return Ok(None) };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let secret = secrets.get_metadata(name).await.map_err(kube_error("read_secret", key))?;
+    let annotations = secret.metadata.annotations.unwrap_or_default();
+    Ok(endpoint_url(&annotations).map(|endpoint_url| Credential { secret: name.to_owned(), endpoint_url }))
+}
+
+/// The job is being deleted: its pods go (owner references would take them too, but only once
+/// the job is gone), its waiting reports are dropped, and the edge forgets it (the job leaves
+/// the node's desired state).
+async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {
+    let (namespace, name, key) = (namespace_of(job), job.name_any(), perennial_api::key(&job.metadata));
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&format!("{UID_LABEL}={uid}")))
+        .await
+        .map_err(kube_error("delete_pods", &key))?;
+    ctx.inbox.forget(&namespace, &name);
+    ctx.written.forget(&uid);
+    let note = "the job's pods are deleted and its edge forgets it".to_owned();
+    publish(ctx, &job.object_ref(&()), false, "Deleted", note).await;
+    tracing::info!(job = key, "deleted: its pods are removed");
+    Ok(Requeue::await_change())
+}
+
+/// Publishes an event on the job; a failure to publish is logged, never fatal.
+async fn publish(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_: if warning { EventType::Warning } else { EventType::Normal },
+        reason: reason.to_owned(),
+        // Events allow 1 kB of note.
+        note: Some(truncate(note, 1000)),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.recorder.publish(&event, reference).await {
+        ctx.metrics.error("publish_event");
+        tracing::warn!(reason, "publishing an event: {err}");
+    }
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// The dataset's sample count as its edge reported it, written to its status (a merge patch of
+/// the two fields: nothing else in the status is touched).
+pub async fn write_dataset_status(client: Client, namespace: &str, name: &str, samples: u64) -> Result<(), Error> {
+    let datasets: Api<Dataset> = Api::namespaced(client, namespace);
+    let body = json!({"status": {"numberOfSamples": samples, "updateTime": Timestamp::now().to_string()}});
+    datasets
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(kube_error("patch_dataset_status", &format!("{namespace}/{name}")))?;
+    Ok(())
+}

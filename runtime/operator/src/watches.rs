@@ -1,0 +1,114 @@
+//! One watch per kind. The jobs, their Datasets and the jobs' pods are each watched once and
+//! kept in a store, and every change goes two ways: to the Controller (which reconciles the
+//! jobs it touches) and to the link (which updates the desired state of the nodes it touches).
+//! Before, the Controller and the link each watched all three kinds.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+
+use super::observe::UID_LABEL;
+use perennial_api::{Dataset, LifelongLearningJob};
+
+/// The three stores, filled by the watches.
+#[derive(Clone)]
+pub struct Stores {
+    pub jobs: Store<LifelongLearningJob>,
+    pub datasets: Store<Dataset>,
+    pub pods: Store<Pod>,
+}
+
+impl Stores {
+    /// Waits until each watch has listed its kind once.
+    pub async fn ready(&self) {
+        let _ = futures::future::join3(
+            self.jobs.wait_until_ready(),
+            self.datasets.wait_until_ready(),
+            self.pods.wait_until_ready(),
+        )
+        .await;
+    }
+}
+
+/// What the link hears: an object that changed (applied or deleted: the store says which), or
+/// a kind listed again after its watch restarted (objects may have gone unseen).
+#[derive(Clone, Debug)]
+pub enum Seen {
+    Job(Arc<LifelongLearningJob>),
+    Dataset(Arc<Dataset>),
+    Pod(Arc<Pod>),
+    Relisted,
+}
+
+/// The Controller's triggers: each kind's touched objects.
+pub struct Triggers {
+    pub jobs: UnboundedReceiver<Result<LifelongLearningJob, watcher::Error>>,
+    pub datasets: UnboundedReceiver<Result<Dataset, watcher::Error>>,
+    pub pods: UnboundedReceiver<Result<Pod, watcher::Error>>,
+}
+
+/// Starts the three watches (pods: only the jobs', by Sedna's uid label). `link` hears every
+/// change when the edge link runs.
+pub fn start(
+    (jobs, datasets, pods): (Api<LifelongLearningJob>, Api<Dataset>, Api<Pod>),
+    link: Option<UnboundedSender<Seen>>,
+) -> (Stores, Triggers) {
+    let (job_store, job_triggers) = follow(jobs, watcher::Config::default(), "jobs", link.clone(), Seen::Job);
+    let (dataset_store, dataset_triggers) =
+        follow(datasets, watcher::Config::default(), "datasets", link.clone(), Seen::Dataset);
+    let (pod_store, pod_triggers) = follow(pods, watcher::Config::default().labels(UID_LABEL), "pods", link, Seen::Pod);
+    let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store };
+    (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
+}
+
+/// One kind's watch, reflected into its store; each touched object sent on to the Controller
+/// and the link. A watch error (RBAC, a missing CRD) is said and retried with backoff.
+fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    link: Option<UnboundedSender<Seen>>,
+    seen: fn(Arc<K>) -> Seen,
+) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let (to_controller, triggers) = unbounded();
+    let events = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            let object = match event {
+                Ok(
+                    watcher::Event::Apply(object) | watcher::Event::Delete(object) | watcher::Event::InitApply(object),
+                ) => object,
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(link) = &link {
+                        let _ = link.unbounded_send(Seen::Relisted);
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Init) => continue,
+                Err(err) => {
+                    tracing::warn!("watching {what}: {err}");
+                    continue;
+                }
+            };
+            if let Some(link) = &link {
+                let _ = link.unbounded_send(seen(Arc::new(object.clone())));
+            }
+            if to_controller.unbounded_send(Ok(object)).is_err() && link.is_none() {
+                return;
+            }
+        }
+    });
+    (store, triggers)
+}

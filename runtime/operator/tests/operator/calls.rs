@@ -1,0 +1,756 @@
+//! The operator against a mock API server (tower-test, as kube-rs's controller-rs does): each
+//! case runs one reconcile and asserts the exact sequence of API calls it makes, their bodies,
+//! and what the reconcile returns. The stage machine under it is tested by tables
+//! (`lifecycle::tests`); this checks the Kubernetes shell around it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use perennial_api::{LifelongLearningJob, Phase, Stage};
+use perennial_lifecycle::{self as lifecycle, Settings};
+use perennial_operator::patch::merge_apply;
+use perennial_operator::reconcile::{self, FINALIZER, WORKER_NAME_ANNOTATION};
+use perennial_operator::{Context, Inbox, Metrics, WorkerDefaults};
+use serde_json::{Value, json};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const JOBS: &str = "/apis/sedna.io/v1alpha1/namespaces/ml/lifelonglearningjobs";
+const PODS: &str = "/api/v1/namespaces/ml/pods";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ml/events";
+const UID: &str = "9f1c2d3e-0000-4000-8000-000000000001";
+
+/// One API call as the mock server saw it.
+struct Call {
+    method: String,
+    /// Path and query.
+    uri: String,
+    body: Value,
+    reply: tower_test::mock::SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn respond(self, status: StatusCode, body: Value) {
+        let bytes = serde_json::to_vec(&body).expect("json");
+        self.reply.send_response(Response::builder().status(status).body(Body::from(bytes)).expect("response"));
+    }
+
+    fn ok(self, body: Value) {
+        self.respond(StatusCode::OK, body)
+    }
+
+    fn path(&self) -> &str {
+        self.uri.split('?').next().unwrap_or_default()
+    }
+
+    fn query(&self) -> String {
+        let query = self.uri.split_once('?').map(|(_, q)| q).unwrap_or_default();
+        percent_decode(query.trim_start_matches('&'))
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(byte);
+            i += 3;
+            continue;
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+struct ApiServer {
+    handle: Handle,
+}
+
+impl ApiServer {
+    /// The next call, which must be `method` on `path`.
+    async fn expect(&mut self, method: &str, path: &str) -> Call {
+        let next = tokio::time::timeout(Duration::from_secs(5), self.handle.next_request()).await;
+        let (request, reply) = next
+            .unwrap_or_else(|_| panic!("expected {method} {path}, but no call came"))
+            .unwrap_or_else(|| panic!("expected {method} {path}, but the client is gone"));
+        let method_seen = request.method().to_string();
+        let uri = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+        let bytes = request.into_body().collect_bytes().await.expect("request body");
+        let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("a JSON body") };
+        let call = Call { method: method_seen, uri, body, reply };
+        assert_eq!((call.method.as_str(), call.path()), (method, path), "unexpected call {} {}", call.method, call.uri);
+        call
+    }
+
+    /// An event about the job: its reason, answered as created.
+    async fn event(&mut self) -> (String, String, String) {
+        let call = self.expect("POST", EVENTS).await;
+        let seen = (
+            call.body["reason"].as_str().unwrap_or_default().to_owned(),
+            call.body["type"].as_str().unwrap_or_default().to_owned(),
+            call.body["note"].as_str().unwrap_or_default().to_owned(),
+        );
+        assert_eq!(call.body["regarding"]["name"], "thermal");
+        assert_eq!(call.body["regarding"]["kind"], "LifelongLearningJob");
+        let body = call.body.clone();
+        call.respond(StatusCode::CREATED, body);
+        seen
+    }
+
+    /// Events until the next call that is not one; returns their reasons and that call.
+    async fn events_then(&mut self, method: &str, path: &str) -> (Vec<String>, Call) {
+        let mut reasons = Vec::new();
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(5), self.handle.next_request()).await;
+            let (request, reply) = next.expect("a call").expect("a call");
+            let method_seen = request.method().to_string();
+            let uri = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+            let bytes = request.into_body().collect_bytes().await.expect("body");
+            let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("json") };
+            let call = Call { method: method_seen, uri, body, reply };
+            if call.method == "POST" && call.path() == EVENTS {
+                reasons.push(call.body["reason"].as_str().unwrap_or_default().to_owned());
+                let body = call.body.clone();
+                call.respond(StatusCode::CREATED, body);
+                continue;
+            }
+            assert_eq!((call.method.as_str(), call.path()), (method, path), "unexpected call {}", call.uri);
+            return (reasons, call);
+        }
+    }
+
+    /// Events, then the dataset read and the train pod created (answered as `name`).
+    async fn train_pod_after_events(&mut self, name: &str) -> Value {
+        let (_, dataset) = self.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+        dataset.ok(dataset_json());
+        let create = self.expect("POST", PODS).await;
+        let body = create.body.clone();
+        create.respond(StatusCode::CREATED, created(body.clone(), name));
+        body
+    }
+
+    /// The rest of the calls must be events only; returns their reasons.
+    async fn only_events(&mut self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        while let Ok(Some((request, reply))) =
+            tokio::time::timeout(Duration::from_millis(300), self.handle.next_request()).await
+        {
+            let uri = request.uri().path().to_owned();
+            assert_eq!((request.method().as_str(), uri.as_str()), ("POST", EVENTS), "only events were expected");
+            let bytes = request.into_body().collect_bytes().await.expect("body");
+            let body: Value = serde_json::from_slice(&bytes).expect("json");
+            reasons.push(body["reason"].as_str().unwrap_or_default().to_owned());
+            reply.send_response(Response::builder().status(201).body(Body::from(bytes.to_vec())).expect("response"));
+        }
+        reasons
+    }
+}
+
+fn context(client: Client) -> (Arc<Context>, Arc<Inbox>) {
+    let (inbox, _woken) = Inbox::new();
+    let inbox = Arc::new(inbox);
+    let reporter = Reporter { controller: "perennial-operator".into(), instance: Some("test".into()) };
+    let context = Context {
+        client: client.clone(),
+        settings: Settings::default(),
+        workers: WorkerDefaults {
+            lc_server: "http://localhost:9100".into(),
+            kb_server: "http://localhost:9020".into(),
+            fetch_image: "perennial:test".into(),
+        },
+        inbox: inbox.clone(),
+        recorder: Recorder::new(client, reporter),
+        metrics: Arc::new(Metrics::default()),
+        failures: Default::default(),
+        written: Default::default(),
+    };
+    (Arc::new(context), inbox)
+}
+
+fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let (ctx, inbox) = context(client);
+    (ApiServer { handle }, ctx, inbox)
+}
+
+fn job_json(status: Value) -> Value {
+    let template = |name: &str| json!({"spec": {"containers": [{"name": name, "image": format!("sedna/{name}:v1")}]}});
+    json!({
+        "apiVersion": "sedna.io/v1alpha1",
+        "kind": "LifelongLearningJob",
+        "metadata": {
+            "name": "thermal", "namespace": "ml", "uid": UID, "resourceVersion": "10",
+            "finalizers": [FINALIZER]
+        },
+        "spec": {
+            "dataset": {"name": "thermal-data", "trainProb": 0.8},
+            "trainSpec": {
+                "template": template("train"),
+                "trigger": {"checkPeriodSeconds": 60, "timer": {"start": "00:00", "end": "24:00"},
+                            "condition": {"operator": ">", "threshold": 100, "metric": "num_of_samples"}}
+            },
+            "evalSpec": {"template": template("eval")},
+            "deploySpec": {"model": {"hotUpdateEnabled": true, "pollPeriodSeconds": 60},
+                           "trigger": {"condition": {"operator": ">", "threshold": 0.1, "metric": "precision_delta"}},
+                           "template": template("inference")},
+            "outputDir": "/output/thermal"
+        },
+        "status": status
+    })
+}
+
+fn job(status: Value) -> Arc<LifelongLearningJob> {
+    Arc::new(serde_json::from_value(job_json(status)).expect("a job"))
+}
+
+fn dataset_json() -> Value {
+    json!({
+        "apiVersion": "sedna.io/v1alpha1", "kind": "Dataset",
+        "metadata": {"name": "thermal-data", "namespace": "ml", "uid": "d-1"},
+        "spec": {"url": "/data/thermal/index.txt", "format": "txt", "nodeName": "edge-1"}
+    })
+}
+
+fn pod_list(pods: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "50"}, "items": pods})
+}
+
+fn pod(kind: &str, round: u64, name: &str, status: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "creationTimestamp": "2026-12-01T00:00:00Z", "labels": {
+            "lifelonglearningjob.sedna.io/uid": UID,
+            "lifelonglearningjob.sedna.io/worker-type": kind,
+            "perennial.io/round": round.to_string()
+        }},
+        "spec": {"containers": [{"name": kind, "image": "i"}], "nodeName": "edge-1"},
+        "status": status
+    })
+}
+
+/// The status a job has after the stage machine has walked it from the start through `reports`.
+fn status_after(reports: &[lifecycle::Report]) -> Value {
+    let view = lifecycle::JobView { uid: UID.into(), timeouts: [None; 3] };
+    let observed = lifecycle::Observations { reports: reports.to_vec(), worker: None };
+    let step = lifecycle::step(&view, &Default::default(), &observed, Timestamp::now(), &Settings::default());
+    serde_json::to_value(step.status).expect("json")
+}
+
+fn report(round: u64, stage: Stage, status: Phase, data: Value) -> lifecycle::Report {
+    lifecycle::Report {
+        job_uid: UID.into(),
+        round,
+        stage: Some(stage),
+        status: Some(status),
+        data: serde_json::from_value(data).expect("condition data"),
+        reason: None,
+    }
+}
+
+fn train_ready() -> lifecycle::Report {
+    report(
+        1,
+        Stage::Train,
+        Phase::Ready,
+        json!({"input": {"dataURL": "/output/thermal/data/train/1/data.txt", "outputDir": "/output/thermal/train/1"}}),
+    )
+}
+
+fn env_of(pod: &Value) -> Vec<(String, String)> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .map(|env| {
+            env.iter()
+                .map(|e| {
+                    (
+                        e["name"].as_str().unwrap_or_default().to_owned(),
+                        e["value"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn created(mut pod: Value, name: &str) -> Value {
+    pod["metadata"]["name"] = json!(name);
+    pod["metadata"]["uid"] = json!(format!("uid-{name}"));
+    pod["metadata"]["resourceVersion"] = json!("40");
+    pod
+}
+
+#[tokio::test]
+async fn a_new_job_gets_the_finalizer_then_its_status_initialised() {
+    let (mut api, ctx, _inbox) = setup();
+    let mut fresh = job_json(Value::Null);
+    fresh["metadata"]["finalizers"] = Value::Null;
+    let fresh: Arc<LifelongLearningJob> = Arc::new(serde_json::from_value(fresh.clone()).expect("job"));
+    let run = tokio::spawn(reconcile::reconcile(fresh, ctx.clone()));
+    let call = api.expect("PATCH", &format!("{JOBS}/thermal")).await;
+    assert_eq!(
+        call.body,
+        json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+               {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
+    );
+    call.ok(job_json(Value::Null));
+    run.await.expect("join").expect("reconciled");
+
+    // The watch brings the job back with its finalizer: the status is initialised.
+    let run = tokio::spawn(reconcile::reconcile(job(Value::Null), ctx));
+    let list = api.expect("GET", PODS).await;
+    // From the API server's watch cache: any resourceVersion.
+    assert_eq!(
+        list.query(),
+        format!(
+            "labelSelector=lifelonglearningjob.sedna.io/uid={UID}&resourceVersion=0&resourceVersionMatch=NotOlderThan"
+        )
+    );
+    list.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["metadata"]["resourceVersion"], "10");
+    let status = patch.body["status"].clone();
+    assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Train"), Some("Waiting")));
+    assert_eq!(status["conditions"][0]["type"], "Waiting");
+    assert_eq!(status["conditions"][0]["stage"], "Train");
+    patch.ok(job_json(status));
+    let (reason, kind, note) = api.event().await;
+    assert_eq!((reason.as_str(), kind.as_str(), note.as_str()), ("TrainWaiting", "Normal", "round 0"));
+    let requeue = run.await.expect("join").expect("reconciled");
+    assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(300)));
+    assert!(api.only_events().await.is_empty());
+}
+
+#[tokio::test]
+async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the_report() {
+    let (mut api, ctx, inbox) = setup();
+    let waiting = status_after(&[]);
+    let receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let status = patch.body["status"].clone();
+    assert_eq!((status["phase"].as_str(), status["round"].as_u64()), (Some("Starting"), Some(1)));
+    let types: Vec<&str> =
+        status["conditions"].as_array().expect("conditions").iter().filter_map(|c| c["type"].as_str()).collect();
+    assert_eq!(types, ["Waiting", "Ready", "Starting"], "the whole list, under the version read");
+    patch.ok(job_json(status));
+    // Events for the two transitions, then the pod from the dataset's facts.
+    let (reasons, dataset) =
+        api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+    assert_eq!(reasons, ["TrainReady", "TrainStarting"]);
+    dataset.ok(dataset_json());
+    let create = api.expect("POST", PODS).await;
+    let pod = create.body.clone();
+    assert_eq!(pod["metadata"]["generateName"], "thermal-train-");
+    assert_eq!(pod["metadata"]["labels"]["lifelonglearningjob.sedna.io/worker-type"], "train");
+    assert_eq!(pod["metadata"]["labels"]["perennial.io/round"], "1");
+    assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], UID);
+    let env = env_of(&pod);
+    let worker = env.iter().find(|(k, _)| k == "WORKER_NAME").map(|(_, v)| v.clone()).expect("WORKER_NAME");
+    assert!(worker.starts_with("train-worker-") && worker.len() == "train-worker-".len() + 24, "{worker}");
+    assert_eq!(pod["metadata"]["annotations"][WORKER_NAME_ANNOTATION], worker.as_str());
+    assert!(env.contains(&("TRAIN_DATASET_URL".into(), "/home/data/output/thermal/data/train/1/data.txt".into())));
+    create.respond(StatusCode::CREATED, created(pod, "thermal-train-x7k2p"));
+    let (reason, _, note) = api.event().await;
+    assert_eq!(reason, "WorkerCreated");
+    assert!(note.contains("thermal-train-x7k2p"), "{note}");
+    run.await.expect("join").expect("reconciled");
+    // Written: the report is acknowledged and leaves the inbox.
+    tokio::time::timeout(Duration::from_secs(1), receipt).await.expect("acknowledged").expect("applied");
+    assert!(inbox.peek("ml", "thermal").is_empty());
+    assert!(ctx.metrics.render().contains("perennial_operator_pods_created_total{worker=\"train\"} 1"));
+}
+
+#[tokio::test]
+async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
+    let (mut api, ctx, inbox) = setup();
+    let mut running = status_after(&[train_ready()]);
+    running["phase"] = json!("Running");
+    let model = json!({"format": "pkl", "url": "/output/thermal/train/1/model.pkl"});
+    let completed = report(1, Stage::Train, Phase::Completed, json!({"output": {"models": [model]}}));
+    let receipt = inbox.deliver("ml", "thermal", completed);
+    let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx));
+    // Reports are judged against a fresh read, not the watch's cache.
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(running));
+    let done = json!({"phase": "Succeeded", "containerStatuses": [{"name": "train", "image": "i", "imageID": "",
+        "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-12-01T00:01:00Z"}}}]});
+    api.expect("GET", PODS).await.ok(pod_list(vec![pod("train", 1, "thermal-train-x7k2p", done)]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let status = patch.body["status"].clone();
+    assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Eval"), Some("Waiting")));
+    assert_eq!(status["lastTrained"]["url"], "/output/thermal/train/1/model.pkl");
+    patch.ok(job_json(status));
+    assert_eq!(api.only_events().await, ["TrainCompleted", "EvalWaiting"]);
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied");
+}
+
+#[tokio::test]
+async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready() {
+    let (mut api, ctx, inbox) = setup();
+    // Round 1 evaluated; the edge chose its model and reports Deploy Ready.
+    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl", "metrics": {"accuracy": 0.9}});
+    let mut status = status_after(&[train_ready()]);
+    status["stage"] = json!("Deploy");
+    status["phase"] = json!("Waiting");
+    status["worker"] = Value::Null;
+    status["deployed"] = json!({"round": 0, "url": "/output/thermal/deploy/index.pkl", "format": "pkl"});
+    let ready = report(1, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}}));
+    inbox.deliver("ml", "thermal", ready);
+    let run = tokio::spawn(reconcile::reconcile(job(status.clone()), ctx.clone()));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(status.clone()));
+    let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
+    api.expect("GET", PODS).await.ok(pod_list(vec![old]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut starting = status;
+    merge_apply(&mut starting, &patch.body["status"]);
+    assert_eq!((starting["stage"].as_str(), starting["phase"].as_str()), (Some("Deploy"), Some("Starting")));
+    patch.ok(job_json(starting.clone()));
+    // The old inference pod goes first (Sedna's delete-then-create), then the new one.
+    let (reasons, delete) = api.events_then("DELETE", PODS).await;
+    assert_eq!(reasons, ["DeployReady", "DeployStarting"]);
+    assert_eq!(
+        delete.query(),
+        format!(
+            "labelSelector=lifelonglearningjob.sedna.io/uid={UID},lifelonglearningjob.sedna.io/worker-type=inference"
+        )
+    );
+    delete.ok(pod_list(vec![]));
+    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["generateName"], "thermal-inference-");
+    assert_eq!(create.body["spec"]["restartPolicy"], Value::Null, "the template's (Always by default)");
+    let env = env_of(&create.body);
+    assert!(env.iter().any(|(k, v)| k == "WORKER_NAME" && v.starts_with("inferworker-")));
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
+    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    run.await.expect("join").expect("reconciled");
+
+    // The new pod runs and is Ready: the round is done, the model deployed.
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
+    let ready_pod = pod(
+        "inference",
+        1,
+        "thermal-inference-new",
+        json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
+    );
+    api.expect("GET", PODS).await.ok(pod_list(vec![ready_pod]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut done = starting;
+    merge_apply(&mut done, &patch.body["status"]);
+    assert_eq!((done["stage"].as_str(), done["phase"].as_str()), (Some("Train"), Some("Waiting")));
+    assert_eq!(done["roundsCompleted"], 1);
+    assert_eq!(done["deployed"]["round"], 1);
+    assert_eq!(done["deployed"]["metrics"]["accuracy"], 0.9);
+    patch.ok(job_json(done));
+    assert_eq!(api.only_events().await, ["DeployCompleted", "TrainWaiting"]);
+    run.await.expect("join").expect("reconciled");
+}
+
+#[tokio::test]
+async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_the_limit() {
+    let (mut api, ctx, _inbox) = setup();
+    let mut running = status_after(&[train_ready()]);
+    running["phase"] = json!("Running");
+    running["worker"]["name"] = json!("thermal-train-x7k2p");
+    let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx.clone()));
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
+    assert_eq!(patch.body["status"]["phase"], Value::Null, "still Running: no new condition");
+    let mut after = running.clone();
+    merge_apply(&mut after, &patch.body["status"]);
+    patch.ok(job_json(after));
+    let (reasons, dataset) =
+        api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
+    assert_eq!(reasons, ["WorkerVanished"]);
+    dataset.ok(dataset_json());
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-train-again"));
+    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    run.await.expect("join").expect("reconciled");
+
+    // Gone again with the restarts at the limit: the stage fails and backs off.
+    running["worker"]["restarts"] = json!(3);
+    running["worker"]["recreations"] = json!(3);
+    let run = tokio::spawn(reconcile::reconcile(job(running), ctx));
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let status = patch.body["status"].clone();
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["retries"], 1);
+    patch.ok(job_json(status));
+    let (reasons, delete) = api.events_then("DELETE", PODS).await;
+    assert_eq!(reasons, ["TrainFailed"]);
+    assert!(delete.query().contains("worker-type=train"), "{}", delete.query());
+    delete.ok(pod_list(vec![]));
+    api.only_events().await;
+    let requeue = run.await.expect("join").expect("reconciled");
+    assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(10)), "Sedna's first backoff");
+}
+
+#[tokio::test]
+async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_condition() {
+    let (mut api, ctx, inbox) = setup();
+    let waiting = status_after(&[]);
+    let receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let first = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(first.body["metadata"]["resourceVersion"], "10");
+    first.respond(
+        StatusCode::CONFLICT,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+               "message": "the object has been modified; please apply your changes to the latest version"}),
+    );
+    // Someone else wrote meanwhile: a condition and a policy's health.
+    let mut theirs = waiting.clone();
+    let concurrent = json!({"type": "Waiting", "status": "True", "stage": "Train", "reason": "EdgeReconnected",
+                            "lastHeartbeatTime": "2026-12-01T00:00:30Z"});
+    theirs["conditions"].as_array_mut().expect("conditions").push(concurrent.clone());
+    theirs["policies"] =
+        json!({"trigger": {"plugin": "builtin:threshold-trigger", "digest": "sha256:ab", "health": "Serving"}});
+    let mut fresh = job_json(theirs);
+    fresh["metadata"]["resourceVersion"] = json!("11");
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(fresh);
+    let second = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(second.body["metadata"]["resourceVersion"], "11", "made from the fresh read");
+    let conditions = second.body["status"]["conditions"].as_array().expect("conditions").clone();
+    assert!(conditions.contains(&concurrent), "the concurrent condition is kept: {conditions:?}");
+    assert_eq!(conditions.last().map(|c| c["type"].clone()), Some(json!("Starting")));
+    assert_eq!(second.body["status"].get("policies"), None, "untouched fields are not in the patch");
+    let status = second.body["status"].clone();
+    second.ok(job_json(status));
+    api.train_pod_after_events("thermal-train-x7k2p").await;
+    api.only_events().await;
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied once the write succeeded");
+}
+
+#[tokio::test]
+async fn an_unwritten_status_acts_on_nothing_and_keeps_the_report() {
+    let (mut api, ctx, inbox) = setup();
+    inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(status_after(&[])), ctx));
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(status_after(&[])));
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    patch.respond(
+        StatusCode::FORBIDDEN,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+               "message": "forbidden"}),
+    );
+    let error = run.await.expect("join").expect_err("the write failed");
+    assert!(error.to_string().contains("patch_status for ml/thermal"), "{error}");
+    assert!(api.only_events().await.is_empty(), "no pod, no event");
+    assert_eq!(inbox.peek("ml", "thermal").len(), 1, "the report waits for the next try");
+}
+
+#[tokio::test]
+async fn a_deleted_job_removes_its_pods_then_its_finalizer() {
+    let (mut api, ctx, inbox) = setup();
+    let mut deleting = job_json(status_after(&[]));
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-01T00:10:00Z");
+    let deleting: Arc<LifelongLearningJob> = Arc::new(serde_json::from_value(deleting).expect("job"));
+    inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(deleting, ctx));
+    let delete = api.expect("DELETE", PODS).await;
+    assert_eq!(delete.query(), format!("labelSelector=lifelonglearningjob.sedna.io/uid={UID}"));
+    assert_eq!(delete.body["propagationPolicy"], "Background");
+    delete.ok(pod_list(vec![]));
+    let (reason, _, _) = api.event().await;
+    assert_eq!(reason, "Deleted");
+    let unfinalize = api.expect("PATCH", &format!("{JOBS}/thermal")).await;
+    assert_eq!(
+        unfinalize.body,
+        json!([{"op": "test", "path": "/metadata/finalizers/0", "value": FINALIZER},
+               {"op": "remove", "path": "/metadata/finalizers/0"}])
+    );
+    unfinalize.ok(job_json(Value::Null));
+    run.await.expect("join").expect("reconciled");
+    assert!(inbox.peek("ml", "thermal").is_empty(), "the edge's reports for it are dropped");
+}
+
+#[tokio::test]
+async fn dataset_status_is_a_merge_patch_of_its_two_fields() {
+    let (mut api, ctx, _inbox) = setup();
+    let write = tokio::spawn(reconcile::write_dataset_status(ctx.client.clone(), "ml", "thermal-data", 1234));
+    let patch = api.expect("PATCH", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data/status").await;
+    assert_eq!(patch.body["status"]["numberOfSamples"], 1234);
+    assert!(patch.body["status"]["updateTime"].is_string());
+    assert_eq!(patch.body.as_object().map(|o| o.len()), Some(1), "only the status");
+    patch.ok(dataset_json());
+    write.await.expect("join").expect("written");
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_said_on_the_job_and_nothing_else_happens() {
+    let (mut api, ctx, _inbox) = setup();
+    let mut bad = job_json(status_after(&[]));
+    bad["spec"]["dataset"]["trainProb"] = json!(1.5);
+    let bad: Arc<LifelongLearningJob> = Arc::new(serde_json::from_value(bad).expect("job"));
+    let run = tokio::spawn(reconcile::reconcile(bad, ctx));
+    let (reason, kind, note) = api.event().await;
+    assert_eq!((reason.as_str(), kind.as_str()), ("InvalidSpec", "Warning"));
+    assert!(note.contains("trainProb"), "{note}");
+    assert_eq!(run.await.expect("join").expect("reconciled"), kube::runtime::controller::Action::await_change());
+    assert!(api.only_events().await.is_empty());
+}
+
+#[tokio::test]
+async fn reports_are_judged_against_a_fresh_read_not_the_watch_cache() {
+    let (mut api, ctx, inbox) = setup();
+    // The cache still shows the last round's deploy; the job has moved on to Train/Waiting.
+    let mut cached = status_after(&[]);
+    cached["stage"] = json!("Deploy");
+    cached["phase"] = json!("Starting");
+    let receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(cached), ctx));
+    let mut fresh = job_json(status_after(&[]));
+    fresh["metadata"]["resourceVersion"] = json!("12");
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(fresh);
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["metadata"]["resourceVersion"], "12");
+    assert_eq!(
+        (patch.body["status"]["phase"].as_str(), patch.body["status"]["round"].as_u64()),
+        (Some("Starting"), Some(1))
+    );
+    let status = patch.body["status"].clone();
+    patch.ok(job_json(status));
+    api.train_pod_after_events("thermal-train-x7k2p").await;
+    api.only_events().await;
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied, not dropped as stale");
+}
+
+#[tokio::test]
+async fn a_deploy_restarted_after_a_crash_removes_the_old_inference_pod_first() {
+    let (mut api, ctx, _inbox) = setup();
+    // Deploy/Starting of round 1 written, then the operator died before the old pod was deleted.
+    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
+    let mut status = status_after(&[train_ready()]);
+    status["stage"] = json!("Deploy");
+    status["data"] = json!({"input": {"models": [model]}});
+    status["worker"]["stage"] = json!("Deploy");
+    let run = tokio::spawn(reconcile::reconcile(job(status), ctx));
+    let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
+    api.expect("GET", PODS).await.ok(pod_list(vec![old]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
+    patch.ok(job_json(Value::Null));
+    let (reasons, delete) = api.events_then("DELETE", PODS).await;
+    assert_eq!(reasons, ["WorkerVanished"]);
+    assert!(delete.query().ends_with("worker-type=inference"), "{}", delete.query());
+    delete.ok(pod_list(vec![]));
+    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
+    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    run.await.expect("join").expect("reconciled");
+}
+
+/// The operator's side of the edge link: what a node reports, applied and acknowledged.
+mod link {
+    use perennial_link::cloud_server::{Applied, CloudSide};
+    use perennial_operator::link::{NodeBook, OperatorSide};
+
+    use super::*;
+
+    fn side(ctx: &Arc<Context>, inbox: &Arc<Inbox>) -> Arc<OperatorSide> {
+        Arc::new(OperatorSide::new(Arc::new(NodeBook::default()), inbox.clone(), ctx.client.clone()))
+    }
+
+    #[tokio::test]
+    async fn an_edge_report_is_applied_through_the_stage_machine_and_acknowledged_once_written() {
+        let (mut api, ctx, inbox) = setup();
+        let side = side(&ctx, &inbox);
+        let body = json!({"job": "ml/thermal", "jobUid": UID, "round": 1, "phase": "Train", "status": "Ready",
+                          "input": {"dataURL": "/output/thermal/data/train/1/data.txt", "outputDir": "/output/thermal/train/1"}});
+        let applying = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply("edge-1", 7, body).await }
+        });
+        // Handed to the inbox, not yet acknowledged: the status is not written.
+        while inbox.peek("ml", "thermal").is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!applying.is_finished());
+        assert_eq!(side.last_applied_report("edge-1").await, Ok(0));
+        let waiting = status_after(&[]);
+        let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
+        api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
+        api.expect("GET", PODS).await.ok(pod_list(vec![]));
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(patch.body["status"]["phase"], "Starting", "the report was applied");
+        let status = patch.body["status"].clone();
+        patch.ok(job_json(status));
+        api.train_pod_after_events("thermal-train-x7k2p").await;
+        api.event().await;
+        run.await.expect("join").expect("reconciled");
+        let applied = tokio::time::timeout(Duration::from_secs(1), applying).await.expect("answered").expect("join");
+        assert_eq!(applied, Applied::Applied);
+        assert_eq!(side.last_applied_report("edge-1").await, Ok(7), "the node's watermark moved");
+    }
+
+    #[tokio::test]
+    async fn the_policies_an_edge_runs_replace_the_jobs_policies_in_its_status() {
+        let (mut api, ctx, inbox) = setup();
+        let side = side(&ctx, &inbox);
+        let trigger = json!({"plugin": "oci://x/t:1", "digest": "ab12", "health": "LoadFailed",
+                             "message": "rejected oci://x/t:2: configure refused; the previous one serves"});
+        let body = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger}});
+        let applying = tokio::spawn(async move { side.apply("edge-1", 3, body).await });
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(
+            patch.body,
+            json!({"status": {"policies": {"trigger": trigger, "splitter": null, "selector": null}}}),
+            "every kind said: one the edge no longer runs is removed"
+        );
+        patch.ok(job_json(Value::Null));
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+    }
+
+    #[tokio::test]
+    async fn a_dataset_count_is_written_and_a_gone_dataset_refused() {
+        let (mut api, ctx, inbox) = setup();
+        let side = side(&ctx, &inbox);
+        let path = "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data/status";
+        let body = json!({"dataset": "ml/thermal-data", "numberOfSamples": 250});
+        let applying = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply("edge-1", 4, body).await }
+        });
+        let patch = api.expect("PATCH", path).await;
+        assert_eq!(patch.body["status"]["numberOfSamples"], 250);
+        patch.ok(dataset_json());
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+
+        let applying = tokio::spawn(async move {
+            side.apply("edge-1", 5, json!({"dataset": "ml/thermal-data", "numberOfSamples": 260})).await
+        });
+        let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                          "message": "datasets \"thermal-data\" not found", "code": 404});
+        api.expect("PATCH", path).await.respond(StatusCode::NOT_FOUND, gone);
+        assert_eq!(applying.await.expect("join"), Applied::Rejected("dataset ml/thermal-data is gone".into()));
+    }
+}

@@ -1,0 +1,272 @@
+//! The policy host: one wasmtime engine for the process, a linker with what policies may
+//! import, and compilation once per component digest (in memory, and on disk when a cache
+//! directory is given).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
+use wasmtime::{Config, Engine};
+
+use super::bindings::{Kind, batch_data, host};
+use super::builtin;
+use super::cache::DiskCache;
+use super::error::{LoadError, PolicyError, Step, one_line};
+use super::instance::{Policy, PolicyInfo};
+use super::reference::{PolicyRef, Source, ValidRef};
+use super::sandbox::{HostState, PolicyEvents};
+use perennial_storage::{self as storage, S3Credentials};
+
+/// The most a component may be, and how long its fetch may take.
+pub const COMPONENT_READ: storage::ReadLimit =
+    storage::ReadLimit { max_bytes: 64 << 20, timeout: Duration::from_secs(120) };
+
+/// How often the epoch advances: the resolution of per-call deadlines.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The process's engine. Its settings are fixed, so compiled code can be shared and cached.
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine = Engine::new(&config).expect("the policy engine settings are valid");
+        let ticker = engine.clone();
+        std::thread::Builder::new()
+            .name("policy-epoch".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(EPOCH_TICK);
+                    ticker.increment_epoch();
+                }
+            })
+            .expect("start the policy epoch thread");
+        engine
+    })
+}
+
+/// A verified, compiled component.
+pub struct Inspection {
+    pub source: String,
+    pub digest: String,
+    pub size: usize,
+    pub compile_time: Duration,
+    pub from_cache: bool,
+    /// Exported interfaces, e.g. `perennial:policy/trigger@0.1.0`.
+    pub exports: Vec<String>,
+    compiled: Arc<Compiled>,
+}
+
+/// A component compiled and pre-linked, shared by every policy loaded from the same digest.
+pub struct Compiled {
+    pub component: Component,
+    pub pre: InstancePre<HostState>,
+}
+
+struct Inner {
+    linker: Linker<HostState>,
+    disk: Option<DiskCache>,
+    compiled: Mutex<HashMap<String, Arc<Compiled>>>,
+    s3: Option<S3Credentials>,
+}
+
+/// Loads policies. Cheap to clone; clones share the compile cache.
+#[derive(Clone)]
+pub struct PolicyHost {
+    inner: Arc<Inner>,
+}
+
+impl PolicyHost {
+    /// A host with an in-memory compile cache, and an on-disk one in `cache_dir` if given.
+    /// `s3` is used to fetch `s3://` plugins.
+    pub fn new(cache_dir: Option<PathBuf>, s3: Option<S3Credentials>) -> Result<Self, std::io::Error> {
+        let engine = engine();
+        let mut linker = Linker::new(engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(std::io::Error::other)?;
+        forbid_waiting(&mut linker).map_err(std::io::Error::other)?;
+        host::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
+        batch_data::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
+        let disk = cache_dir.map(|dir| DiskCache::new(dir, engine)).transpose()?;
+        Ok(PolicyHost { inner: Arc::new(Inner { linker, disk, compiled: Mutex::new(HashMap::new()), s3 }) })
+    }
+
+    /// Loads a policy: checks the reference, fetches the component, verifies its digest,
+    /// compiles it (or takes it from the cache), instantiates it and configures it. The error
+    /// names the step that failed.
+    pub async fn load<K: Kind>(
+        &self,
+        reference: &PolicyRef,
+        events: Arc<dyn PolicyEvents>,
+    ) -> Result<Policy<K>, LoadError> {
+        let valid = reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
+        let bytes = self.fetch(&valid.source).await?;
+        let host = self.clone();
+        tokio::task::spawn_blocking(move || host.load_bytes::<K>(&valid, &bytes, events)).await.unwrap_or_else(|join| {
+            Err(LoadError::new(Step::Compile, PolicyError::Trap(format!("the loader stopped: {join}"))))
+        })
+    }
+
+    /// Fetches a component's bytes (at most [`COMPONENT_READ`]: a Python component is ~18 MB).
+    pub async fn fetch(&self, source: &Source) -> Result<Arc<[u8]>, LoadError> {
+        let fetch_error =
+            |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: source.to_string(), message });
+        match source {
+            Source::Builtin(name) => builtin::component(name)
+                .map(Arc::from)
+                .ok_or_else(|| fetch_error(format!("no built-in called {name:?}"))),
+            Source::File(path) => {
+                let path = std::path::absolute(path).map_err(|err| fetch_error(err.to_string()))?;
+                let url = path.to_str().ok_or_else(|| fetch_error("the path is not UTF-8".into()))?;
+                storage::read_limited(url, None, COMPONENT_READ)
+                    .await
+                    .map(Arc::from)
+                    .map_err(|err| fetch_error(err.to_string()))
+            }
+            Source::Https(url) | Source::S3(url) => storage::read_limited(url, self.inner.s3.as_ref(), COMPONENT_READ)
+                .await
+                .map(Arc::from)
+                .map_err(|err| fetch_error(err.to_string())),
+        }
+    }
+
+    /// Verifies the digest and compiles: what `plugin check` reports.
+    pub fn inspect(&self, valid: &ValidRef, bytes: &[u8]) -> Result<Inspection, LoadError> {
+        let source = valid.source.to_string();
+        let digest = hex::encode(Sha256::digest(bytes));
+        if let Some(expected) = &valid.sha256
+            && *expected != digest
+        {
+            let error = PolicyError::Digest { plugin: source, expected: expected.clone(), actual: digest };
+            return Err(LoadError::new(Step::Verify, error));
+        }
+        let started = Instant::now();
+        let (compiled, from_cache) = self.compile(&source, &digest, bytes)?;
+        Ok(Inspection {
+            exports: exported_interfaces(&compiled.component),
+            compile_time: started.elapsed(),
+            from_cache,
+            size: bytes.len(),
+            digest,
+            source,
+            compiled,
+        })
+    }
+
+    /// Everything after the fetch, on the calling thread (compilation is CPU work).
+    pub fn load_bytes<K: Kind>(
+        &self,
+        valid: &ValidRef,
+        bytes: &[u8],
+        events: Arc<dyn PolicyEvents>,
+    ) -> Result<Policy<K>, LoadError> {
+        let inspection = self.inspect(valid, bytes)?;
+        let source = inspection.source;
+        if !inspection.exports.iter().any(|name| name == K::EXPORT) {
+            let exports = &inspection.exports;
+            let message =
+                format!("it exports {}", if exports.is_empty() { "nothing".into() } else { exports.join(", ") });
+            return Err(LoadError::new(
+                Step::Instantiate,
+                PolicyError::WrongWorld { plugin: source, kind: K::NAME, message },
+            ));
+        }
+        let pre = K::pre(inspection.compiled.pre.clone()).map_err(|err| {
+            LoadError::new(
+                Step::Instantiate,
+                PolicyError::WrongWorld {
+                    plugin: source.clone(),
+                    kind: K::NAME,
+                    message: one_line(&format!("{err:#}")),
+                },
+            )
+        })?;
+        let info = PolicyInfo {
+            kind: K::NAME,
+            source,
+            digest: inspection.digest,
+            size: inspection.size,
+            compile_time: inspection.compile_time,
+            from_cache: inspection.from_cache,
+            limits: valid.limits,
+            on_error: valid.on_error,
+        };
+        Policy::start(info, pre, valid.config.clone(), events)
+    }
+
+    /// The compiled component for `digest`: from memory, from disk, or compiled now.
+    /// Returns whether it came from a cache.
+    fn compile(&self, source: &str, digest: &str, bytes: &[u8]) -> Result<(Arc<Compiled>, bool), LoadError> {
+        if let Some(compiled) = self.lock_compiled().get(digest) {
+            return Ok((compiled.clone(), true));
+        }
+        let engine = engine();
+        let cached = self.inner.disk.as_ref().and_then(|disk| disk.load(engine, digest));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component = Component::from_binary(engine, bytes).map_err(|err| {
+                    LoadError::new(
+                        Step::Compile,
+                        PolicyError::Compile { plugin: source.to_owned(), message: one_line(&format!("{err:#}")) },
+                    )
+                })?;
+                if let Some(disk) = &self.inner.disk {
+                    disk.store(digest, &component);
+                }
+                component
+            }
+        };
+        let pre = self.inner.linker.instantiate_pre(&component).map_err(|err| {
+            let message = one_line(&format!("{err:#} (policies may import only perennial:policy and WASI 0.2)"));
+            LoadError::new(
+                Step::Instantiate,
+                PolicyError::WrongWorld { plugin: source.to_owned(), kind: "policy", message },
+            )
+        })?;
+        let compiled = Arc::new(Compiled { component, pre });
+        self.lock_compiled().insert(digest.to_owned(), compiled.clone());
+        Ok((compiled, from_cache))
+    }
+
+    fn lock_compiled(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Compiled>>> {
+        self.inner.compiled.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forgets compiled components held in memory (the disk cache stays).
+    pub fn clear_memory_cache(&self) {
+        self.lock_compiled().clear();
+    }
+
+    /// Where the on-disk cache keeps `digest`, if there is a disk cache.
+    pub fn disk_cache_path(&self, digest: &str) -> Option<PathBuf> {
+        self.inner.disk.as_ref().map(|disk| disk.path(digest))
+    }
+}
+
+/// A policy may not wait: `wasi:io/poll` would block the host thread, where no epoch deadline
+/// can stop it (a `sleep` in a plugin would hang the job). Both ways of waiting trap instead.
+fn forbid_waiting(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    use wasmtime::component::Resource;
+    use wasmtime_wasi::p2::DynPollable;
+    const WHY: &str = "policies may not wait (wasi:io/poll is not available to them)";
+    linker.allow_shadowing(true);
+    let mut poll = linker.instance("wasi:io/poll@0.2.12")?;
+    poll.func_wrap("poll", |_, (_,): (Vec<Resource<DynPollable>>,)| -> wasmtime::Result<(Vec<u32>,)> {
+        Err(wasmtime::format_err!(WHY))
+    })?;
+    poll.func_wrap("[method]pollable.block", |_, (_,): (Resource<DynPollable>,)| -> wasmtime::Result<()> {
+        Err(wasmtime::format_err!(WHY))
+    })?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// The interfaces a component exports, e.g. `perennial:policy/trigger@0.1.0`.
+pub fn exported_interfaces(component: &Component) -> Vec<String> {
+    component.component_type().exports(engine()).map(|(name, _)| name.to_owned()).collect()
+}

@@ -1,0 +1,4 @@
+//! What several test binaries share (tests/support/), each using part of it.
+
+#[path = "../../../../tests/support/s3.rs"]
+pub mod s3;

@@ -1,0 +1,19 @@
+//! The words both halves of Perennial share, with no Kubernetes and no Wasm in them: a round's
+//! stages and phases, what its workers are given and produce (Sedna's `ConditionData`), policy
+//! references and health, and a node's jobs and reports. The resources (`perennial-api`), the
+//! edge agent, the link and the operator all build on these.
+
+pub mod node;
+pub mod policy;
+pub mod round;
+pub mod stage;
+
+pub use node::{
+    DEFAULT_EVAL_SET_SIZE, JobConfig, JobSpec, NodeJob, NodeJobMeta, NodeWorker, Report, StageNotice, new_worker_name,
+    node_job,
+};
+pub use policy::{
+    BUILTIN_POLICIES, Limits, OnError, PolicyHealth, PolicyRef, PolicyStatus, Source, ValidRef, parse_source,
+};
+pub use round::{ConditionData, Input, Model, Output};
+pub use stage::{Phase, Stage};

@@ -1,0 +1,162 @@
+//! A node's jobs and reports: what the control plane sends an edge node about a job (its
+//! config, the stage it moved the job to, the workers it started) and what the node reports
+//! back. Both control planes (the operator over the link, the embedded mode in process) and the
+//! edge agent speak these.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::policy::PolicyRef;
+use crate::round::{Input, Output};
+
+/// What the edge keeps of a job's spec.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSpec {
+    /// The dataset, `namespace/name`: its sample count is reported as its status.
+    #[serde(default)]
+    pub dataset: String,
+    /// The dataset's index (`Dataset.spec.url`).
+    pub dataset_url: String,
+    /// `txt` or `csv`.
+    pub dataset_format: String,
+    /// `spec.outputDir`.
+    pub output_dir: String,
+    /// `spec.dataset.trainProb`.
+    pub train_prob: f64,
+    /// `spec.evalSpec.evalSetSize`: a round's eval set is the job's most recent this many eval
+    /// samples. Absent: [`DEFAULT_EVAL_SET_SIZE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_set_size: Option<u64>,
+}
+
+/// `spec.evalSpec.evalSetSize` when a job does not give one: about what Sedna's five one-minute
+/// batches hold at a modest rate, and enough to tell accuracies a few points apart.
+pub const DEFAULT_EVAL_SET_SIZE: u64 = 100;
+
+impl JobSpec {
+    /// The eval set's size, the default filled in.
+    pub fn eval_set_size(&self) -> u64 {
+        self.eval_set_size.filter(|n| *n > 0).unwrap_or(DEFAULT_EVAL_SET_SIZE)
+    }
+}
+
+impl JobSpec {
+    /// Whether `other` reads and writes the same files (only its trainProb and eval set size may
+    /// differ).
+    pub fn same_files(&self, other: &JobSpec) -> bool {
+        (&self.dataset, &self.dataset_url, &self.dataset_format, &self.output_dir)
+            == (&other.dataset, &other.dataset_url, &other.dataset_format, &other.output_dir)
+    }
+}
+
+/// What the edge needs to run one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JobConfig {
+    /// `namespace/name`.
+    pub name: String,
+    pub uid: String,
+    pub spec: JobSpec,
+    /// The splitter; absent: Sedna's `trainProb` rule, computed natively.
+    #[serde(default)]
+    pub splitter: Option<PolicyRef>,
+    pub trigger: PolicyRef,
+    #[serde(default = "first_select")]
+    pub selector: PolicyRef,
+    /// The rule a failing trigger falls back to (`onError: fallback`): Sedna's condition, as
+    /// the built-in threshold-trigger. Absent: a failing trigger holds the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_trigger: Option<PolicyRef>,
+}
+
+fn first_select() -> PolicyRef {
+    PolicyRef::new("builtin:first-select")
+}
+
+/// A job as the cloud sends it to its node: a `desired` frame's `jobs` entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeJob {
+    pub metadata: NodeJobMeta,
+    /// What the edge runs it with.
+    pub config: JobConfig,
+    /// The stage the control plane moved the job to (Waiting), with its round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<StageNotice>,
+    /// The workers the control plane started for the job on this node (their pods'
+    /// `WORKER_NAME`): only these may report through the worker API.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<NodeWorker>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeWorker {
+    pub name: String,
+    pub round: i64,
+    /// `train`, `eval` or `deploy`.
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeJobMeta {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageNotice {
+    /// `Train`, `Eval` or `Deploy`.
+    pub stage: String,
+    pub round: i64,
+    /// The previous stage failed (a failed Train gives its samples back).
+    #[serde(default)]
+    pub failed: bool,
+}
+
+impl NodeJob {
+    /// The job's key, `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.metadata.namespace, self.metadata.name)
+    }
+}
+
+/// Reads a desired job object; the error names the job and the field.
+pub fn node_job(key: &str, object: &Value) -> Result<NodeJob, String> {
+    let job: NodeJob = serde_path_to_error::deserialize(object).map_err(|err| format!("job {key}: {err}"))?;
+    if job.config.name != key {
+        return Err(format!("job {key}: config.name is {}, not the job's key", job.config.name));
+    }
+    Ok(job)
+}
+
+/// One report about a job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub job: String,
+    pub job_uid: String,
+    pub round: i64,
+    /// `Train`, `Eval` or `Deploy`.
+    pub phase: String,
+    /// `Ready`, `Completed` or `Failed`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Input>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Output>,
+    /// Why, for a decision or a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A fresh worker name: Sedna's prefix (`train-worker`, `eval-worker`, `inferworker`) and a
+/// 96-bit random token, so that a name cannot be guessed by another process on the node.
+pub fn new_worker_name(stage: &str) -> Result<String, getrandom::Error> {
+    let mut token = [0u8; 12];
+    getrandom::fill(&mut token)?;
+    let prefix =
+        if stage == "deploy" || stage == "inference" { "inferworker".to_owned() } else { format!("{stage}-worker") };
+    Ok(format!("{prefix}-{}", hex::encode(token)))
+}

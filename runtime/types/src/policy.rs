@@ -1,0 +1,291 @@
+//! The policy reference: which plugin a job uses for a decision, and under what limits.
+//!
+//! ```yaml
+//! plugin: builtin:threshold-trigger   # or file:///path.wasm, https://..., s3://bucket/key
+//! sha256: 3f5a...                     # required for https:// and s3://; checked when given
+//! config: {condition: {operator: ">", threshold: 500}}
+//! limits: {timeoutMs: 100, memoryMiB: 32}
+//! onError: fallback                   # or hold
+//! ```
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// A job's reference to a policy plugin.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyRef {
+    /// `builtin:NAME`, `file:///path`, a plain path, `https://...` or `s3://bucket/key`.
+    pub plugin: String,
+    /// Hex SHA-256 of the component. Required for remote sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Handed to the plugin's `configure` as JSON. Absent means `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub config: Option<serde_json::Value>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+/// What a call may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock time per call, in milliseconds.
+    #[serde(default = "default_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
+    pub timeout_ms: u64,
+    /// Linear memory of the plugin instance, in MiB.
+    #[serde(rename = "memoryMiB", default = "default_memory_mib")]
+    #[schemars(range(min = 1, max = MAX_MEMORY_MIB))]
+    pub memory_mib: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    100
+}
+fn default_memory_mib() -> u64 {
+    32
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { timeout_ms: default_timeout_ms(), memory_mib: default_memory_mib() }
+    }
+}
+
+/// What the job does when the policy fails a call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnError {
+    /// Decide with the built-in rule for that decision, and say so on the job.
+    #[default]
+    Fallback,
+    /// Make no decision until the policy is fixed or replaced; the job says why.
+    Hold,
+}
+
+/// Where a plugin comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    Builtin(String),
+    File(PathBuf),
+    Https(String),
+    S3(String),
+}
+
+impl Source {
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Source::Https(_) | Source::S3(_))
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Builtin(name) => write!(f, "builtin:{name}"),
+            Source::File(path) => write!(f, "{}", path.display()),
+            Source::Https(url) | Source::S3(url) => f.write_str(url),
+        }
+    }
+}
+
+/// Limits a reference may ask for.
+/// The built-in policies (`builtin:NAME`); the policy host embeds each one's component.
+pub const BUILTIN_POLICIES: &[&str] = &["threshold-trigger", "ratio-split", "first-select", "metric-select"];
+
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
+pub const MAX_MEMORY_MIB: u64 = 4096;
+
+/// A reference that has been checked: its source parsed, its digest well formed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidRef {
+    pub source: Source,
+    /// Lower-case hex.
+    pub sha256: Option<String>,
+    /// The JSON text handed to `configure`.
+    pub config: String,
+    pub limits: Limits,
+    pub on_error: OnError,
+}
+
+impl PolicyRef {
+    /// A reference to `plugin` with defaults for everything else.
+    pub fn new(plugin: impl Into<String>) -> Self {
+        PolicyRef {
+            plugin: plugin.into(),
+            sha256: None,
+            config: None,
+            limits: Limits::default(),
+            on_error: OnError::default(),
+        }
+    }
+
+    pub fn with_config(mut self, config: serde_json::Value) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Checks the reference; the error names the field (`plugin`, `sha256`, `limits.timeoutMs`,
+    /// ...) and what is wrong with it.
+    pub fn validate(&self) -> Result<ValidRef, String> {
+        let source = parse_source(&self.plugin).map_err(|err| format!("plugin: {err}"))?;
+        let sha256 = match &self.sha256 {
+            Some(hex) => {
+                let hex = hex.trim().to_ascii_lowercase();
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!("sha256: {:?} is not 64 hex digits", self.sha256.as_deref().unwrap_or("")));
+                }
+                Some(hex)
+            }
+            None if source.is_remote() => {
+                return Err(format!("sha256: required for a remote plugin ({source})"));
+            }
+            None => None,
+        };
+        if !(1..=MAX_TIMEOUT_MS).contains(&self.limits.timeout_ms) {
+            return Err(format!("limits.timeoutMs: {} is outside 1..={MAX_TIMEOUT_MS}", self.limits.timeout_ms));
+        }
+        if !(1..=MAX_MEMORY_MIB).contains(&self.limits.memory_mib) {
+            return Err(format!("limits.memoryMiB: {} is outside 1..={MAX_MEMORY_MIB}", self.limits.memory_mib));
+        }
+        let config = match &self.config {
+            None | Some(serde_json::Value::Null) => "{}".to_owned(),
+            Some(value) => value.to_string(),
+        };
+        Ok(ValidRef { source, sha256, config, limits: self.limits, on_error: self.on_error })
+    }
+}
+
+/// Parses a plugin source: `builtin:NAME`, `file:///abs`, a plain path, `https://`, `s3://`.
+pub fn parse_source(plugin: &str) -> Result<Source, String> {
+    let plugin = plugin.trim();
+    if plugin.is_empty() {
+        return Err("empty; use builtin:NAME, a path, file://, https:// or s3://".into());
+    }
+    if let Some(name) = plugin.strip_prefix("builtin:") {
+        if !BUILTIN_POLICIES.contains(&name) {
+            return Err(format!("unknown built-in {name:?}; built-ins are {}", BUILTIN_POLICIES.join(", ")));
+        }
+        return Ok(Source::Builtin(name.to_owned()));
+    }
+    match plugin.split_once("://") {
+        None => Ok(Source::File(PathBuf::from(plugin))),
+        Some(("file", path)) if path.starts_with('/') => Ok(Source::File(PathBuf::from(path))),
+        Some(("file", _)) => Err("a file:// URL needs an absolute path (file:///path/plugin.wasm)".into()),
+        Some(("https", rest)) if !rest.is_empty() => Ok(Source::Https(plugin.to_owned())),
+        Some(("s3", rest)) if rest.split_once('/').is_some_and(|(b, k)| !b.is_empty() && !k.is_empty()) => {
+            Ok(Source::S3(plugin.to_owned()))
+        }
+        Some(("s3", _)) => Err("expected s3://bucket/key".into()),
+        Some(("http", _)) => Err("plain http:// is not allowed; use https:// with sha256".into()),
+        Some((scheme, _)) => {
+            Err(format!("unsupported scheme `{scheme}`; use builtin:NAME, a path, file://, https:// or s3://"))
+        }
+    }
+}
+
+/// A policy's health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum PolicyHealth {
+    /// Loaded and answering.
+    #[default]
+    Serving,
+    /// Its last call failed; the job fell back to the built-in rule or holds (see `message`).
+    Failing,
+    /// It could not be loaded; the previous one (or the built-in rule) serves.
+    LoadFailed,
+}
+
+/// One policy as the job runs it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    pub plugin: String,
+    /// SHA-256 of the component serving.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    #[serde(default)]
+    pub health: PolicyHealth,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(yaml_like_json: serde_json::Value) -> Result<ValidRef, String> {
+        let parsed: PolicyRef = serde_json::from_value(yaml_like_json).map_err(|e| e.to_string())?;
+        parsed.validate()
+    }
+
+    #[test]
+    fn defaults() {
+        let valid = reference(serde_json::json!({"plugin": "builtin:ratio-split"})).unwrap();
+        assert_eq!(valid.source, Source::Builtin("ratio-split".into()));
+        assert_eq!(valid.limits, Limits { timeout_ms: 100, memory_mib: 32 });
+        assert_eq!(valid.on_error, OnError::Fallback);
+        assert_eq!(valid.config, "{}");
+    }
+
+    #[test]
+    fn sources() {
+        let cases: &[(&str, Result<Source, &str>)] = &[
+            ("builtin:threshold-trigger", Ok(Source::Builtin("threshold-trigger".into()))),
+            ("builtin:nope", Err("unknown built-in \"nope\"; built-ins are ")),
+            ("./p.wasm", Ok(Source::File("./p.wasm".into()))),
+            ("file:///opt/p.wasm", Ok(Source::File("/opt/p.wasm".into()))),
+            ("file://p.wasm", Err("a file:// URL needs an absolute path")),
+            ("https://example.org/p.wasm", Ok(Source::Https("https://example.org/p.wasm".into()))),
+            ("s3://bucket/p.wasm", Ok(Source::S3("s3://bucket/p.wasm".into()))),
+            ("s3://bucket", Err("expected s3://bucket/key")),
+            ("http://example.org/p.wasm", Err("plain http:// is not allowed")),
+            ("oci://registry/p", Err("unsupported scheme `oci`")),
+            ("", Err("empty")),
+        ];
+        for (plugin, expected) in cases {
+            match (parse_source(plugin), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(&got, want, "{plugin}"),
+                (Err(got), Err(want)) => assert!(got.starts_with(want), "{plugin}: {got}"),
+                (got, want) => panic!("{plugin}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let sha = "ab".repeat(32);
+        let cases = [
+            (serde_json::json!({"plugin": "https://x.org/p.wasm"}), "sha256: required for a remote plugin"),
+            (serde_json::json!({"plugin": "s3://b/p.wasm", "sha256": "xyz"}), "sha256: \"xyz\" is not 64 hex digits"),
+            (
+                serde_json::json!({"plugin": "builtin:ratio-split", "limits": {"timeoutMs": 0}}),
+                "limits.timeoutMs: 0 is outside",
+            ),
+            (
+                serde_json::json!({"plugin": "builtin:ratio-split", "limits": {"memoryMiB": 100000}}),
+                "limits.memoryMiB: 100000 is outside",
+            ),
+            (serde_json::json!({"plugin": "builtin:nope"}), "plugin: unknown built-in"),
+            (serde_json::json!({"plugin": "builtin:ratio-split", "onError": "explode"}), "unknown variant `explode`"),
+        ];
+        for (json, expected) in cases {
+            let err = reference(json.clone()).unwrap_err();
+            assert!(err.contains(expected), "{json}: {err}");
+        }
+        let ok = reference(serde_json::json!({"plugin": "s3://b/p.wasm", "sha256": sha.to_uppercase()})).unwrap();
+        assert_eq!(ok.sha256.as_deref(), Some(sha.as_str()));
+    }
+
+    #[test]
+    fn config_is_passed_as_json_text() {
+        let valid =
+            reference(serde_json::json!({"plugin": "builtin:ratio-split", "config": {"trainProb": 0.8}})).unwrap();
+        assert_eq!(valid.config, r#"{"trainProb":0.8}"#);
+    }
+}

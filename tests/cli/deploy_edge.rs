@@ -1,0 +1,584 @@
+//! `deploy/edge/`, the two ways to put the edge agent on a node, checked for what a user relies
+//! on. The DaemonSet as `kubectl apply -k deploy/edge` would install it: rendered by the real
+//! `kubectl kustomize`, read back as Kubernetes' own type (a misspelt field fails), on the host's
+//! network and filesystem, its state on the host, its identity a projected ServiceAccount token
+//! (no Secret of node tokens), its CA from a Secret, its link to the operator's Service. `install.sh`, run for real under a scratch root: what it writes, and that
+//! it refuses bad input before writing anything. The systemd unit it installs. And every variable
+//! either sets is one `perennial edge` reads.
+//!
+//! Without `kubectl` the DaemonSet's tests skip, except under CI (`CI` set), where they fail.
+
+use crate::support::manifests::typed;
+use std::collections::BTreeMap;
+use std::io::ErrorKind;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, PodSpec, Service, ServiceAccount, Volume, VolumeMount};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tempfile::TempDir;
+
+const NAME: &str = "perennial-edge";
+/// The agent's own namespace (privileged: host network, host paths, root); the operator's
+/// stays restricted.
+const NAMESPACE: &str = "perennial-edge";
+const OPERATOR_NAMESPACE: &str = "perennial-system";
+const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "perennial");
+const BIND_PORT: &str = "9100";
+/// The agent's ServiceAccount, and the audience of its projected token (the operator's
+/// `--link-audience` default, set in deploy/operator too).
+const SERVICE_ACCOUNT: &str = "perennial-edge";
+const AUDIENCE: &str = "perennial-link";
+
+/// Where install.sh puts things on the node, and where the unit looks for them.
+const BINARY: &str = "/usr/local/bin/perennial";
+const ENV_FILE: &str = "/etc/perennial/edge.env";
+const TOKEN: &str = "/etc/perennial/token";
+const UNIT: &str = "/etc/systemd/system/perennial-edge.service";
+
+/// Set by the environment, not by a flag of `perennial edge`.
+const NOT_FLAGS: [&str; 1] = ["RUST_LOG"];
+
+fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
+}
+
+fn read_text(relative: &str) -> String {
+    let path = repo_path(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()))
+}
+
+// ---- The DaemonSet ----
+
+/// `kubectl kustomize deploy/edge`'s DaemonSet, read once; `None` when kubectl is missing
+/// outside CI.
+fn daemonset() -> Option<&'static DaemonSet> {
+    static RENDERED: OnceLock<Option<DaemonSet>> = OnceLock::new();
+    RENDERED.get_or_init(|| render().map(|text| only_daemonset(&text))).as_ref()
+}
+
+fn render() -> Option<String> {
+    let folder = repo_path("deploy/edge");
+    let output = match Command::new("kubectl").arg("kustomize").arg(&folder).output() {
+        Ok(output) => output,
+        Err(err) if err.kind() == ErrorKind::NotFound => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "kubectl is not installed, and CI is set: install it (.ci/run does) to check deploy/edge"
+            );
+            eprintln!("skipped: kubectl is not installed (deploy/edge's DaemonSet is not checked)");
+            return None;
+        }
+        Err(err) => panic!("run kubectl: {err}"),
+    };
+    assert!(
+        output.status.success(),
+        "`kubectl kustomize deploy/edge` failed ({}); it is written for kubectl 1.20's kustomize v2 \
+         (commonLabels, namespace, resources) and current ones: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
+}
+
+/// The rendered documents: the Namespace, the ServiceAccount and the DaemonSet.
+fn only_daemonset(text: &str) -> DaemonSet {
+    let mut documents = Vec::new();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value: Value = serde::Deserialize::deserialize(document)
+            .unwrap_or_else(|err| panic!("document {} is not YAML: {err}", index + 1));
+        if !value.is_null() {
+            documents.push(value);
+        }
+    }
+    let kinds: Vec<_> =
+        documents.iter().map(|v| format!("{} {} {}", v["apiVersion"], v["kind"], v["metadata"]["name"])).collect();
+    assert_eq!(
+        kinds.len(),
+        3,
+        "deploy/edge renders three objects, the Namespace, the ServiceAccount and the DaemonSet: {kinds:?}"
+    );
+    assert_eq!((documents[0]["apiVersion"].as_str(), documents[0]["kind"].as_str()), (Some("v1"), Some("Namespace")));
+    let namespace: Namespace = typed(&documents[0], "Namespace");
+    assert_eq!(namespace.metadata.name.as_deref(), Some(NAMESPACE));
+    let labels = namespace.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get("pod-security.kubernetes.io/enforce").map(String::as_str),
+        Some("privileged"),
+        "the agent's pods use the host network, host paths and root: a restricted namespace refuses them"
+    );
+    assert_eq!(
+        (documents[1]["apiVersion"].as_str(), documents[1]["kind"].as_str()),
+        (Some("v1"), Some("ServiceAccount"))
+    );
+    let account: ServiceAccount = typed(&documents[1], "ServiceAccount");
+    assert_eq!(account.metadata.name.as_deref(), Some(SERVICE_ACCOUNT));
+    assert_eq!(account.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        (documents[2]["apiVersion"].as_str(), documents[2]["kind"].as_str()),
+        (Some("apps/v1"), Some("DaemonSet"))
+    );
+    typed(&documents[2], "DaemonSet")
+}
+
+/// A checked-in manifest outside deploy/edge, as its type.
+fn manifest<K: DeserializeOwned + Serialize>(relative: &str) -> K {
+    let value: Value =
+        serde_yaml_ng::from_str(&read_text(relative)).unwrap_or_else(|err| panic!("{relative} is not YAML: {err}"));
+    typed(&value, relative)
+}
+
+fn pod_spec(daemonset: &DaemonSet) -> &PodSpec {
+    daemonset.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("the DaemonSet has a pod spec")
+}
+
+/// The container that runs `perennial edge`.
+fn agent(daemonset: &DaemonSet) -> &Container {
+    let containers = &pod_spec(daemonset).containers;
+    assert_eq!(containers.len(), 1, "one container");
+    &containers[0]
+}
+
+fn env(container: &Container) -> BTreeMap<&str, &EnvVar> {
+    container.env.iter().flatten().map(|var| (var.name.as_str(), var)).collect()
+}
+
+/// The literal value of the container's variable `name`.
+fn env_value<'a>(container: &'a Container, name: &str) -> &'a str {
+    let var = env(container).get(name).copied();
+    var.and_then(|v| v.value.as_deref()).unwrap_or_else(|| panic!("the DaemonSet sets no value for {name}"))
+}
+
+/// The mount that holds `path` (the deepest one) and its volume.
+fn mount_of<'a>(daemonset: &'a DaemonSet, path: &str) -> (&'a VolumeMount, &'a Volume) {
+    let holds = |mount: &&VolumeMount| {
+        let base = mount.mount_path.trim_end_matches('/');
+        path == base || path.starts_with(&format!("{base}/"))
+    };
+    let mounts = agent(daemonset).volume_mounts.iter().flatten();
+    let mount = mounts
+        .filter(holds)
+        .max_by_key(|m| m.mount_path.len())
+        .unwrap_or_else(|| panic!("nothing is mounted at {path}"));
+    let mut volumes = pod_spec(daemonset).volumes.iter().flatten();
+    let volume = volumes.find(|v| v.name == mount.name);
+    (mount, volume.unwrap_or_else(|| panic!("the mount at {} names no volume {}", mount.mount_path, mount.name)))
+}
+
+#[test]
+fn renders_the_daemonset_in_its_own_privileged_namespace() {
+    let Some(daemonset) = daemonset() else { return };
+    let meta = &daemonset.metadata;
+    assert_eq!(meta.name.as_deref(), Some(NAME));
+    assert_eq!(meta.namespace.as_deref(), Some(NAMESPACE));
+    let labels = meta.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get(PART_OF.0).map(String::as_str), Some(PART_OF.1), "label {}: {labels:?}", PART_OF.0);
+    let spec = daemonset.spec.as_ref().expect("the DaemonSet has a spec");
+    let template_labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    assert!(!selector.is_empty(), "the DaemonSet selects its pods by label");
+    for (key, value) in &selector {
+        assert_eq!(template_labels.get(key), Some(value), "the selector selects the pod template: {key}");
+    }
+}
+
+#[test]
+fn daemonset_runs_the_agent_on_the_host_network() {
+    let Some(daemonset) = daemonset() else { return };
+    let pod = pod_spec(daemonset);
+    // Workers run on the host network and report to the agent on localhost:BIND_PORT.
+    assert_eq!(pod.host_network, Some(true), "hostNetwork");
+    assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"), "the link's Service name resolves");
+    let container = agent(daemonset);
+    assert_eq!(container.command.as_deref(), Some(&["perennial".to_owned(), "edge".to_owned()][..]));
+    assert_eq!(env_value(container, "BIND_PORT"), BIND_PORT);
+    // The same image as the operator's: one release.
+    let operator: Deployment = manifest("deploy/operator/deployment.yaml");
+    let operator_image = operator.spec.and_then(|s| s.template.spec).and_then(|s| s.containers.first()?.image.clone());
+    assert_eq!(container.image, operator_image, "the agent's image is the operator's");
+    // The kubelet creates the state's host path root-owned, and the jobs' files are the host's:
+    // the image's nonroot user could write neither.
+    let user = container.security_context.as_ref().and_then(|s| s.run_as_user);
+    let pod_user = pod.security_context.as_ref().and_then(|s| s.run_as_user);
+    assert_eq!(user.or(pod_user), Some(0), "the agent runs as root");
+}
+
+#[test]
+fn host_filesystem_and_state_are_host_paths() {
+    let Some(daemonset) = daemonset() else { return };
+    let container = agent(daemonset);
+
+    let rootfs = env_value(container, "ROOTFS_MOUNT_DIR");
+    let (mount, volume) = mount_of(daemonset, rootfs);
+    assert_eq!(
+        mount.mount_path.trim_end_matches('/'),
+        rootfs.trim_end_matches('/'),
+        "the host's / is ROOTFS_MOUNT_DIR"
+    );
+    assert_ne!(mount.read_only, Some(true), "jobs write their outputs to host paths");
+    let host = volume
+        .host_path
+        .as_ref()
+        .unwrap_or_else(|| panic!("ROOTFS_MOUNT_DIR: volume {} is not a hostPath", volume.name));
+    assert_eq!(host.path, "/", "ROOTFS_MOUNT_DIR holds the host's filesystem");
+
+    // Queued reports are in the state: it outlives the pod.
+    let state = env_value(container, "PERENNIAL_STATE_DIR");
+    let (mount, volume) = mount_of(daemonset, state);
+    assert_ne!(mount.read_only, Some(true), "the state is written");
+    let host = volume
+        .host_path
+        .as_ref()
+        .unwrap_or_else(|| panic!("PERENNIAL_STATE_DIR: volume {} is not a hostPath", volume.name));
+    assert_ne!(host.path, "/", "the state has its own host folder");
+    assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"), "a new node gets the folder");
+}
+
+#[test]
+fn identity_ca_and_node_name_come_from_the_cluster() {
+    let Some(daemonset) = daemonset() else { return };
+    let container = agent(daemonset);
+    let pod = pod_spec(daemonset);
+    // The agent proves its node with a token of its own ServiceAccount, bound to its pod.
+    assert_eq!(pod.service_account_name.as_deref(), Some(SERVICE_ACCOUNT), "serviceAccountName");
+    let token_file = env_value(container, "PERENNIAL_TOKEN_FILE");
+    let (mount, volume) = mount_of(daemonset, token_file);
+    assert_eq!(mount.read_only, Some(true), "PERENNIAL_TOKEN_FILE: mounted read only");
+    let sources = volume.projected.as_ref().and_then(|p| p.sources.as_deref()).unwrap_or_else(|| {
+        panic!("PERENNIAL_TOKEN_FILE: volume {} is not a projected serviceAccountToken", volume.name)
+    });
+    let token = sources
+        .iter()
+        .find_map(|s| s.service_account_token.as_ref())
+        .unwrap_or_else(|| panic!("PERENNIAL_TOKEN_FILE: volume {} projects no serviceAccountToken", volume.name));
+    assert_eq!(token.audience.as_deref(), Some(AUDIENCE), "the token is for the link only");
+    let lifetime = token.expiration_seconds.unwrap_or(3600);
+    assert!((600..=3600).contains(&lifetime), "a short-lived token (the kubelet rotates it): {lifetime} s");
+    let file = format!("{}/{}", mount.mount_path.trim_end_matches('/'), token.path);
+    assert_eq!(file, token_file, "PERENNIAL_TOKEN_FILE is the projected token's file");
+    // No Secret of every node's token on any node.
+    for volume in pod.volumes.iter().flatten() {
+        let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
+        assert_ne!(secret, Some("perennial-edge-tokens"), "the DaemonSet mounts no node tokens");
+    }
+    // The operator reviews for the same audience.
+    let operator: Deployment = manifest("deploy/operator/deployment.yaml");
+    let operator = operator.spec.and_then(|s| s.template.spec).and_then(|s| s.containers.into_iter().next());
+    let audience = operator
+        .and_then(|c| c.env)
+        .and_then(|env| env.into_iter().find(|v| v.name == "PERENNIAL_LINK_AUDIENCE"))
+        .and_then(|v| v.value);
+    assert_eq!(audience.as_deref(), Some(AUDIENCE), "deploy/operator reviews the agents' tokens for their audience");
+
+    let (mount, volume) = mount_of(daemonset, env_value(container, "PERENNIAL_CA_FILE"));
+    assert_eq!(mount.read_only, Some(true), "PERENNIAL_CA_FILE: mounted read only");
+    let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
+    assert!(secret.is_some_and(|name| !name.is_empty()), "PERENNIAL_CA_FILE: volume {} is not a Secret", volume.name);
+    let node = env(container).get("NODENAME").and_then(|v| v.value_from.as_ref()).and_then(|v| v.field_ref.as_ref());
+    assert_eq!(node.map(|f| f.field_path.as_str()), Some("spec.nodeName"), "NODENAME is the pod's node");
+}
+
+#[test]
+fn cloud_url_is_the_operators_link_service() {
+    let Some(daemonset) = daemonset() else { return };
+    let url = env_value(agent(daemonset), "PERENNIAL_CLOUD_URL");
+    let rest = url.strip_prefix("wss://").unwrap_or_else(|| panic!("PERENNIAL_CLOUD_URL is not wss:// (TLS): {url}"));
+    let authority = rest.split('/').next().unwrap_or_default();
+    let (host, port) = authority.rsplit_once(':').unwrap_or_else(|| panic!("PERENNIAL_CLOUD_URL names no port: {url}"));
+
+    let service: Service = manifest("deploy/operator/service.yaml");
+    let ports = service.spec.and_then(|s| s.ports).unwrap_or_default();
+    let link =
+        ports.iter().find(|p| p.name.as_deref() == Some("link")).expect("deploy/operator/service.yaml: a port `link`");
+    assert_eq!(link.port, 10000);
+    assert_eq!(port, link.port.to_string(), "PERENNIAL_CLOUD_URL names the link Service's port: {url}");
+    let name = service.metadata.name.expect("the Service has a name");
+    let in_cluster = format!("{name}.{OPERATOR_NAMESPACE}.svc");
+    assert!(host == in_cluster || host.starts_with(&format!("{in_cluster}.")), "{url} names the Service {in_cluster}");
+}
+
+// ---- The env they set, and what `perennial edge` reads ----
+
+/// `perennial edge --help`: clap lists each variable it reads as `[env: NAME=]`.
+fn edge_help() -> &'static str {
+    static HELP: OnceLock<String> = OnceLock::new();
+    HELP.get_or_init(|| {
+        let output =
+            Command::new(env!("CARGO_BIN_EXE_perennial")).args(["edge", "--help"]).output().expect("run perennial");
+        assert!(output.status.success(), "perennial edge --help: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).expect("the help is UTF-8")
+    })
+}
+
+fn assert_read_by_the_agent<'a>(what: &str, names: impl IntoIterator<Item = &'a str>) {
+    let help = edge_help();
+    let unread: Vec<_> = names
+        .into_iter()
+        .filter(|name| !NOT_FLAGS.contains(name) && !help.contains(&format!("[env: {name}=")))
+        .collect();
+    assert!(unread.is_empty(), "{what} sets {unread:?}, which `perennial edge --help` does not list:\n{help}");
+}
+
+#[test]
+fn the_agent_reads_every_variable_the_daemonset_sets() {
+    let Some(daemonset) = daemonset() else { return };
+    let container = agent(daemonset);
+    let names: Vec<_> = env(container).into_keys().collect();
+    assert!(names.len() >= 7, "{names:?}");
+    assert_read_by_the_agent("the DaemonSet", names);
+}
+
+#[test]
+fn the_agent_reads_every_variable_install_writes() {
+    let node = installed();
+    let env = env_file(node.root.path());
+    assert!(env.len() >= 6, "{env:?}");
+    assert_read_by_the_agent("install.sh's edge.env", env.keys().map(String::as_str));
+}
+
+// ---- install.sh ----
+
+/// A node installed under a scratch root, from scratch inputs.
+struct Node {
+    root: TempDir,
+    inputs: TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        let inputs = TempDir::new().expect("a scratch folder");
+        for (name, text) in [
+            ("perennial", "#!/bin/sh\necho a stand-in for perennial\n"),
+            ("node.token", "a-node-token\n"),
+            ("ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
+            ("empty.token", ""),
+        ] {
+            std::fs::write(inputs.path().join(name), text).expect("write an input");
+        }
+        Node { root: TempDir::new().expect("a scratch root"), inputs }
+    }
+
+    fn input(&self, name: &str) -> String {
+        self.inputs.path().join(name).display().to_string()
+    }
+
+    /// The options of an install that succeeds.
+    fn options(&self) -> Vec<String> {
+        [
+            ("--binary", self.input("perennial")),
+            ("--cloud-url", "wss://link.example.com:10000/v1/link".to_owned()),
+            ("--token-file", self.input("node.token")),
+            ("--ca-file", self.input("ca.pem")),
+            ("--node-name", "n1".to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(option, value)| [option.to_owned(), value])
+        .collect()
+    }
+
+    /// `sh install.sh OPTIONS` under the scratch root (which skips systemctl).
+    fn install(&self, options: &[String]) -> Output {
+        Command::new("sh")
+            .arg(repo_path("deploy/edge/install.sh"))
+            .args(options)
+            .env("PERENNIAL_INSTALL_ROOT", self.root.path())
+            .output()
+            .expect("run sh")
+    }
+
+    /// The node's path for an absolute one on the node.
+    fn at(&self, path: &str) -> PathBuf {
+        self.root.path().join(path.trim_start_matches('/'))
+    }
+}
+
+/// A node after a successful install.
+fn installed() -> Node {
+    let node = Node::new();
+    let output = node.install(&node.options());
+    assert!(
+        output.status.success(),
+        "install.sh failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    node
+}
+
+/// `KEY=value` lines.
+fn env_file(root: &Path) -> BTreeMap<String, String> {
+    let path = root.join(ENV_FILE.trim_start_matches('/'));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
+    let lines = text.lines().filter(|line| !line.trim().is_empty() && !line.starts_with('#'));
+    lines
+        .map(|line| {
+            let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("edge.env: not KEY=value: {line:?}"));
+            (key.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+fn mode(path: &Path) -> u32 {
+    let meta = std::fs::metadata(path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    meta.permissions().mode() & 0o777
+}
+
+/// Every file and folder under `root`, relative.
+fn contents(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut folders = vec![root.to_owned()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap_or_else(|err| panic!("{}: {err}", folder.display())) {
+            let path = entry.expect("a folder entry").path();
+            if path.is_dir() {
+                folders.push(path.clone());
+            }
+            out.push(path.strip_prefix(root).expect("under the root").to_owned());
+        }
+    }
+    out
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    let read = |path: &Path| std::fs::read(path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
+    read(a) == read(b)
+}
+
+#[test]
+fn install_writes_the_env_token_unit_and_binary() {
+    let node = installed();
+    let env = env_file(node.root.path());
+    let get = |key: &str| env.get(key).map(String::as_str);
+    assert_eq!(get("PERENNIAL_CLOUD_URL"), Some("wss://link.example.com:10000/v1/link"));
+    assert_eq!(get("NODENAME"), Some("n1"));
+    assert_eq!(get("BIND_PORT"), Some(BIND_PORT));
+    assert_eq!(get("PERENNIAL_TOKEN_FILE"), Some(TOKEN));
+    let ca = get("PERENNIAL_CA_FILE").expect("edge.env sets PERENNIAL_CA_FILE");
+    assert!(get("PERENNIAL_STATE_DIR").is_some_and(|dir| node.at(dir).is_dir()), "the state folder: {env:?}");
+
+    assert!(same_file(&node.at(TOKEN), Path::new(&node.input("node.token"))), "the token is copied");
+    assert_eq!(mode(&node.at(TOKEN)), 0o600, "only root reads the token");
+    assert!(same_file(&node.at(ca), Path::new(&node.input("ca.pem"))), "the CA is copied");
+    assert!(same_file(&node.at(UNIT), &repo_path("deploy/edge/perennial-edge.service")), "the unit is installed");
+    assert!(same_file(&node.at(BINARY), Path::new(&node.input("perennial"))), "the binary is installed");
+    assert_eq!(mode(&node.at(BINARY)) & 0o111, 0o111, "the binary is executable");
+
+    // Run again, an upgrade: the new settings replace the old.
+    let mut options = node.options();
+    let name = options.iter().position(|o| o == "--node-name").expect("--node-name") + 1;
+    options[name] = "n2".to_owned();
+    let output = node.install(&options);
+    assert!(output.status.success(), "a second install.sh: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(env_file(node.root.path()).get("NODENAME").map(String::as_str), Some("n2"));
+}
+
+#[test]
+fn install_refuses_bad_input_before_writing_anything() {
+    let node = Node::new();
+    let good = node.options();
+    let set = |option: &str, value: &str| -> Vec<String> {
+        let mut options = good.clone();
+        match options.iter().position(|o| o == option) {
+            Some(index) => options[index + 1] = value.to_owned(),
+            None => options.extend([option.to_owned(), value.to_owned()]),
+        }
+        options
+    };
+    let without = |option: &str| -> Vec<String> {
+        let index = good.iter().position(|o| o == option).expect("a good option");
+        good.iter().enumerate().filter(|(i, _)| *i != index && *i != index + 1).map(|(_, o)| o.clone()).collect()
+    };
+    let mut last_without_value = good.clone();
+    last_without_value.push("--bind-port".to_owned());
+    let missing = node.input("no-such-file");
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        ("no token file", without("--token-file"), "--token-file"),
+        ("an http:// cloud URL", set("--cloud-url", "http://link.example.com:10000/v1/link"), "--cloud-url"),
+        ("an empty token file", set("--token-file", &node.input("empty.token")), "--token-file"),
+        ("an unknown option", set("--frobnicate", "yes"), "--frobnicate"),
+        ("a missing binary", set("--binary", &missing), "--binary"),
+        ("a missing CA", set("--ca-file", &missing), "--ca-file"),
+        ("an option without its value", last_without_value, "--bind-port"),
+        ("a port out of range", set("--bind-port", "70000"), "--bind-port"),
+        ("a node name with a space", set("--node-name", "n 1"), "--node-name"),
+    ];
+    for (what, options, named) in cases {
+        let output = node.install(&options);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{what}: install.sh succeeded");
+        assert!(stderr.contains(named), "{what}: the message does not name {named}: {stderr}");
+        let written = contents(node.root.path());
+        assert!(written.is_empty(), "{what}: install.sh refused, yet wrote {written:?}");
+    }
+}
+
+// ---- The systemd unit ----
+
+/// `[Section]` and `Key=value` lines: (section, key) -> the values, in order.
+fn unit_entries(text: &str) -> BTreeMap<(String, String), Vec<String>> {
+    let mut out: BTreeMap<_, Vec<_>> = BTreeMap::new();
+    let mut section = String::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_owned();
+            continue;
+        }
+        let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("the unit: not Key=value: {line:?}"));
+        out.entry((section.clone(), key.trim().to_owned())).or_default().push(value.trim().to_owned());
+    }
+    out
+}
+
+#[test]
+fn unit_runs_the_installed_agent_with_its_env_and_restarts_it() {
+    let entries = unit_entries(&read_text("deploy/edge/perennial-edge.service"));
+    let get = |section: &str, key: &str| -> Vec<&str> {
+        entries.get(&(section.to_owned(), key.to_owned())).into_iter().flatten().map(String::as_str).collect()
+    };
+    let exec = get("Service", "ExecStart");
+    assert_eq!(exec.len(), 1, "one ExecStart: {exec:?}");
+    assert_eq!(exec[0].split_whitespace().collect::<Vec<_>>(), [BINARY, "edge"], "ExecStart");
+    assert_eq!(get("Service", "EnvironmentFile"), [ENV_FILE], "EnvironmentFile (required: no `-`)");
+    assert_eq!(get("Service", "Restart"), ["always"]);
+    assert_eq!(get("Install", "WantedBy"), ["multi-user.target"], "started at boot");
+    verify_with_systemd();
+}
+
+/// `systemd-analyze verify`, on the unit as install.sh installs it, when systemd-analyze is here
+/// (250 or newer, for `--recursive-errors`).
+fn verify_with_systemd() {
+    let version = match Command::new("systemd-analyze").arg("--version").output() {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).into_owned(),
+        Err(err) if err.kind() == ErrorKind::NotFound => {
+            eprintln!("skipped: systemd-analyze is not installed (the unit is not verified)");
+            return;
+        }
+        Err(err) => panic!("run systemd-analyze: {err}"),
+    };
+    let number = version.split_whitespace().nth(1).and_then(|v| v.parse::<u32>().ok());
+    if number.is_none_or(|n| n < 250) {
+        eprintln!("skipped: systemd-analyze older than 250 ({version:?}): the unit is not verified");
+        return;
+    }
+    let node = installed();
+    let root = format!("--root={}", node.root.path().display());
+    let output = Command::new("systemd-analyze")
+        .args(["verify", "--recursive-errors=no", "--man=no", &root])
+        .arg(node.at(UNIT))
+        .output()
+        .expect("run systemd-analyze");
+    assert!(
+        output.status.success() && output.stderr.is_empty(),
+        "systemd-analyze verify perennial-edge.service ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,441 @@
+//! `deploy/operator/` as `kubectl apply -k` would install it: rendered by the real
+//! `kubectl kustomize`, read back as Kubernetes' own types (a misspelt field fails), and checked
+//! for what a user relies on: the namespace, the Deployment's replicas, probes, env and security,
+//! the Service's ports, least-privilege RBAC bound to the Deployment's ServiceAccount, and the
+//! CRDs as the types generate them.
+//!
+//! Without `kubectl` the tests skip, except under CI (`CI` set), where they fail.
+
+use std::any::TypeId;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::ErrorKind;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::{NamespaceResourceScope, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+const NAMESPACE: &str = "perennial-system";
+const IMAGE: &str = "ghcr.io/perennial-edge/perennial:0.1.0";
+const LABELS: [(&str, &str); 1] = [("app.kubernetes.io/part-of", "perennial")];
+
+/// What the operator calls, cluster wide: (API group, resource, verbs). The ClusterRole grants
+/// exactly these.
+const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
+    ("sedna.io", "lifelonglearningjobs", &["get", "list", "watch", "patch"]),
+    ("sedna.io", "lifelonglearningjobs/status", &["get", "patch"]),
+    ("sedna.io", "lifelonglearningjobs/finalizers", &["update"]),
+    ("sedna.io", "datasets", &["get", "list", "watch"]),
+    ("sedna.io", "datasets/status", &["get", "patch"]),
+    ("", "pods", &["get", "list", "watch", "create", "deletecollection"]),
+    ("", "secrets", &["get"]),
+    ("authentication.k8s.io", "tokenreviews", &["create"]),
+    ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// Leader election, in the operator's namespace only.
+const LEADER_GRANTS: &[(&str, &str, &[&str])] = &[("coordination.k8s.io", "leases", &["get", "create", "update"])];
+
+fn repo_root() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../..")
+}
+
+/// Where an object came from, for messages and the namespace check.
+struct Meta {
+    kind: &'static str,
+    name: String,
+    namespace: Option<String>,
+    labels: BTreeMap<String, String>,
+    namespaced: bool,
+}
+
+impl Meta {
+    fn id(&self) -> String {
+        format!("{} {}", self.kind, self.name)
+    }
+}
+
+#[derive(Default)]
+struct Rendered {
+    all: Vec<Meta>,
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    deployments: Vec<Deployment>,
+    services: Vec<Service>,
+    crds: Vec<CustomResourceDefinition>,
+}
+
+/// `kubectl kustomize deploy/operator`, read once; `None` when kubectl is missing outside CI.
+fn rendered() -> Option<&'static Rendered> {
+    static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
+    RENDERED.get_or_init(|| render().map(|text| read(&text))).as_ref()
+}
+
+fn render() -> Option<String> {
+    let folder = format!("{}/deploy/operator", repo_root());
+    let output = match Command::new("kubectl").args(["kustomize", &folder]).output() {
+        Ok(output) => output,
+        Err(err) if err.kind() == ErrorKind::NotFound => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "kubectl is not installed, and CI is set: install it (.ci/run does) to check deploy/operator"
+            );
+            eprintln!("skipped: kubectl is not installed (deploy/operator is not checked)");
+            return None;
+        }
+        Err(err) => panic!("run kubectl: {err}"),
+    };
+    assert!(
+        output.status.success(),
+        "`kubectl kustomize deploy/operator` failed ({}); it is written for kubectl 1.20's \
+         kustomize v2 and current ones: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
+}
+
+/// Splits the documents and reads each as its Kubernetes type.
+fn read(text: &str) -> Rendered {
+    let mut out = Rendered::default();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value: Value = serde::Deserialize::deserialize(document)
+            .unwrap_or_else(|err| panic!("document {} is not YAML: {err}", index + 1));
+        if value.is_null() {
+            continue;
+        }
+        let api_version = value["apiVersion"].as_str().unwrap_or_default().to_owned();
+        let kind = value["kind"].as_str().unwrap_or_default().to_owned();
+        match (api_version.as_str(), kind.as_str()) {
+            ("v1", "Namespace") => out.namespaces.push(typed(&value, &mut out.all)),
+            ("v1", "ServiceAccount") => out.service_accounts.push(typed(&value, &mut out.all)),
+            ("v1", "Service") => out.services.push(typed(&value, &mut out.all)),
+            ("apps/v1", "Deployment") => out.deployments.push(typed(&value, &mut out.all)),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => out.cluster_roles.push(typed(&value, &mut out.all)),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                out.cluster_role_bindings.push(typed(&value, &mut out.all))
+            }
+            ("rbac.authorization.k8s.io/v1", "Role") => out.roles.push(typed(&value, &mut out.all)),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => out.role_bindings.push(typed(&value, &mut out.all)),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => out.crds.push(typed(&value, &mut out.all)),
+            _ => panic!("document {}: unexpected {api_version} {kind} {}", index + 1, value["metadata"]["name"]),
+        }
+    }
+    out
+}
+
+/// Reads `value` as `K` and checks that nothing was lost on the way: k8s-openapi drops the
+/// fields it does not know, so a misspelt field shows up as a difference.
+fn typed<K>(value: &Value, all: &mut Vec<Meta>) -> K
+where
+    K: Resource + DeserializeOwned + Serialize,
+    K::Scope: 'static,
+{
+    let name = value["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let id = format!("{} {name}", K::KIND);
+    let object: K = crate::support::manifests::typed(value, &id);
+    let labels = value["metadata"]["labels"]
+        .as_object()
+        .map(|labels| labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
+        .unwrap_or_default();
+    all.push(Meta {
+        kind: K::KIND,
+        name,
+        namespace: value["metadata"]["namespace"].as_str().map(str::to_owned),
+        labels,
+        namespaced: TypeId::of::<K::Scope>() == TypeId::of::<NamespaceResourceScope>(),
+    });
+    object
+}
+
+fn only<'a, T>(items: &'a [T], what: &str) -> &'a T {
+    assert_eq!(items.len(), 1, "expected one {what}, found {}", items.len());
+    &items[0]
+}
+
+fn deployment(rendered: &Rendered) -> &Deployment {
+    only(&rendered.deployments, "Deployment")
+}
+
+fn pod_spec(deployment: &Deployment) -> &PodSpec {
+    deployment.spec.as_ref().and_then(|s| s.template.spec.as_ref()).expect("the Deployment has a pod spec")
+}
+
+/// The container that runs `perennial operator`.
+fn operator_container(deployment: &Deployment) -> &Container {
+    let containers = &pod_spec(deployment).containers;
+    assert_eq!(containers.len(), 1, "one container");
+    &containers[0]
+}
+
+/// Each named container port: name -> number.
+fn named_ports(container: &Container) -> BTreeMap<String, i32> {
+    container.ports.iter().flatten().filter_map(|p| Some((p.name.clone()?, p.container_port))).collect()
+}
+
+fn env(container: &Container) -> BTreeMap<String, &k8s_openapi::api::core::v1::EnvVar> {
+    container.env.iter().flatten().map(|var| (var.name.clone(), var)).collect()
+}
+
+fn grants(rules: &[PolicyRule]) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in rules {
+        assert!(rule.non_resource_urls.is_none() && rule.resource_names.is_none(), "{rule:?}");
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    assert!(
+                        !group.contains('*') && !resource.contains('*') && !verb.contains('*'),
+                        "a wildcard grant: ({group:?}, {resource:?}, {verb:?})"
+                    );
+                    out.insert((group.clone(), resource.clone(), verb.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn table(grants: &[(&str, &str, &[&str])]) -> BTreeSet<(String, String, String)> {
+    grants
+        .iter()
+        .flat_map(|(group, resource, verbs)| {
+            verbs.iter().map(|verb| (group.to_string(), resource.to_string(), verb.to_string()))
+        })
+        .collect()
+}
+
+fn assert_grants(what: &str, rules: &[PolicyRule], expected: &[(&str, &str, &[&str])]) {
+    let granted = grants(rules);
+    let wanted = table(expected);
+    let missing: Vec<_> = wanted.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&wanted).collect();
+    assert!(missing.is_empty(), "{what} lacks what the operator calls: {missing:?}");
+    assert!(extra.is_empty(), "{what} grants more than the operator calls (least privilege): {extra:?}");
+}
+
+#[test]
+fn objects_are_the_expected_ones_in_the_operator_namespace() {
+    let Some(rendered) = rendered() else { return };
+    let ids: BTreeSet<_> = rendered.all.iter().map(Meta::id).collect();
+    for id in [
+        "Namespace perennial-system",
+        "ServiceAccount perennial-operator",
+        "ClusterRole perennial-operator",
+        "ClusterRoleBinding perennial-operator",
+        "Deployment perennial-operator",
+        "Service perennial-operator",
+        "CustomResourceDefinition lifelonglearningjobs.sedna.io",
+        "CustomResourceDefinition datasets.sedna.io",
+    ] {
+        assert!(ids.contains(id), "{id} is not installed: {ids:?}");
+    }
+    assert_eq!(rendered.roles.len(), 1, "one Role (leader election)");
+    assert_eq!(rendered.role_bindings.len(), 1, "one RoleBinding (leader election)");
+    assert_eq!(ids.len(), rendered.all.len(), "an object twice: {ids:?}");
+    for meta in &rendered.all {
+        if meta.namespaced {
+            assert_eq!(meta.namespace.as_deref(), Some(NAMESPACE), "{}", meta.id());
+        } else {
+            assert_eq!(meta.namespace, None, "{} is cluster-scoped", meta.id());
+        }
+        for (key, value) in LABELS {
+            assert_eq!(meta.labels.get(key).map(String::as_str), Some(value), "{}: label {key}", meta.id());
+        }
+    }
+    // kustomize puts the Namespace and the CRDs first, so that `kubectl apply -k` can create
+    // the rest in one go.
+    assert_eq!(rendered.all[0].kind, "Namespace");
+}
+
+#[test]
+fn deployment_runs_two_safe_replicas() {
+    let Some(rendered) = rendered() else { return };
+    let deployment = deployment(rendered);
+    let spec = deployment.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let template_labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    for (key, value) in spec.selector.match_labels.iter().flatten() {
+        assert_eq!(template_labels.get(key), Some(value), "the selector selects the pod template: {key}");
+    }
+    let pod = pod_spec(deployment);
+    assert_eq!(pod.termination_grace_period_seconds, Some(30));
+    let container = operator_container(deployment);
+    assert_eq!(container.image.as_deref(), Some(IMAGE));
+    assert_eq!(container.command, Some(vec!["perennial".to_owned(), "operator".to_owned()]));
+
+    // Alive on /healthz (leader or standby), ready on /readyz (the leader only: the Service
+    // sends edge nodes there), both at the named port `metrics`.
+    let ports = named_ports(container);
+    assert!(ports.contains_key("metrics") && ports.contains_key("link"), "{ports:?}");
+    for (which, probe, path) in
+        [("liveness", &container.liveness_probe, "/healthz"), ("readiness", &container.readiness_probe, "/readyz")]
+    {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap_or_else(|| panic!("no {which} probe"));
+        assert_eq!(get.path.as_deref(), Some(path), "{which}");
+        assert_eq!(get.port, IntOrString::String("metrics".into()), "{which}");
+    }
+
+    // The env: the pod's identity from the downward API, addresses on the container's ports,
+    // and the image of the worker pods' init containers: this one.
+    let env = env(container);
+    for (name, field) in [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+        let from = env.get(name).and_then(|v| v.value_from.as_ref()).and_then(|v| v.field_ref.as_ref());
+        assert_eq!(from.map(|f| f.field_path.as_str()), Some(field), "{name}");
+    }
+    let metrics = env.get("PERENNIAL_METRICS_ADDR").and_then(|v| v.value.clone()).expect("PERENNIAL_METRICS_ADDR");
+    assert_eq!(metrics, format!("0.0.0.0:{}", ports["metrics"]), "metrics listen on the container port `metrics`");
+    assert_eq!(env.get("PERENNIAL_IMAGE").and_then(|v| v.value.as_deref()), container.image.as_deref());
+    // The link listens on the container port `link`, with the certificate of a mounted TLS Secret.
+    let link = env.get("PERENNIAL_LINK_ADDR").and_then(|v| v.value.clone()).expect("PERENNIAL_LINK_ADDR");
+    assert_eq!(link, format!("0.0.0.0:{}", ports["link"]));
+    let mounts: BTreeMap<String, String> =
+        container.volume_mounts.iter().flatten().map(|m| (m.mount_path.clone(), m.name.clone())).collect();
+    for (name, file) in [("PERENNIAL_LINK_CERT", "tls.crt"), ("PERENNIAL_LINK_KEY", "tls.key")] {
+        let path = env.get(name).and_then(|v| v.value.clone()).unwrap_or_else(|| panic!("{name}"));
+        let (folder, found) = path.rsplit_once('/').expect("a path");
+        assert_eq!(found, file, "{name}");
+        let volume = pod.volumes.iter().flatten().find(|v| Some(&v.name) == mounts.get(folder)).expect("mounted");
+        let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
+        assert_eq!(secret, Some("perennial-link-tls"), "{name} comes from the link's TLS Secret");
+    }
+
+    // Non-root, read-only, no privilege, no capabilities, the runtime's seccomp profile.
+    let pod_security = pod.security_context.clone().unwrap_or_default();
+    let security = container.security_context.clone().unwrap_or_default();
+    assert_eq!(security.run_as_non_root.or(pod_security.run_as_non_root), Some(true), "runAsNonRoot");
+    let user = security.run_as_user.or(pod_security.run_as_user);
+    assert!(user.is_some_and(|uid| uid != 0), "a numeric non-root user (the kubelet cannot check a name): {user:?}");
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    let drop = security.capabilities.and_then(|c| c.drop).unwrap_or_default();
+    assert_eq!(drop, ["ALL"]);
+    let seccomp = security.seccomp_profile.or(pod_security.seccomp_profile).map(|s| s.type_);
+    assert_eq!(seccomp.as_deref(), Some("RuntimeDefault"));
+
+    // Small resources, bounded.
+    let resources = container.resources.clone().unwrap_or_default();
+    for (what, quantities) in [("requests", resources.requests), ("limits", resources.limits)] {
+        let quantities = quantities.unwrap_or_default();
+        assert!(quantities.contains_key("cpu") && quantities.contains_key("memory"), "{what}: {quantities:?}");
+    }
+
+    // The replicas prefer different nodes.
+    let spread = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref());
+    let preferred = spread.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.as_ref());
+    let term = &preferred.and_then(|terms| terms.first()).expect("a preferred podAntiAffinity").pod_affinity_term;
+    assert_eq!(term.topology_key, "kubernetes.io/hostname");
+    let selects = term.label_selector.as_ref().and_then(|s| s.match_labels.clone()).unwrap_or_default();
+    assert!(selects.iter().all(|(k, v)| template_labels.get(k) == Some(v)) && !selects.is_empty(), "{selects:?}");
+}
+
+#[test]
+fn service_targets_the_named_container_ports() {
+    let Some(rendered) = rendered() else { return };
+    let service = only(&rendered.services, "Service");
+    let spec = service.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref().unwrap_or("ClusterIP"), "ClusterIP");
+    let deployment = deployment(rendered);
+    let template_labels = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let selector = spec.selector.clone().unwrap_or_default();
+    assert!(!selector.is_empty(), "the Service selects pods");
+    for (key, value) in &selector {
+        assert_eq!(template_labels.get(key), Some(value), "the Service selects the operator's pods: {key}");
+    }
+    let ports = named_ports(operator_container(deployment));
+    let mut exposed = BTreeMap::new();
+    for port in spec.ports.iter().flatten() {
+        let Some(IntOrString::String(target)) = &port.target_port else {
+            panic!("Service port {:?} targets a number, not a named container port", port.name)
+        };
+        let number = ports.get(target).unwrap_or_else(|| panic!("no container port is named {target}: {ports:?}"));
+        exposed.insert(target.clone(), (port.port, *number));
+    }
+    assert_eq!(exposed.get("link"), Some(&(10000, 10000)), "{exposed:?}");
+    assert_eq!(exposed.get("metrics"), Some(&(8080, 8080)), "{exposed:?}");
+}
+
+#[test]
+fn rbac_is_least_privilege_and_bound_to_the_deployment_account() {
+    let Some(rendered) = rendered() else { return };
+    let deployment = deployment(rendered);
+    let account = pod_spec(deployment).service_account_name.clone().expect("the Deployment names its ServiceAccount");
+    let namespace = deployment.metadata.namespace.clone().unwrap();
+    assert!(
+        rendered.service_accounts.iter().any(|sa| sa.metadata.name.as_deref() == Some(account.as_str())),
+        "the ServiceAccount {account} is installed"
+    );
+    let subject =
+        Subject { kind: "ServiceAccount".into(), name: account.clone(), namespace: Some(namespace), api_group: None };
+
+    let cluster_role = only(&rendered.cluster_roles, "ClusterRole");
+    assert_grants("the ClusterRole", cluster_role.rules.as_deref().unwrap_or_default(), CLUSTER_GRANTS);
+    let binding = only(&rendered.cluster_role_bindings, "ClusterRoleBinding");
+    assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(&subject)), "ClusterRoleBinding subjects");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(Some(&binding.role_ref.name), cluster_role.metadata.name.as_ref());
+
+    let role = only(&rendered.roles, "Role");
+    assert_grants("the leader election Role", role.rules.as_deref().unwrap_or_default(), LEADER_GRANTS);
+    let binding = only(&rendered.role_bindings, "RoleBinding");
+    assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(&subject)), "RoleBinding subjects");
+    assert_eq!(binding.role_ref.kind, "Role");
+    assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
+    assert_eq!(binding.metadata.namespace, role.metadata.namespace, "the RoleBinding is beside its Role");
+}
+
+#[test]
+fn crds_are_the_generated_ones() {
+    let Some(rendered) = rendered() else { return };
+    let generated: Vec<CustomResourceDefinition> = serde_yaml_ng::Deserializer::from_str(&perennial_api::crds_yaml())
+        .map(|document| serde::Deserialize::deserialize(document).unwrap())
+        .collect();
+    let by_name = |crds: &[CustomResourceDefinition]| -> BTreeMap<String, CustomResourceDefinition> {
+        crds.iter().map(|crd| (crd.metadata.name.clone().unwrap_or_default(), crd.clone())).collect()
+    };
+    let mut installed = by_name(&rendered.crds);
+    let generated = by_name(&generated);
+    assert_eq!(installed.keys().collect::<Vec<_>>(), generated.keys().collect::<Vec<_>>());
+    for (name, crd) in &mut installed {
+        // kustomize adds its labels; the rest is as generated.
+        let labels = crd.metadata.labels.take().unwrap_or_default();
+        let expected: BTreeMap<_, _> = LABELS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_eq!(labels, expected, "{name}: labels");
+        let versions: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(versions, ["v1alpha1"], "{name}");
+        assert!(crd == &generated[name], "{name} differs from `perennial crd`: regenerate deploy/crds/");
+    }
+}
+
+/// The Deployment configures `perennial operator` through PERENNIAL_* variables: each is one
+/// the subcommand reads (clap lists them in its help as `[env: NAME=]`).
+#[test]
+fn operator_reads_the_env_the_deployment_sets() {
+    let Some(rendered) = rendered() else { return };
+    let output = Command::new(env!("CARGO_BIN_EXE_perennial")).args(["operator", "--help"]).output().unwrap();
+    assert!(output.status.success(), "perennial operator --help: {}", String::from_utf8_lossy(&output.stderr));
+    let help = String::from_utf8_lossy(&output.stdout);
+    let names: Vec<_> = env(operator_container(deployment(rendered)))
+        .into_keys()
+        .filter(|name| name.starts_with("PERENNIAL_"))
+        .collect();
+    assert!(names.len() >= 2, "{names:?}");
+    let unread: Vec<_> = names.iter().filter(|name| !help.contains(&format!("env: {name}="))).collect();
+    assert!(unread.is_empty(), "`perennial operator --help` does not list {unread:?}:\n{help}");
+}

@@ -1,0 +1,134 @@
+//! `perennial run` killed with SIGKILL in the middle of rounds (in Train, in Eval, in Deploy),
+//! then started again: the interrupted round resumes and completes, no sample is consumed twice,
+//! the round files already written are never rewritten, and no worker outlives the kill.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use crate::support::embedded::{Example, wait_exit};
+
+fn stage_index(stage: &str) -> u64 {
+    match stage {
+        "Train" => 0,
+        "Eval" => 1,
+        _ => 2,
+    }
+}
+
+#[test]
+fn killed_mid_round_it_resumes_and_consumes_nothing_twice() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let mut written: HashMap<String, Vec<u8>> = HashMap::new();
+    for (round, stage) in [(1, "Train"), (2, "Eval"), (3, "Deploy")] {
+        let mut run = example.start(&[]);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        // Kill as soon as the job is in (or past) that stage of that round, worker started.
+        loop {
+            assert!(Instant::now() < deadline, "never reached {stage} of round {round}");
+            assert!(run.try_wait().unwrap().is_none(), "perennial run exited early");
+            if let Some(s) = example.live_status() {
+                let at = (s["round"].as_u64().unwrap_or(0), stage_index(s["stage"].as_str().unwrap_or("Train")));
+                let busy = matches!(s["phase"].as_str(), Some("Starting" | "Running"));
+                if at > (round, stage_index(stage)) || at == (round, stage_index(stage)) && busy {
+                    break;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        run.kill().unwrap(); // SIGKILL
+        run.wait().unwrap();
+        // The generator died with it: the dataset stops growing (it appends every second).
+        let index = example.state.join("data/thermal-comfort/index.csv");
+        std::thread::sleep(Duration::from_millis(300));
+        let size = std::fs::metadata(&index).unwrap().len();
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(std::fs::metadata(&index).unwrap().len(), size, "a child process outlived the kill");
+        // What was written before the kill.
+        for entry in walk(&example.output().join("data")) {
+            let bytes = std::fs::read(&entry).unwrap();
+            written.entry(entry.display().to_string()).or_insert(bytes);
+        }
+    }
+
+    let mut run = example.start(&["--rounds", "4"]);
+    let out = wait_exit(&mut run, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let status = example.status();
+    let s = &status[0]["status"];
+    assert_eq!(s["roundsCompleted"], 4, "{s}");
+    // Round numbers went up one by one; every round trained, evaluated and deployed once.
+    let mut seen = HashSet::new();
+    for round in 1..=4 {
+        let train = example.rows(&format!("data/train/{round}/data.csv"));
+        assert!(!train.is_empty(), "round {round} trained on nothing");
+        for row in train {
+            assert!(seen.insert(row.clone()), "sample {row} was consumed twice (again in round {round})");
+        }
+        assert!(example.output().join(format!("eval/{round}/model.json")).exists(), "round {round} not evaluated");
+    }
+    assert!(!example.output().join("data/train/5").exists() || s["round"] == 5);
+    // Round files written before a kill were never rewritten.
+    for (path, before) in &written {
+        assert_eq!(&std::fs::read(path).unwrap(), before, "{path} was rewritten after a restart");
+    }
+    let deployed = std::fs::read(example.output().join("deploy/index.pkl")).unwrap();
+    assert_eq!(deployed, std::fs::read(example.output().join("eval/4/model.json")).unwrap());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return files };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
+}
+
+#[test]
+fn ctrl_c_stops_the_workers_and_the_next_run_resumes() {
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    let mut run = example.start(&[]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while example.live_status().is_none_or(|s| s["roundsCompleted"].as_u64().unwrap_or(0) < 1) {
+        assert!(Instant::now() < deadline, "round 1 never completed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "Ctrl-C is a clean stop: {:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    // The generator and the inference worker were stopped with it.
+    let index = example.state.join("data/thermal-comfort/index.csv");
+    let size = std::fs::metadata(&index).unwrap().len();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(std::fs::metadata(&index).unwrap().len(), size, "the generator outlived Ctrl-C");
+
+    let before = &example.status()[0]["status"];
+    let rounds = before["roundsCompleted"].as_u64().unwrap();
+    let deployed = before["deployed"]["round"].as_u64().unwrap();
+    let target = (rounds + 1).to_string();
+    let mut run = example.start(&["--rounds", &target]);
+    let out = wait_exit(&mut run, Duration::from_secs(90));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = &example.status()[0]["status"];
+    assert_eq!(s["roundsCompleted"].as_u64(), Some(rounds + 1), "{s}");
+    // The deployed model's inference worker was started again on resume (a second log for it).
+    let prefix = format!("{deployed:04}-inference-");
+    let logs = std::fs::read_dir(example.state.join("logs/default/thermal-comfort"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(&prefix))
+        .count();
+    let deploying =
+        before["stage"] == "Deploy" && ["Ready", "Starting", "Running"].contains(&before["phase"].as_str().unwrap());
+    if !deploying {
+        assert_eq!(logs, 2, "the inference worker of round {deployed} was not started again on resume");
+    }
+}

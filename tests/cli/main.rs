@@ -1,0 +1,12 @@
+//! The integration tests of this crate, one binary (each module was its own binary before).
+
+mod support;
+
+mod deploy_edge;
+mod deploy_operator;
+mod edge_crash;
+mod edge_link;
+mod embedded_crash;
+mod embedded_run;
+mod fetch;
+mod plugin;

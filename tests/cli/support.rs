@@ -1,0 +1,10 @@
+//! What several test binaries share (tests/support/), each using part of it.
+
+#[path = "../support/embedded.rs"]
+pub mod embedded;
+#[path = "../support/link.rs"]
+pub mod link;
+#[path = "../support/manifests.rs"]
+pub mod manifests;
+#[path = "../support/s3.rs"]
+pub mod s3;
