@@ -143,7 +143,13 @@ fn trigger_latency() {
             std::thread::sleep(Duration::from_micros(200));
         }
         // The control plane moves the job back to Train/Waiting for the next round.
-        perennial_edge::rounds::set_stage(&mut store.lock().unwrap(), JOB, "Train", "Waiting").unwrap();
+        perennial_edge::rounds::set_stage(
+            &mut store.lock().unwrap(),
+            JOB,
+            perennial_types::Stage::Train,
+            perennial_types::Phase::Waiting,
+        )
+        .unwrap();
         std::thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::Relaxed);

@@ -25,6 +25,7 @@ use perennial_policy::{
 };
 
 pub use perennial_types::JobConfig;
+use perennial_types::{Phase, Stage};
 
 /// How the loop waits.
 #[derive(Clone, Copy, Debug)]
@@ -383,8 +384,8 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
     let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
     let mut index = Index { file: index.as_mut(), csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
     let out = OutputDir { url: &job.spec.output_dir, op: output };
-    let outcome = match stage(&store, &job.name).as_ref().map(|(s, p)| (s.as_str(), p.as_str())) {
-        Some(("Train", "Waiting")) => {
+    let outcome = match stage(&store, &job.name) {
+        Some((Stage::Train, Phase::Waiting)) => {
             let outcome = rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock);
             with_fallback(
                 &mut store,
@@ -395,10 +396,10 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
                 |store, trigger| rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock),
             )
         }
-        Some(("Eval", "Waiting")) => {
+        Some((Stage::Eval, Phase::Waiting)) => {
             rounds::eval_waiting(&mut store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
         }
-        Some(("Deploy", "Waiting")) => {
+        Some((Stage::Deploy, Phase::Waiting)) => {
             let outcome =
                 rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock);
             with_fallback(
@@ -479,8 +480,13 @@ fn with_fallback<P>(
     }
 }
 
-fn stage(store: &Store, job: &str) -> Option<(String, String)> {
-    store.conn().query_row("SELECT stage, phase FROM jobs WHERE name = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?))).ok()
+/// Where the control plane last said the job is.
+fn stage(store: &Store, job: &str) -> Option<(Stage, Phase)> {
+    let (stage, phase): (String, String) = store
+        .conn()
+        .query_row("SELECT stage, phase FROM jobs WHERE name = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))
+        .ok()?;
+    Some((Stage::parse(&stage)?, Phase::parse(&phase)?))
 }
 
 /// The change watcher of the local indexes: one for the folders of all of them, made when the

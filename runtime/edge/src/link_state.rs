@@ -122,7 +122,7 @@ impl EdgeState for Store {
             .map_err(sql)?;
             register_in(&tx, key, &job.metadata.uid, &job.config.spec).map_err(sql)?;
             if let Some(notice) = &job.notice {
-                apply_notice_in(&tx, key, &notice.stage, notice.round, notice.failed).map_err(sql)?;
+                apply_notice_in(&tx, key, notice).map_err(sql)?;
             }
             for worker in &job.workers {
                 // A name already known keeps what it reported.

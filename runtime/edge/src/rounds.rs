@@ -22,6 +22,7 @@ use super::lines::{self, Cursor};
 use super::report::{self, Input, Model, Report};
 use crate::sqlite::Store;
 use perennial_policy::{Metrics, ModelInfo, PolicyError, SelectorPolicy, TriggerPolicy, TriggerStats};
+use perennial_types::{Phase, Stage, StageNotice};
 
 /// The job's dataset index, to read sample lines back from.
 pub struct Index<'a> {
@@ -85,8 +86,9 @@ pub enum RoundError {
 struct JobRow {
     uid: String,
     round: i64,
-    stage: String,
-    phase: String,
+    /// As the control plane last said (absent: an unreadable row, never due).
+    stage: Option<Stage>,
+    phase: Option<Phase>,
     acted: Option<String>,
     round_started_at: Option<i64>,
     samples: i64,
@@ -105,8 +107,8 @@ fn job_row(store: &Store, job: &str) -> Result<JobRow, RoundError> {
                 Ok(JobRow {
                     uid: row.get(0)?,
                     round: row.get(1)?,
-                    stage: row.get(2)?,
-                    phase: row.get(3)?,
+                    stage: Stage::parse(&row.get::<_, String>(2)?),
+                    phase: Phase::parse(&row.get::<_, String>(3)?),
                     acted: row.get(4)?,
                     round_started_at: row.get(5)?,
                     samples: row.get(6)?,
@@ -121,11 +123,13 @@ fn job_row(store: &Store, job: &str) -> Result<JobRow, RoundError> {
 
 /// The job and the round to act on, if it waits in `stage` and the edge has not yet done that
 /// stage's step for the round (Train acts for the next round); otherwise why it waits.
-fn due(store: &Store, job: &str, stage: &str) -> Result<Result<(JobRow, i64), Outcome>, RoundError> {
+fn due(store: &Store, job: &str, stage: Stage) -> Result<Result<(JobRow, i64), Outcome>, RoundError> {
     let row = job_row(store, job)?;
-    let round = if stage == "Train" { row.round + 1 } else { row.round };
-    if (row.stage.as_str(), row.phase.as_str()) != (stage, "Waiting") {
-        return Ok(Err(Outcome::not_due(format!("the job is in {}/{}, not {stage}/Waiting", row.stage, row.phase))));
+    let round = if stage == Stage::Train { row.round + 1 } else { row.round };
+    if (row.stage, row.phase) != (Some(stage), Some(Phase::Waiting)) {
+        let said = |s: Option<String>| s.unwrap_or_else(|| "?".into());
+        let (now, phase) = (said(row.stage.map(|s| s.to_string())), said(row.phase.map(|p| p.to_string())));
+        return Ok(Err(Outcome::not_due(format!("the job is in {now}/{phase}, not {stage}/Waiting"))));
     }
     if row.acted.as_deref() == Some(&format!("{round}/{stage}")) {
         return Ok(Err(Outcome::not_due(format!("the {stage} step of round {round} was already done"))));
@@ -134,8 +138,11 @@ fn due(store: &Store, job: &str, stage: &str) -> Result<Result<(JobRow, i64), Ou
 }
 
 /// Records the stage the control plane says the job is in.
-pub fn set_stage(store: &mut Store, job: &str, stage: &str, phase: &str) -> Result<(), rusqlite::Error> {
-    store.conn().execute("UPDATE jobs SET stage = ?2, phase = ?3 WHERE name = ?1", params![job, stage, phase])?;
+pub fn set_stage(store: &mut Store, job: &str, stage: Stage, phase: Phase) -> Result<(), rusqlite::Error> {
+    store.conn().execute(
+        "UPDATE jobs SET stage = ?2, phase = ?3 WHERE name = ?1",
+        params![job, stage.to_string(), phase.to_string()],
+    )?;
     Ok(())
 }
 
@@ -144,15 +151,9 @@ pub fn set_stage(store: &mut Store, job: &str, stage: &str, phase: &str) -> Resu
 /// what the edge already did is ignored, so that a resent notice never makes the edge step back.
 /// When `failed`, the failed round's train samples return to the pending ones, for the next
 /// round. Returns whether the notice was applied.
-pub fn apply_notice(
-    store: &mut Store,
-    job: &str,
-    stage: &str,
-    round: i64,
-    failed: bool,
-) -> Result<bool, rusqlite::Error> {
+pub fn apply_notice(store: &mut Store, job: &str, notice: &StageNotice) -> Result<bool, rusqlite::Error> {
     let tx = store.write()?;
-    let applied = apply_notice_in(&tx, job, stage, round, failed)?;
+    let applied = apply_notice_in(&tx, job, notice)?;
     tx.commit()?;
     Ok(applied)
 }
@@ -161,10 +162,10 @@ pub fn apply_notice(
 pub fn apply_notice_in(
     tx: &rusqlite::Transaction<'_>,
     job: &str,
-    stage: &str,
-    round: i64,
-    failed: bool,
+    notice: &StageNotice,
 ) -> Result<bool, rusqlite::Error> {
+    let (stage, failed) = (notice.stage, notice.failed);
+    let round = i64::try_from(notice.round).unwrap_or(i64::MAX);
     let edge_round: Option<i64> =
         tx.query_row("SELECT round FROM jobs WHERE name = ?1", [job], |r| r.get(0)).optional()?;
     let Some(edge_round) = edge_round else { return Ok(false) };
@@ -172,12 +173,12 @@ pub fn apply_notice_in(
     if round < edge_round {
         return Ok(false);
     }
-    if failed && stage == "Train" {
+    if failed && stage == Stage::Train {
         tx.execute("UPDATE batches SET train_round = NULL WHERE job = ?1 AND train_round = ?2", params![job, round])?;
     }
     tx.execute(
         "UPDATE jobs SET stage = ?2, phase = 'Waiting', round = MAX(round, ?3) WHERE name = ?1",
-        params![job, stage, round],
+        params![job, stage.to_string(), round],
     )?;
     Ok(true)
 }
@@ -255,7 +256,7 @@ pub fn train_waiting(
     trigger: &TriggerPolicy,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let (row, round) = match due(store, job, "Train")? {
+    let (row, round) = match due(store, job, Stage::Train)? {
         Ok(due) => due,
         Err(wait) => return Ok(wait),
     };
@@ -285,8 +286,8 @@ pub fn train_waiting(
         job: job.to_owned(),
         job_uid: row.uid,
         round,
-        phase: "Train".into(),
-        status: "Ready".into(),
+        phase: Stage::Train,
+        status: Phase::Ready,
         input: Some(input),
         output: None,
         reason: Some(decision.reason),
@@ -314,7 +315,7 @@ pub fn eval_waiting(
     eval_set_size: u64,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let (row, round) = match due(store, job, "Eval")? {
+    let (row, round) = match due(store, job, Stage::Eval)? {
         Ok(due) => due,
         Err(wait) => return Ok(wait),
     };
@@ -329,8 +330,8 @@ pub fn eval_waiting(
         job: job.to_owned(),
         job_uid: row.uid,
         round,
-        phase: "Eval".into(),
-        status: "Ready".into(),
+        phase: Stage::Eval,
+        status: Phase::Ready,
         input: Some(Input {
             models,
             data_url: Some(super::output::url_in(output.url, &data_path)),
@@ -340,7 +341,7 @@ pub fn eval_waiting(
         output: None,
         reason: None,
     };
-    commit_report(store, job, &format!("{round}/Eval"), "Eval", &report, None, clock)?;
+    commit_report(store, job, &format!("{round}/Eval"), Stage::Eval, &report, None, clock)?;
     Ok(Outcome::Reported(Box::new(report)))
 }
 
@@ -353,7 +354,7 @@ pub fn deploy_waiting(
     selector: &SelectorPolicy,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let (row, round) = match due(store, job, "Deploy")? {
+    let (row, round) = match due(store, job, Stage::Deploy)? {
         Ok(due) => due,
         Err(wait) => return Ok(wait),
     };
@@ -368,14 +369,14 @@ pub fn deploy_waiting(
         job: job.to_owned(),
         job_uid: row.uid,
         round,
-        phase: "Deploy".into(),
-        status: "Completed".into(),
+        phase: Stage::Deploy,
+        status: Phase::Completed,
         input: None,
         output: None,
         reason: Some(choice.reason),
     };
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
-        commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, None, clock)?;
+        commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, clock)?;
         return Ok(Outcome::Reported(Box::new(report)));
     };
     let deploy_path = "deploy/index.pkl";
@@ -389,14 +390,14 @@ pub fn deploy_waiting(
                 url: super::output::url_in(output.url, deploy_path),
                 metrics: chosen.metrics.clone(),
             };
-            report.status = "Ready".into();
+            report.status = Phase::Ready;
             report.input = Some(Input { models: vec![deployed.clone()], ..Input::default() });
-            commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, Some(&deployed), clock)?;
+            commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, Some(&deployed), clock)?;
         }
         Err(cause) => {
-            report.status = "Failed".into();
+            report.status = Phase::Failed;
             report.reason = Some(format!("copying {} to {deploy_path} failed: {cause}", chosen.url));
-            commit_report(store, job, &format!("{round}/Deploy"), "Deploy", &report, None, clock)?;
+            commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, clock)?;
         }
     }
     Ok(Outcome::Reported(Box::new(report)))
@@ -406,7 +407,7 @@ fn commit_report(
     store: &mut Store,
     job: &str,
     acted: &str,
-    stage: &str,
+    stage: Stage,
     report: &Report,
     deployed: Option<&Model>,
     clock: Clock,
@@ -414,7 +415,7 @@ fn commit_report(
     let tx = store.write()?;
     tx.execute(
         "UPDATE jobs SET acted = ?2, stage = ?3, phase = ?4 WHERE name = ?1",
-        params![job, acted, stage, report.status],
+        params![job, acted, stage.to_string(), report.status.to_string()],
     )?;
     if let Some(model) = deployed {
         let body =

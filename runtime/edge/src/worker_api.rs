@@ -23,6 +23,7 @@ use super::rounds::record_result;
 use crate::sqlite::Store;
 
 pub use perennial_types::new_worker_name;
+use perennial_types::{Phase, Stage};
 
 /// Issues a worker name for a job's stage and round: Sedna's shape (`train-worker-…`) with an
 /// unguessable token, remembered so that only this worker may report for that round.
@@ -201,13 +202,13 @@ fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (Stat
         if report.status == "completed" {
             record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
         }
-        let phase = if stage == "train" { "Train" } else { "Eval" };
+        let phase = if stage == "train" { Stage::Train } else { Stage::Eval };
         let relayed = Report {
             job: job.clone(),
             job_uid: uid,
             round,
-            phase: phase.into(),
-            status: if report.status == "completed" { "Completed".into() } else { "Failed".into() },
+            phase,
+            status: if report.status == "completed" { Phase::Completed } else { Phase::Failed },
             input: None,
             output: Some(Output { models: report.models }),
             reason: (report.status == "failed").then(|| format!("worker {worker} reported failure")),

@@ -16,7 +16,7 @@ use perennial_api::{LifelongLearningJobStatus, Phase, Stage};
 use perennial_edge::agent::{JobConfig, Wake};
 use perennial_edge::sqlite::Store;
 use perennial_edge::{health, report, rounds, worker_api};
-use perennial_lifecycle::{self as lifecycle, Action, EdgeNotice, JobView, Observations, Settings, WorkerSpec};
+use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, StageNotice, WorkerSpec};
 use perennial_workers::{self as workers, LocalCommand, LocalWorkers, ProcessSpec, WorkerContext};
 
 /// A job as the controller runs it.
@@ -90,7 +90,7 @@ impl Controller {
         // a status commit and its notice.
         for job in &self.jobs {
             if job.status.phase == Some(Phase::Waiting) {
-                let notice = EdgeNotice {
+                let notice = StageNotice {
                     stage: job.status.stage.unwrap_or(Stage::Train),
                     round: job.status.round,
                     failed: after_failure(&job.status),
@@ -281,12 +281,11 @@ impl Controller {
         }
     }
 
-    fn notify_edge(&self, job: &ControlledJob, notice: &EdgeNotice) {
-        let stage = notice.stage.to_string();
-        let round = i64::try_from(notice.round).unwrap_or(i64::MAX);
+    fn notify_edge(&self, job: &ControlledJob, notice: &StageNotice) {
+        let stage = notice.stage;
         let applied = {
             let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            rounds::apply_notice(&mut edge, &job.key, &stage, round, notice.failed)
+            rounds::apply_notice(&mut edge, &job.key, notice)
         };
         match applied {
             Ok(_) => {

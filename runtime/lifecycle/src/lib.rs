@@ -17,5 +17,6 @@ mod machine;
 mod tests;
 
 pub use machine::{
-    Action, EdgeNotice, JobView, Observations, Report, Settings, Step, WorkerObservation, WorkerPhase, WorkerSpec, step,
+    Action, JobView, Observations, Report, Settings, StageNotice, Step, WorkerObservation, WorkerPhase, WorkerSpec,
+    step,
 };

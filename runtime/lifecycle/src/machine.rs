@@ -62,8 +62,8 @@ impl From<&perennial_types::Report> for Report {
         Report {
             job_uid: report.job_uid.clone(),
             round: u64::try_from(report.round).unwrap_or(0),
-            stage: Stage::parse(&report.phase),
-            status: Phase::parse(&report.status),
+            stage: Some(report.phase),
+            status: Some(report.status),
             data: ConditionData { input: report.input.clone(), output: report.output.clone() },
             reason: report.reason.clone(),
         }
@@ -120,13 +120,7 @@ pub struct WorkerSpec {
 }
 
 /// What the edge is told: the job waits in `stage` for `round`'s step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EdgeNotice {
-    pub stage: Stage,
-    pub round: u64,
-    /// Round `round` failed: its samples go back to the next round.
-    pub failed: bool,
-}
+pub use perennial_types::StageNotice;
 
 /// Something the shell must do.
 #[derive(Clone, Debug, PartialEq)]
@@ -136,7 +130,7 @@ pub enum Action {
     /// Stop and remove the stage's workers (all rounds: the inference worker being replaced).
     StopWorkers { stage: Stage },
     /// Tell the edge which step the job waits for.
-    Edge(EdgeNotice),
+    Edge(StageNotice),
     /// Say something on the job (a Kubernetes event, a log line).
     Event { warning: bool, reason: &'static str, message: String },
 }
@@ -163,7 +157,7 @@ pub fn step(
     if m.status.stage.is_none() {
         m.status.start_time = Some(Time(now));
         m.enter(Stage::Train, Phase::Waiting, None);
-        m.actions.push(Action::Edge(EdgeNotice { stage: Stage::Train, round: 0, failed: false }));
+        m.actions.push(Action::Edge(StageNotice { stage: Stage::Train, round: 0, failed: false }));
     }
     for report in &observed.reports {
         m.apply(report);
@@ -329,7 +323,7 @@ impl Machine<'_> {
                     self.status.retry_at = None;
                     self.status.worker = None;
                     self.enter(Stage::Train, Phase::Waiting, None);
-                    self.actions.push(Action::Edge(EdgeNotice { stage: Stage::Train, round, failed: true }));
+                    self.actions.push(Action::Edge(StageNotice { stage: Stage::Train, round, failed: true }));
                 } else {
                     self.recheck_in(until(self.now, retry_at));
                 }
@@ -451,7 +445,7 @@ impl Machine<'_> {
         self.status.worker = None;
         let next = stage.next();
         self.enter(next, Phase::Waiting, None);
-        self.actions.push(Action::Edge(EdgeNotice { stage: next, round, failed: false }));
+        self.actions.push(Action::Edge(StageNotice { stage: next, round, failed: false }));
     }
 }
 

@@ -9,7 +9,8 @@ use jiff::Timestamp;
 
 use super::machine::backoff;
 use super::{
-    Action, EdgeNotice, JobView, Observations, Report, Settings, Step, WorkerObservation, WorkerPhase, WorkerSpec, step,
+    Action, JobView, Observations, Report, Settings, StageNotice, Step, WorkerObservation, WorkerPhase, WorkerSpec,
+    step,
 };
 use perennial_api::{
     ConditionData, DeployedModel, Input, JobCondition, LifelongLearningJobStatus, MAX_CONDITIONS, Model, Output, Phase,
@@ -298,7 +299,7 @@ fn ignored(a: &[Action]) -> bool {
 }
 
 fn edge(stage: Stage, round: u64, failed: bool) -> impl Fn(&[Action]) -> bool {
-    move |a| matches!(a, [Action::Edge(n)] if *n == EdgeNotice { stage, round, failed })
+    move |a| matches!(a, [Action::Edge(n)] if *n == StageNotice { stage, round, failed })
 }
 
 fn starts(expected: WorkerSpec) -> impl Fn(&[Action]) -> bool {
@@ -684,7 +685,7 @@ fn report_rounds() {
             .expect(Train, Starting, 1)
             .appended(&[(Train, Waiting), (Train, Ready), (Train, Starting)])
             .actions(|a| {
-                matches!(a, [Action::Edge(EdgeNotice { stage: Train, round: 0, failed: false }), Action::StartWorker(s)]
+                matches!(a, [Action::Edge(StageNotice { stage: Train, round: 0, failed: false }), Action::StartWorker(s)]
                     if *s == spec(Train, 1, None))
             }),
         case("a stale report does not hide the good one after it", status(Train, Waiting, 3))

@@ -233,11 +233,7 @@ pub fn notice_of(status: &LifelongLearningJobStatus) -> Option<StageNotice> {
     if status.phase? != Phase::Waiting {
         return None;
     }
-    Some(StageNotice {
-        stage: stage.to_string(),
-        round: i64::try_from(status.round).unwrap_or(i64::MAX),
-        failed: stage == Stage::Train && status.retries > 0,
-    })
+    Some(StageNotice { stage, round: status.round, failed: stage == Stage::Train && status.retries > 0 })
 }
 
 /// The worker a pod runs: its `WORKER_NAME`, round and stage (Sedna's worker type).
@@ -361,13 +357,13 @@ mod tests {
             conditions: Vec::<JobCondition>::new(),
             ..Default::default()
         };
-        let notice = |stage: &str, round: i64, failed: bool| Some(StageNotice { stage: stage.into(), round, failed });
+        let notice = |stage: Stage, round: u64, failed: bool| Some(StageNotice { stage, round, failed });
         let cases = [
-            (status(Stage::Train, Phase::Waiting, 0, 0), notice("Train", 0, false)),
-            (status(Stage::Eval, Phase::Waiting, 1, 0), notice("Eval", 1, false)),
-            (status(Stage::Deploy, Phase::Waiting, 2, 0), notice("Deploy", 2, false)),
-            (status(Stage::Train, Phase::Waiting, 3, 1), notice("Train", 3, true)),
-            (status(Stage::Eval, Phase::Waiting, 3, 1), notice("Eval", 3, false)),
+            (status(Stage::Train, Phase::Waiting, 0, 0), notice(Stage::Train, 0, false)),
+            (status(Stage::Eval, Phase::Waiting, 1, 0), notice(Stage::Eval, 1, false)),
+            (status(Stage::Deploy, Phase::Waiting, 2, 0), notice(Stage::Deploy, 2, false)),
+            (status(Stage::Train, Phase::Waiting, 3, 1), notice(Stage::Train, 3, true)),
+            (status(Stage::Eval, Phase::Waiting, 3, 1), notice(Stage::Eval, 3, false)),
             (status(Stage::Train, Phase::Running, 3, 0), None),
             (status(Stage::Deploy, Phase::Completed, 3, 0), None),
             (LifelongLearningJobStatus::default(), None),

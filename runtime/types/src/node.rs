@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::policy::PolicyRef;
 use crate::round::{Input, Output};
+use crate::stage::{Phase, Stage};
 
 /// What the edge keeps of a job's spec.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -105,12 +106,13 @@ pub struct NodeJobMeta {
     pub uid: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// What the edge is told: the job waits in `stage` for `round`'s step (Train: `round` is the
+/// last round, done or failed; the edge starts the next one).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageNotice {
-    /// `Train`, `Eval` or `Deploy`.
-    pub stage: String,
-    pub round: i64,
-    /// The previous stage failed (a failed Train gives its samples back).
+    pub stage: Stage,
+    pub round: u64,
+    /// Round `round` failed: its train samples go back to the next round.
     #[serde(default)]
     pub failed: bool,
 }
@@ -138,10 +140,10 @@ pub struct Report {
     pub job: String,
     pub job_uid: String,
     pub round: i64,
-    /// `Train`, `Eval` or `Deploy`.
-    pub phase: String,
+    /// The stage reported on (Sedna's field name).
+    pub phase: Stage,
     /// `Ready`, `Completed` or `Failed`.
-    pub status: String,
+    pub status: Phase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Input>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,7 @@ use perennial_policy::{
     Kind, OnError, Policy, PolicyHost, PolicyRef, SelectorKind, SplitterKind, TracingEvents, TriggerKind, builtin,
 };
 use perennial_storage::S3Credentials;
+use perennial_types::{Phase, Stage};
 
 const JOB: &str = "default/thermal";
 const CLOCK: Clock = Clock { now: 1_700_000_000, utc_offset_secs: 0 };
@@ -111,7 +112,8 @@ impl Edge {
     }
 
     fn stage(&mut self, stage: &str) {
-        rounds::set_stage(&mut self.store, JOB, stage, "Waiting").unwrap();
+        let stage = Stage::parse(stage).expect("a stage");
+        rounds::set_stage(&mut self.store, JOB, stage, Phase::Waiting).unwrap();
     }
 
     fn worker_result(&mut self, round: i64, stage: &str, models: Vec<Model>) {
@@ -158,7 +160,7 @@ fn two_rounds(edge: &mut Edge) {
     // 5 more: floor(0.8 × 14) = 11 train in all (sample 10 to eval).
     edge.append(9, 5);
     let ready = reported(edge.train());
-    assert_eq!((ready.phase.as_str(), ready.status.as_str(), ready.round), ("Train", "Ready", 1));
+    assert_eq!((ready.phase, ready.status, ready.round), (Stage::Train, Phase::Ready, 1));
     let input = ready.input.clone().unwrap();
     assert_eq!(input.data_url.as_deref(), Some(format!("{out}/data/train/1/data.txt").as_str()));
     assert_eq!(input.output_dir.as_deref(), Some(format!("{out}/train/1").as_str()));
@@ -185,7 +187,7 @@ fn two_rounds(edge: &mut Edge) {
     let candidate = edge.model("eval/1/index.pkl", b"evaluated-model-1", 0.81);
     edge.worker_result(1, "eval", vec![candidate]);
     let deployed = reported(edge.deploy());
-    assert_eq!((deployed.status.as_str(), deployed.round), ("Ready", 1));
+    assert_eq!((deployed.status, deployed.round), (Phase::Ready, 1));
     assert_eq!(edge.output_file("deploy/index.pkl"), "evaluated-model-1");
     assert_eq!(deployed.input.unwrap().models[0].url, format!("{out}/deploy/index.pkl"));
 
@@ -208,7 +210,7 @@ fn two_rounds(edge: &mut Edge) {
     let worse = edge.model("eval/2/index.pkl", b"evaluated-model-2", 0.75);
     edge.worker_result(2, "eval", vec![worse]);
     let kept = reported(edge.deploy());
-    assert_eq!(kept.status, "Completed");
+    assert_eq!(kept.status, Phase::Completed);
     assert!(kept.reason.unwrap().contains("does not beat deployed 0.81"));
     assert_eq!(edge.output_file("deploy/index.pkl"), "evaluated-model-1", "the deployed model stays");
 
@@ -264,7 +266,7 @@ fn a_dataset_growing_one_line_at_a_time_trains_by_line_64_with_a_full_eval_set()
     }
     edge.append(63, 1);
     let ready = reported(edge.train());
-    assert_eq!((ready.phase.as_str(), ready.round), ("Train", 1));
+    assert_eq!((ready.phase, ready.round), (Stage::Train, 1));
     assert_eq!(ready.reason.as_deref(), Some("num_of_samples 51 > 50"));
     let batches = edge::batches(&edge.store, JOB).unwrap();
     assert_eq!(batches.len(), 64, "a batch per line");
@@ -313,7 +315,7 @@ fn a_failed_copy_reports_deploy_failed_with_the_cause() {
     };
     edge.worker_result(1, "eval", vec![missing]);
     let failed = reported(edge.deploy());
-    assert_eq!(failed.status, "Failed");
+    assert_eq!(failed.status, Phase::Failed);
     assert!(failed.reason.as_deref().unwrap().contains("missing.pkl"), "{failed:?}");
     assert!(edge.op.read("deploy/index.pkl").is_err(), "nothing half-deployed");
 }

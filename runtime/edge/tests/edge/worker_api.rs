@@ -8,6 +8,7 @@ use perennial_edge::serve::{Limits, serve_with};
 use perennial_edge::sqlite::Store;
 use perennial_edge::worker_api::{self, Reply};
 use perennial_edge::{self as edge, JobSpec};
+use perennial_types::{Phase, Stage};
 use serde_json::json;
 
 const JOB: &str = "default/thermal";
@@ -96,7 +97,7 @@ async fn a_sedna_report_is_committed_before_ok_and_a_repeat_is_harmless() {
     assert!(stored.contains("/output/train/1/index.pkl"));
     let relayed = api.outbox();
     assert_eq!(relayed.len(), 1);
-    assert_eq!((relayed[0].phase.as_str(), relayed[0].status.as_str(), relayed[0].round), ("Train", "Completed", 1));
+    assert_eq!((relayed[0].phase, relayed[0].status, relayed[0].round), (Stage::Train, Phase::Completed, 1));
     assert_eq!(relayed[0].job_uid, "uid-1");
 
     assert_eq!(api.post(&worker, body).await.0, 200, "a repeat is accepted");
@@ -154,7 +155,7 @@ async fn a_failure_report_is_relayed_as_failed() {
     body.as_object_mut().unwrap().remove("results");
     assert_eq!(api.post(&worker, body).await.0, 200);
     let relayed = api.outbox();
-    assert_eq!((relayed[0].phase.as_str(), relayed[0].status.as_str(), relayed[0].round), ("Eval", "Failed", 2));
+    assert_eq!((relayed[0].phase, relayed[0].status, relayed[0].round), (Stage::Eval, Phase::Failed, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,8 +174,8 @@ async fn repeats_are_relayed_once_and_a_completed_report_needs_a_model() {
     assert_eq!(api.outbox().len(), 1, "a repeated failure is relayed once");
     // A different report from the same worker (completed after failed) is relayed.
     assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await.0, 200);
-    let statuses: Vec<String> = api.outbox().iter().map(|r| r.status.clone()).collect();
-    assert_eq!(statuses, ["Failed", "Completed"]);
+    let statuses: Vec<Phase> = api.outbox().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [Phase::Failed, Phase::Completed]);
 }
 
 /// Idle connections and partial bodies cannot hold the API (nor the process's file descriptors):
