@@ -298,6 +298,25 @@ impl Kubelet {
     }
 }
 
+/// Waits (up to 10 s) until the pod's job is Running in the pod's stage.
+async fn until_job_running(pods: &Api<Pod>, pod: &Pod, kind: &str) {
+    let Some(owner) = pod.metadata.owner_references.iter().flatten().find(|o| o.kind == "LifelongLearningJob") else {
+        return;
+    };
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let jobs: Api<LifelongLearningJob> = Api::namespaced(pods.clone().into_client(), &namespace);
+    for _ in 0..200 {
+        if let Ok(job) = jobs.get(&owner.name).await
+            && let Some(status) = job.status
+            && status.stage.is_some_and(|stage| stage.worker_kind() == kind)
+            && status.phase == Some(perennial_api::Phase::Running)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
@@ -342,6 +361,9 @@ async fn run_worker(pods: &Api<Pod>, namespace: &str, pod: &Pod, held: &AtomicBo
     if kind == "inference" {
         return;
     }
+    // A real worker runs for a while: it reports once the operator has seen it running (the
+    // job's status says so), so that the Running condition is there to be checked.
+    until_job_running(pods, pod, &kind).await;
     while held.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

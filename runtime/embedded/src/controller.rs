@@ -17,7 +17,7 @@ use perennial_edge::agent::{JobConfig, Wake};
 use perennial_edge::sqlite::Store;
 use perennial_edge::{health, report, rounds, worker_api};
 use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, StageNotice, WorkerSpec};
-use perennial_workers::{self as workers, LocalCommand, LocalWorkers, ProcessSpec, WorkerContext};
+use perennial_workers::{self as workers, LocalCommand, LocalWorkers, ProcessSpec, Readiness, WorkerContext};
 
 /// A job as the controller runs it.
 pub struct ControlledJob {
@@ -332,15 +332,17 @@ impl Controller {
             spec.round,
             spec.stage.worker_kind()
         ));
-        let ready_after = if spec.stage == Stage::Deploy { Duration::from_millis(500) } else { Duration::ZERO };
-        Ok(process(job.key.clone(), Some(spec.stage), spec.round, name, command, injected, log, ready_after))
+        // Readiness matters where the stage machine asks for it: the inference worker (a train
+        // or eval worker runs until it reports, as its pod does).
+        let readiness = if spec.stage == Stage::Deploy { command.readiness.clone() } else { None };
+        Ok(process(job.key.clone(), Some(spec.stage), spec.round, name, command, injected, log, readiness))
     }
 
     fn pod_process(&self, pod: &LocalPod) -> ProcessSpec {
         let injected = vec![("PERENNIAL_STATE_DIR".to_owned(), self.state_dir.display().to_string())];
         let name = pod.key.replace('/', "-");
         let log = self.state_dir.join("logs").join("pods").join(format!("{name}.log"));
-        process(format!("pod/{}", pod.key), None, 0, name, &pod.command, injected, log, Duration::ZERO)
+        process(format!("pod/{}", pod.key), None, 0, name, &pod.command, injected, log, None)
     }
 }
 
@@ -355,7 +357,7 @@ fn process(
     command: &LocalCommand,
     injected: Vec<(String, String)>,
     log: PathBuf,
-    ready_after: Duration,
+    readiness: Option<Readiness>,
 ) -> ProcessSpec {
     let mut all: Vec<(String, String)> = command.env.clone();
     all.extend(injected);
@@ -373,7 +375,7 @@ fn process(
         env: env.clone(),
         restart_policy: command.restart_policy,
         log,
-        ready_after,
+        readiness,
     }
 }
 

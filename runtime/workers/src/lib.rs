@@ -5,8 +5,10 @@
 pub mod env;
 pub mod local;
 pub mod pod;
+pub mod probe;
 pub mod template;
 
 pub use env::{WorkerContext, sedna_env};
 pub use local::{LocalWorkers, ProcessSpec, RestartPolicy};
+pub use probe::Readiness;
 pub use template::{LocalCommand, expand, local_command};

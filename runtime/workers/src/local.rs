@@ -13,6 +13,8 @@ use jiff::Timestamp;
 use perennial_api::Stage;
 use perennial_lifecycle::{WorkerObservation, WorkerPhase};
 
+use super::probe::{ProbeState, Readiness};
+
 /// Kubernetes' restart policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RestartPolicy {
@@ -38,8 +40,8 @@ pub struct ProcessSpec {
     pub restart_policy: RestartPolicy,
     /// Stdout and stderr go here (appended).
     pub log: PathBuf,
-    /// Alive this long counts as running (an inference worker that dies at once is not up).
-    pub ready_after: Duration,
+    /// How its readiness is told (a container's `readinessProbe`); none: running is ready.
+    pub readiness: Option<Readiness>,
 }
 
 struct Process {
@@ -49,6 +51,8 @@ struct Process {
     restarts: u32,
     /// Waiting to be restarted at this time.
     restart_at: Option<Instant>,
+    /// The readiness probe's progress on the live process.
+    probe: Option<ProbeState>,
     /// How it ended, when it will not be restarted.
     ended: Option<(WorkerPhase, String, Timestamp)>,
 }
@@ -76,8 +80,15 @@ impl LocalWorkers {
     pub fn start(&mut self, spec: ProcessSpec) {
         // The finished ones of this owner and stage are history now.
         self.processes.retain(|p| !(p.spec.owner == spec.owner && p.spec.stage == spec.stage && p.child.is_none()));
-        let mut process =
-            Process { spec, child: None, started: Instant::now(), restarts: 0, restart_at: None, ended: None };
+        let mut process = Process {
+            spec,
+            child: None,
+            started: Instant::now(),
+            restarts: 0,
+            restart_at: None,
+            probe: None,
+            ended: None,
+        };
         spawn(&mut process);
         self.processes.push(process);
     }
@@ -88,7 +99,14 @@ impl LocalWorkers {
         let mut changed = Vec::new();
         for process in &mut self.processes {
             if let Some(child) = &mut process.child {
-                let Ok(Some(status)) = child.try_wait() else { continue };
+                let Ok(Some(status)) = child.try_wait() else {
+                    if let Some(probe) = &mut process.probe
+                        && probe.poll(&process.spec.cwd, &process.spec.env)
+                    {
+                        changed.push(process.spec.name.clone());
+                    }
+                    continue;
+                };
                 process.child = None;
                 let failed = !status.success();
                 let restart = match process.spec.restart_policy {
@@ -123,7 +141,7 @@ impl LocalWorkers {
             .find(|p| p.spec.owner == owner && p.spec.stage == Some(stage) && p.spec.round == round)?;
         let (phase, detail, finished_at) = match &process.ended {
             Some((phase, detail, at)) => (*phase, Some(detail.clone()), Some(*at)),
-            None if process.child.is_some() && process.started.elapsed() >= process.spec.ready_after => {
+            None if process.child.is_some() && process.probe.as_ref().is_none_or(ProbeState::ready) => {
                 (WorkerPhase::Running, None, None)
             }
             None => (WorkerPhase::Pending, None, None),
@@ -168,6 +186,7 @@ impl Drop for LocalWorkers {
 
 fn spawn(process: &mut Process) {
     process.started = Instant::now();
+    process.probe = process.spec.readiness.clone().map(|readiness| ProbeState::new(readiness, process.started));
     let spec = &process.spec;
     match try_spawn(spec) {
         Ok(child) => process.child = Some(child),
@@ -268,7 +287,7 @@ mod tests {
             env: vec![("GREETING".into(), "hello".into())],
             restart_policy: policy,
             log: dir.join(format!("{name}.log")),
-            ready_after: Duration::ZERO,
+            readiness: None,
         }
     }
 
@@ -279,6 +298,36 @@ mod tests {
             workers.poll();
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// A process with a readiness probe is running (for the stage machine) only once the probe
+    /// passes; one without is running as soon as it runs, as a container without a probe is
+    /// Ready on Kubernetes.
+    #[test]
+    fn a_probed_process_is_running_only_when_its_probe_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut workers = LocalWorkers::new();
+        let mut probed = spec(dir.path(), "probed", "sleep 30", RestartPolicy::Always);
+        probed.stage = Some(Stage::Deploy);
+        probed.readiness = Some(super::super::probe::Readiness {
+            check: super::super::probe::Check::Exec(vec!["test".into(), "-f".into(), "ready".into()]),
+            initial_delay: Duration::ZERO,
+            period: Duration::from_millis(10),
+            timeout: Duration::from_secs(1),
+            success_threshold: 1,
+        });
+        workers.start(probed);
+        workers.start(spec(dir.path(), "plain", "sleep 30", RestartPolicy::Always));
+        let phase = |workers: &LocalWorkers, stage| workers.observe("default/job", stage, 1).map(|o| o.phase);
+        assert_eq!(phase(&workers, Stage::Train), Some(WorkerPhase::Running), "no probe: running at once");
+        for _ in 0..20 {
+            workers.poll();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(phase(&workers, Stage::Deploy), Some(WorkerPhase::Pending), "the probe fails: not yet");
+        std::fs::write(dir.path().join("ready"), "").unwrap();
+        wait_for(&mut workers, |w| phase(w, Stage::Deploy) == Some(WorkerPhase::Running));
+        workers.stop_all();
     }
 
     #[test]

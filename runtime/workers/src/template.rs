@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 
 use super::local::RestartPolicy;
+use super::probe::Readiness;
 
 /// A container as a process.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,6 +19,8 @@ pub struct LocalCommand {
     /// The container's env, in order (not yet expanded).
     pub env: Vec<(String, String)>,
     pub restart_policy: RestartPolicy,
+    /// The container's `readinessProbe`.
+    pub readiness: Option<Readiness>,
 }
 
 /// Reads the first container of `template` (at `field`, e.g. `spec.trainSpec.template`), whose
@@ -68,7 +71,8 @@ pub fn local_command(
             ));
         }
     };
-    Ok(LocalCommand { program, args: words, cwd, env, restart_policy })
+    let readiness = super::probe::readiness(container, &field)?;
+    Ok(LocalCommand { program, args: words, cwd, env, restart_policy, readiness })
 }
 
 /// Kubernetes' expansion: `$(NAME)` becomes NAME's value when `lookup` knows it and stays as
