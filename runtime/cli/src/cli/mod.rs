@@ -1,13 +1,19 @@
 //! The command line: flags with environment fallbacks.
 
+#[cfg(any(feature = "cloud", feature = "embedded"))]
 mod crd;
+#[cfg(feature = "embedded")]
 mod delete;
+#[cfg(feature = "edge")]
 mod edge;
 mod fetch;
 #[cfg(feature = "cloud")]
 mod operator;
+#[cfg(feature = "edge")]
 mod plugin;
+#[cfg(feature = "embedded")]
 mod run;
+#[cfg(feature = "embedded")]
 mod status;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -32,17 +38,23 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Tools for policy plugin authors: check, call and benchmark a plugin.
+    #[cfg(feature = "edge")]
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// Runs lifelong learning jobs on this machine, no cluster: manifests in, rounds out.
+    #[cfg(feature = "embedded")]
     Run(run::RunArgs),
     /// Each job's stage, round, samples, deployed model and policies (from a run's state dir).
+    #[cfg(feature = "embedded")]
     Status(status::StatusArgs),
     /// Deletes a job from a run's state dir (a running `perennial run` stops its workers).
+    #[cfg(feature = "embedded")]
     Delete(delete::DeleteArgs),
     /// The edge agent: runs jobs on this node from its own state, and the worker report API.
+    #[cfg(feature = "edge")]
     Edge(edge::EdgeArgs),
     /// Prints the CustomResourceDefinitions (LifelongLearningJob, Dataset) as YAML.
+    #[cfg(any(feature = "cloud", feature = "embedded"))]
     Crd,
     /// Downloads a pod's remote inputs (the `storage-initializer` init container).
     Fetch(fetch::FetchArgs),
@@ -51,14 +63,28 @@ enum Command {
     Operator(Box<operator::OperatorArgs>),
 }
 
+/// Log lines go to stderr, around `perennial run`'s live lines when it shows them.
+#[cfg(feature = "embedded")]
+fn log_writer() -> perennial_embedded::progress::LogWriter {
+    perennial_embedded::progress::LogWriter
+}
+
+#[cfg(not(feature = "embedded"))]
+fn log_writer() -> fn() -> std::io::Stderr {
+    std::io::stderr
+}
+
 pub fn init_tracing(cli: &Cli) {
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // On a terminal `run` shows live lines; its log says only what needs attention.
-    let default = if terminal && matches!(cli.command, Command::Run(_)) { "warn" } else { "info" };
+    #[cfg(feature = "embedded")]
+    let running = matches!(cli.command, Command::Run(_));
+    #[cfg(not(feature = "embedded"))]
+    let running = false;
+    let default = if terminal && running { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(perennial_embedded::progress::LogWriter);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(log_writer());
     match cli.log_format {
         LogFormat::Text => {
             builder.with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init()
@@ -69,11 +95,17 @@ pub fn init_tracing(cli: &Cli) {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        #[cfg(feature = "edge")]
         Command::Plugin(command) => plugin::run(command).await,
+        #[cfg(feature = "edge")]
         Command::Edge(args) => edge::run(args).await,
+        #[cfg(feature = "embedded")]
         Command::Run(args) => run::run(args).await,
+        #[cfg(feature = "embedded")]
         Command::Status(args) => status::run(args),
+        #[cfg(feature = "embedded")]
         Command::Delete(args) => delete::run(args),
+        #[cfg(any(feature = "cloud", feature = "embedded"))]
         Command::Crd => crd::run(),
         Command::Fetch(args) => fetch::run(args).await,
         #[cfg(feature = "cloud")]
