@@ -137,13 +137,15 @@ fn trigger_latency() {
     let mut file = std::fs::OpenOptions::new().append(true).open(&index).unwrap();
     let mut latencies = Vec::new();
     for round in 0..ROUNDS {
-        // 499 samples: 399 train, one short of the threshold; then a burst of 5 (4 train) meets it.
-        let lines: String = (0..499).map(|i| format!("images/{round:04}-{i:04}.jpg,label-{:<30}\n", i % 7)).collect();
+        // 490 samples: 392 train (±1, Sedna's rule over the whole stream), short of the threshold;
+        // then a burst of 15 (12 train) meets it.
+        let lines: String = (0..490).map(|i| format!("images/{round:04}-{i:04}.jpg,label-{:<30}\n", i % 7)).collect();
         file.write_all(lines.as_bytes()).unwrap();
         std::thread::sleep(Duration::from_millis(150));
         let reports = report::pending(&store.lock().unwrap(), 1000).unwrap().len();
         let started = Instant::now();
-        file.write_all(b"images/a.jpg,1\nimages/b.jpg,0\nimages/c.jpg,1\nimages/d.jpg,1\nimages/e.jpg,0\n").unwrap();
+        let burst: String = (0..15).map(|i| format!("images/{round:04}-burst-{i:02}.jpg,{}\n", i % 2)).collect();
+        file.write_all(burst.as_bytes()).unwrap();
         loop {
             if report::pending(&store.lock().unwrap(), 1000).unwrap().len() > reports {
                 latencies.push(started.elapsed());
