@@ -132,3 +132,47 @@ fn ctrl_c_stops_the_workers_and_the_next_run_resumes() {
         assert_eq!(logs, 2, "the inference worker of round {deployed} was not started again on resume");
     }
 }
+
+/// A worker that runs its program through a shell (`bash -c "python3 ...; echo"`) leaves a
+/// grandchild that the kernel does not kill with the run: the run's reaper does, on kill -9
+/// as on a clean stop.
+#[test]
+fn what_a_worker_started_dies_with_a_killed_run() {
+    let example = Example::new(|_, text| text);
+    let pid_file = example.root.path().join("grandchild.pid");
+    let pid = pid_file.display();
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: shell, namespace: default}}\nspec:\n  containers:\n    - name: shell\n      image: none\n      command: [\"sh\", \"-c\", \"sleep 300 & echo $! > {pid}.tmp && mv {pid}.tmp {pid}; wait\"]\n"
+    );
+    // Beside the example's job and its data generator.
+    std::fs::write(example.manifests.join("shell.yaml"), manifest).unwrap();
+    let mut run = example.start(&[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let grandchild: i32 = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file) {
+            break text.trim().parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the pod never started its grandchild");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(running(grandchild), "the grandchild runs");
+    run.kill().unwrap(); // SIGKILL
+    run.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running(grandchild) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outlived = running(grandchild);
+    if outlived {
+        // SAFETY: kill(2) on the pid the test's own pod wrote; no memory is involved.
+        unsafe { libc::kill(grandchild, libc::SIGKILL) };
+    }
+    assert!(!outlived, "the worker's grandchild outlived kill -9 of the run");
+}
+
+/// Running (a killed process may linger as a zombie until its new parent reaps it).
+fn running(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    state.is_some_and(|state| state != 'Z' && state != 'X')
+}

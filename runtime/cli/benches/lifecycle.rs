@@ -124,6 +124,7 @@ fn main() {
     std::fs::write(&index, "").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let options = RunOptions {
+        reaper: None,
         paths: vec![dir.clone()],
         state_dir: state.clone(),
         rounds: None,

@@ -67,6 +67,8 @@ pub struct Controller {
     /// Stop when every job has completed this many rounds.
     pub rounds: Option<u64>,
     pub progress: Progress,
+    /// The binary that runs `reap` (see [`perennial_workers::reaper`]).
+    pub reaper: Option<PathBuf>,
 }
 
 /// How often the controller looks at its processes when nothing wakes it.
@@ -82,7 +84,14 @@ impl Controller {
     /// Runs until `stop` is set or the rounds are done; stops every worker before returning.
     /// Returns whether the rounds were done.
     pub fn run(mut self, stop: &AtomicBool) -> Result<bool, ControlError> {
-        let mut workers = LocalWorkers::new();
+        let reaper = self.reaper.as_deref().and_then(|program| match workers::Reaper::start(program) {
+            Ok(reaper) => Some(reaper),
+            Err(err) => {
+                tracing::warn!("cannot start the reaper ({}): a worker's own children may outlive a kill -9", err);
+                None
+            }
+        });
+        let mut workers = LocalWorkers::with_reaper(reaper);
         for pod in &self.pods {
             workers.start(self.pod_process(pod));
         }

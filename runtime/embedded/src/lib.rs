@@ -44,6 +44,9 @@ pub struct RunOptions {
     /// Live progress lines (a terminal) or plain lines.
     pub terminal: bool,
     pub settings: Settings,
+    /// The `perennial` binary, to start `perennial reap` with: whatever a worker started dies
+    /// with the run even on kill -9. None: only the workers' direct children do.
+    pub reaper: Option<PathBuf>,
 }
 
 /// How a run ended.
@@ -216,6 +219,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         state_dir: state_dir.clone(),
         rounds: options.rounds,
         progress,
+        reaper: options.reaper.clone(),
     };
     let (finished_tx, finished) = tokio::sync::oneshot::channel();
     let control_thread = {

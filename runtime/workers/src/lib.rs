@@ -6,9 +6,11 @@ pub mod env;
 pub mod local;
 pub mod pod;
 pub mod probe;
+pub mod reaper;
 pub mod template;
 
 pub use env::{WorkerContext, sedna_env};
 pub use local::{LocalWorkers, ProcessSpec, RestartPolicy};
 pub use probe::Readiness;
+pub use reaper::Reaper;
 pub use template::{LocalCommand, expand, local_command};

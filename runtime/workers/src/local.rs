@@ -14,6 +14,7 @@ use perennial_api::Stage;
 use perennial_lifecycle::{WorkerObservation, WorkerPhase};
 
 use super::probe::{ProbeState, Readiness};
+use super::reaper::Reaper;
 
 /// Kubernetes' restart policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,11 +69,18 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub struct LocalWorkers {
     processes: Vec<Process>,
+    /// Told of every worker group, so that none outlives the run.
+    reaper: Option<Reaper>,
 }
 
 impl LocalWorkers {
     pub fn new() -> Self {
         LocalWorkers::default()
+    }
+
+    /// Workers whose groups `reaper` kills if the run ends without stopping them (kill -9).
+    pub fn with_reaper(reaper: Option<Reaper>) -> Self {
+        LocalWorkers { processes: Vec::new(), reaper }
     }
 
     /// Starts a process. A process that cannot be started (no such program) is recorded as
@@ -89,7 +97,7 @@ impl LocalWorkers {
             probe: None,
             ended: None,
         };
-        spawn(&mut process);
+        spawn(&mut process, self.reaper.as_mut());
         self.processes.push(process);
     }
 
@@ -107,6 +115,11 @@ impl LocalWorkers {
                     }
                     continue;
                 };
+                // As a container ends with its main process: what it started goes with it.
+                signal_group(child, libc::SIGKILL);
+                if let Some(reaper) = &mut self.reaper {
+                    reaper.ended(child.id());
+                }
                 process.child = None;
                 let failed = !status.success();
                 let restart = match process.spec.restart_policy {
@@ -125,7 +138,7 @@ impl LocalWorkers {
             } else if process.restart_at.is_some_and(|at| at <= Instant::now()) {
                 process.restart_at = None;
                 process.restarts += 1;
-                spawn(process);
+                spawn(process, self.reaper.as_mut());
                 changed.push(process.spec.name.clone());
             }
         }
@@ -169,12 +182,12 @@ impl LocalWorkers {
             .into_iter()
             .partition(|p| p.spec.owner == owner && (stage.is_none() || p.spec.stage == stage));
         self.processes = kept;
-        terminate(stopping);
+        terminate(stopping, self.reaper.as_mut());
     }
 
     /// Stops everything (shutdown).
     pub fn stop_all(&mut self) {
-        terminate(std::mem::take(&mut self.processes));
+        terminate(std::mem::take(&mut self.processes), self.reaper.as_mut());
     }
 }
 
@@ -184,12 +197,17 @@ impl Drop for LocalWorkers {
     }
 }
 
-fn spawn(process: &mut Process) {
+fn spawn(process: &mut Process, reaper: Option<&mut Reaper>) {
     process.started = Instant::now();
     process.probe = process.spec.readiness.clone().map(|readiness| ProbeState::new(readiness, process.started));
     let spec = &process.spec;
     match try_spawn(spec) {
-        Ok(child) => process.child = Some(child),
+        Ok(child) => {
+            if let Some(reaper) = reaper {
+                reaper.started(child.id());
+            }
+            process.child = Some(child);
+        }
         Err(err) => {
             let detail = format!("cannot start {:?} in {}: {err}", spec.program, spec.cwd.display());
             tracing::warn!(worker = spec.name, "{detail}");
@@ -235,22 +253,34 @@ fn try_spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
     command.spawn()
 }
 
-/// SIGTERM to each process group, then SIGKILL to those still alive after the grace period.
-fn terminate(processes: Vec<Process>) {
+/// SIGTERM to each process group, then SIGKILL to each group once its main process has ended
+/// or the grace period is over (nothing of a stopped worker lives on).
+fn terminate(processes: Vec<Process>, mut reaper: Option<&mut Reaper>) {
     let mut children: Vec<Child> = processes.into_iter().filter_map(|p| p.child).collect();
     for child in &children {
         signal_group(child, libc::SIGTERM);
     }
     let deadline = Instant::now() + STOP_GRACE;
+    let mut ended = Vec::new();
     while !children.is_empty() && Instant::now() < deadline {
-        children.retain_mut(|child| matches!(child.try_wait(), Ok(None)));
+        let mut running = Vec::new();
+        for mut child in children {
+            match child.try_wait() {
+                Ok(None) => running.push(child),
+                _ => ended.push(child),
+            }
+        }
+        children = running;
         if !children.is_empty() {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    for mut child in children {
+    for mut child in children.into_iter().chain(ended) {
         signal_group(&child, libc::SIGKILL);
         let _ = child.wait();
+        if let Some(reaper) = reaper.as_deref_mut() {
+            reaper.ended(child.id());
+        }
     }
 }
 

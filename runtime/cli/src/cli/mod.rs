@@ -58,6 +58,11 @@ enum Command {
     Crd,
     /// Downloads a pod's remote inputs (the `storage-initializer` init container).
     Fetch(fetch::FetchArgs),
+    /// Started by `perennial run`: kills the worker process groups it is told of once the run
+    /// ends, however it ends (not for use by hand).
+    #[cfg(feature = "embedded")]
+    #[command(hide = true)]
+    Reap,
     /// The Kubernetes operator: reconciles LifelongLearningJobs and their pods.
     #[cfg(feature = "cloud")]
     Operator(Box<operator::OperatorArgs>),
@@ -107,6 +112,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Delete(args) => delete::run(args),
         #[cfg(any(feature = "cloud", feature = "embedded"))]
         Command::Crd => crd::run(),
+        #[cfg(feature = "embedded")]
+        Command::Reap => {
+            perennial_workers::reaper::serve(std::io::stdin().lock());
+            Ok(())
+        }
         Command::Fetch(args) => fetch::run(args).await,
         #[cfg(feature = "cloud")]
         Command::Operator(args) => operator::run(*args).await,

@@ -74,6 +74,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             restart_limit: args.restart_limit,
             ..Settings::default()
         },
+        reaper: std::env::current_exe().ok(),
     };
     match embedded::run(options, stop).await? {
         RunEnd::RoundsDone => tracing::info!("done: every job completed the rounds asked for"),
