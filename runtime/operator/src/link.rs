@@ -210,7 +210,7 @@ impl CloudSide for OperatorSide {
     }
 }
 
-/// Follows the cluster for the nodes' desired state: built whole once every store has listed its
+/// Follows the cluster for the nodes' desired state: built whole once every watch has listed its
 /// kind (then `ready` is sent: the link may open), then kept object by object as the watches
 /// see changes; built whole again when a watch lists its kind again.
 pub async fn follow_cluster(
@@ -219,7 +219,16 @@ pub async fn follow_cluster(
     book: Arc<NodeBook>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
-    stores.ready().await;
+    let mut listed = BTreeSet::new();
+    while listed.len() < 3 {
+        match changes.next().await {
+            Some(Seen::Listed(kind)) => {
+                listed.insert(kind);
+            }
+            Some(_) => {}
+            None => return,
+        }
+    }
     let build =
         |stores: &Stores| DesiredNodes::build(&stores.jobs.state(), &stores.datasets.state(), &stores.pods.state());
     let mut desired = build(&stores);
@@ -232,7 +241,7 @@ pub async fn follow_cluster(
         while let Ok(more) = changes.try_recv() {
             batch.push(more);
         }
-        if batch.iter().any(|seen| matches!(seen, Seen::Relisted)) {
+        if batch.iter().any(|seen| matches!(seen, Seen::Listed(_))) {
             desired = build(&stores);
             book.replace_all(desired.nodes().clone());
             continue;
@@ -255,7 +264,7 @@ pub async fn follow_cluster(
                     Some(uid) => desired.pod_changed(uid, &jobs, &datasets, &pods),
                     None => BTreeSet::new(),
                 },
-                Seen::Relisted => BTreeSet::new(),
+                Seen::Listed(_) => BTreeSet::new(),
             });
         }
         for node in touched {

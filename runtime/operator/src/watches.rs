@@ -25,26 +25,24 @@ pub struct Stores {
     pub pods: Store<Pod>,
 }
 
-impl Stores {
-    /// Waits until each watch has listed its kind once.
-    pub async fn ready(&self) {
-        let _ = futures::future::join3(
-            self.jobs.wait_until_ready(),
-            self.datasets.wait_until_ready(),
-            self.pods.wait_until_ready(),
-        )
-        .await;
-    }
-}
-
 /// What the link hears: an object that changed (applied or deleted: the store says which), or
-/// a kind listed again after its watch restarted (objects may have gone unseen).
+/// a kind listed whole (its store complete; after a restarted watch, objects may have gone
+/// unseen). The link waits for the three `Listed` rather than on the stores' own readiness:
+/// a store's `wait_until_ready` wakes only one waiter, and the Controller waits on it too.
 #[derive(Clone, Debug)]
 pub enum Seen {
     Job(Arc<LifelongLearningJob>),
     Dataset(Arc<Dataset>),
     Pod(Arc<Pod>),
-    Relisted,
+    Listed(Kind),
+}
+
+/// The three kinds watched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Jobs,
+    Datasets,
+    Pods,
 }
 
 /// The Controller's triggers: each kind's touched objects.
@@ -60,10 +58,11 @@ pub fn start(
     (jobs, datasets, pods): (Api<LifelongLearningJob>, Api<Dataset>, Api<Pod>),
     link: Option<UnboundedSender<Seen>>,
 ) -> (Stores, Triggers) {
-    let (job_store, job_triggers) = follow(jobs, watcher::Config::default(), "jobs", link.clone(), Seen::Job);
+    let (job_store, job_triggers) = follow(jobs, watcher::Config::default(), Kind::Jobs, link.clone(), Seen::Job);
     let (dataset_store, dataset_triggers) =
-        follow(datasets, watcher::Config::default(), "datasets", link.clone(), Seen::Dataset);
-    let (pod_store, pod_triggers) = follow(pods, watcher::Config::default().labels(UID_LABEL), "pods", link, Seen::Pod);
+        follow(datasets, watcher::Config::default(), Kind::Datasets, link.clone(), Seen::Dataset);
+    let (pod_store, pod_triggers) =
+        follow(pods, watcher::Config::default().labels(UID_LABEL), Kind::Pods, link, Seen::Pod);
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store };
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
 }
@@ -73,7 +72,7 @@ pub fn start(
 fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
-    what: &'static str,
+    kind: Kind,
     link: Option<UnboundedSender<Seen>>,
     seen: fn(Arc<K>) -> Seen,
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
@@ -92,13 +91,13 @@ where
                 ) => object,
                 Ok(watcher::Event::InitDone) => {
                     if let Some(link) = &link {
-                        let _ = link.unbounded_send(Seen::Relisted);
+                        let _ = link.unbounded_send(Seen::Listed(kind));
                     }
                     continue;
                 }
                 Ok(watcher::Event::Init) => continue,
                 Err(err) => {
-                    tracing::warn!("watching {what}: {err}");
+                    tracing::warn!("watching {kind:?}: {err}");
                     continue;
                 }
             };
