@@ -23,7 +23,7 @@ use tokio_rustls::rustls::ServerConfig;
 
 use super::identity::{IdentitySettings, TokenReviewer};
 use super::inbox::Inbox;
-use super::node_state::{DesiredNodes, object_key};
+use super::node_state::DesiredNodes;
 use super::observe::UID_LABEL;
 use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
@@ -251,12 +251,12 @@ pub async fn follow_cluster(
         for seen in batch {
             touched.extend(match seen {
                 Seen::Job(job) => {
-                    let key = object_key(job.as_ref());
+                    let key = perennial_api::key(&job.metadata);
                     let now = stores.jobs.get(&ObjectRef::from_obj(job.as_ref()));
                     desired.job_changed(&key, now.as_ref(), &datasets, &pods)
                 }
                 Seen::Dataset(dataset) => {
-                    let key = object_key(dataset.as_ref());
+                    let key = perennial_api::key(&dataset.metadata);
                     let now = stores.datasets.get(&ObjectRef::from_obj(dataset.as_ref()));
                     desired.dataset_changed(&key, now.as_ref(), &jobs, &datasets, &pods)
                 }

@@ -20,15 +20,6 @@ use perennial_types::JobSpec;
 use perennial_types::{NodeJob, NodeJobMeta, NodeWorker, StageNotice};
 use perennial_workers::pod::ROUND_LABEL;
 
-/// Every node's desired state. Nodes with nothing are absent.
-pub fn desired_by_node(
-    jobs: &[Arc<LifelongLearningJob>],
-    datasets: &[Arc<Dataset>],
-    pods: &[Arc<Pod>],
-) -> BTreeMap<String, NodeDesired> {
-    DesiredNodes::build(jobs, datasets, pods).nodes
-}
-
 /// Every node's desired state, kept up to date object by object: a change to a job, a Dataset
 /// or a pod recomputes the entries it touches, on the nodes they were and are on, and says
 /// which nodes changed; the other nodes' state is not looked at.
@@ -46,10 +37,10 @@ impl DesiredNodes {
     pub fn build(jobs: &[Arc<LifelongLearningJob>], datasets: &[Arc<Dataset>], pods: &[Arc<Pod>]) -> DesiredNodes {
         let mut nodes = DesiredNodes::default();
         for dataset in datasets {
-            nodes.place_dataset(&object_key(dataset.as_ref()), Some(dataset));
+            nodes.place_dataset(&perennial_api::key(&dataset.metadata), Some(dataset));
         }
         for job in jobs {
-            nodes.place_job(&object_key(job.as_ref()), Some(job), datasets, pods);
+            nodes.place_job(&perennial_api::key(&job.metadata), Some(job), datasets, pods);
         }
         nodes
     }
@@ -88,7 +79,7 @@ impl DesiredNodes {
         let mut changed = self.place_dataset(key, dataset);
         let Some((namespace, name)) = key.split_once('/') else { return changed };
         for job in jobs.iter().filter(|j| j.namespace().as_deref() == Some(namespace) && j.spec.dataset.name == name) {
-            changed.extend(self.place_job(&object_key(job.as_ref()), Some(job), datasets, pods));
+            changed.extend(self.place_job(&perennial_api::key(&job.metadata), Some(job), datasets, pods));
         }
         changed
     }
@@ -103,7 +94,7 @@ impl DesiredNodes {
         pods: &[Arc<Pod>],
     ) -> BTreeSet<String> {
         match jobs.iter().find(|job| job.metadata.uid.as_deref() == Some(uid)) {
-            Some(job) => self.place_job(&object_key(job.as_ref()), Some(job), datasets, pods),
+            Some(job) => self.place_job(&perennial_api::key(&job.metadata), Some(job), datasets, pods),
             None => BTreeSet::new(),
         }
     }
@@ -170,15 +161,6 @@ impl DesiredNodes {
             self.nodes.remove(node);
         }
     }
-}
-
-/// `namespace/name` of an object.
-pub fn object_key<K: kube::Resource>(object: &K) -> String {
-    format!(
-        "{}/{}",
-        object.meta().namespace.as_deref().unwrap_or_default(),
-        object.meta().name.as_deref().unwrap_or_default()
-    )
 }
 
 /// The job as its node runs it; `None` for a job no node should run: being deleted, or whose
@@ -311,7 +293,8 @@ mod tests {
             pod("uid-1-a", "eval", "1", None),
             pod("uid-1-b", "train", "1", Some("train-worker-b")),
         ];
-        let nodes = desired_by_node(&jobs, &datasets, &pods);
+        let built = DesiredNodes::build(&jobs, &datasets, &pods);
+        let nodes = built.nodes();
         assert_eq!(nodes.keys().collect::<Vec<_>>(), ["edge-1", "edge-2"], "a dataset with no node is on none");
         let edge1 = &nodes["edge-1"];
         assert_eq!(edge1.jobs.keys().collect::<Vec<_>>(), ["ml/a"]);
@@ -342,7 +325,8 @@ mod tests {
         let mut going = (*dataset("d2", "edge-1")).clone();
         going.metadata.deletion_timestamp = deleted();
         let jobs = [Arc::new(deleting), Arc::new(refused), job("c", "d2", Value::Null)];
-        let nodes = desired_by_node(&jobs, &[dataset("d1", "edge-1"), Arc::new(going)], &[]);
+        let built = DesiredNodes::build(&jobs, &[dataset("d1", "edge-1"), Arc::new(going)], &[]);
+        let nodes = built.nodes();
         assert_eq!(nodes["edge-1"].jobs.keys().collect::<Vec<_>>(), ["ml/b"], "kept: its node keeps its rounds");
         assert_eq!(nodes["edge-1"].datasets.keys().collect::<Vec<_>>(), ["ml/d1"]);
     }
