@@ -9,8 +9,12 @@
 //! | selector | [`Selector`] | [`export_selector!`] | which evaluated model to deploy, if any |
 //!
 //! Implement the trait, call the export macro once, and build the crate for `wasm32-wasip2`:
-//! the result is a WebAssembly component that `perennial` loads with `file://path/to/plugin.wasm`.
-//! The WIT contract (`perennial:policy@0.1.0`) stays hidden behind these types.
+//! the result is a WebAssembly component that `perennial` loads with
+//! `file:///absolute/path/to/plugin.wasm`. The WIT contract (`perennial:policy@0.1.0`, in this
+//! crate's `wit/policy.wit`) stays hidden behind these types.
+//!
+//! `perennial plugin new trigger NAME --lang rust` starts such a project, with this crate
+//! vendored in as `vendor/perennial-guest`.
 //!
 //! # A complete minimal plugin
 //!
@@ -26,7 +30,8 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! perennial-guest = "0.1"
+//! # As `perennial plugin new` vendors it (from crates.io: `perennial-guest = "0.1"`).
+//! perennial-guest = { path = "vendor/perennial-guest", version = "0.1" }
 //! serde = { version = "1", features = ["derive"] }
 //! ```
 //!
@@ -75,8 +80,9 @@
 //! ```
 //!
 //! Build it with `cargo build --release --target wasm32-wasip2` and try it:
-//! `perennial plugin call file://target/wasm32-wasip2/release/every_n_trigger.wasm
-//! --config '{"n": 3}' --trigger '{"pendingTrain": 5}'`.
+//! `perennial plugin call target/wasm32-wasip2/release/every_n_trigger.wasm
+//! --config '{"n": 3}' --trigger '{"pendingTrain": 5}'` (a path, or `file://` with an absolute
+//! one).
 //!
 //! # Sandbox
 //!
@@ -112,7 +118,7 @@ pub mod __private {
 
     pub mod trigger {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "trigger-policy",
             pub_export_macro: true,
             export_macro_name: "export",
@@ -123,7 +129,7 @@ pub mod __private {
 
     pub mod splitter {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "splitter-policy",
             pub_export_macro: true,
             export_macro_name: "export",
@@ -138,7 +144,7 @@ pub mod __private {
 
     pub mod selector {
         wit_bindgen::generate!({
-            path: "../wit",
+            path: "wit",
             world: "selector-policy",
             pub_export_macro: true,
             export_macro_name: "export",

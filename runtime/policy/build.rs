@@ -24,7 +24,7 @@ const PLUGINS: &[(&str, bool)] = &[
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let workspace = manifest_dir.ancestors().nth(2).expect("runtime/policy/ is inside the workspace");
-    for watched in ["wit", "guest-sdk", "plugins", "Cargo.lock"] {
+    for watched in ["guest-sdk", "plugins", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");

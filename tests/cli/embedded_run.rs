@@ -84,7 +84,11 @@ fn two_rounds_of_the_example_train_evaluate_and_deploy() {
         .unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("default/thermal-comfort") && table.contains("accuracy="), "{table}");
-    assert!(table.contains("trigger builtin:threshold-trigger"), "{table}");
+    // Each policy: what serves, and its last decision with its own reason.
+    let trigger = table.lines().find(|l| l.trim_start().starts_with("trigger ")).unwrap_or_default();
+    assert!(trigger.contains("builtin:threshold-trigger sha256:") && trigger.contains(" config:"), "{table}");
+    assert!(table.contains("last decision: train, num_of_samples "), "{table}");
+    assert!(table.contains("last decision: deploy 0, first evaluated model "), "{table}");
 
     // Each worker's output has its own log.
     let logs: Vec<String> = std::fs::read_dir(example.state.join("logs/default/thermal-comfort"))

@@ -10,3 +10,5 @@ mod embedded_crash;
 mod embedded_run;
 mod fetch;
 mod plugin;
+mod plugin_authors;
+mod plugin_swap;

@@ -6,5 +6,7 @@ pub mod embedded;
 pub mod link;
 #[path = "../support/manifests.rs"]
 pub mod manifests;
+#[path = "../support/plugin_projects.rs"]
+pub mod plugin_projects;
 #[path = "../support/s3.rs"]
 pub mod s3;

@@ -10,6 +10,8 @@ pub struct Example {
     pub root: tempfile::TempDir,
     pub manifests: PathBuf,
     pub state: PathBuf,
+    /// The compile cache (`PERENNIAL_CACHE_DIR`); the user's default when none.
+    pub cache: Option<PathBuf>,
 }
 
 impl Example {
@@ -30,7 +32,7 @@ impl Example {
             std::fs::write(manifests.join(&name), text).unwrap();
         }
         let state = root.path().join("state");
-        Example { root, manifests, state }
+        Example { root, manifests, state, cache: None }
     }
 
     pub fn output(&self) -> PathBuf {
@@ -61,6 +63,7 @@ impl Example {
             .arg("--state-dir")
             .arg(&self.state)
             .args(args)
+            .envs(self.cache.iter().map(|cache| ("PERENNIAL_CACHE_DIR", cache)))
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -127,6 +127,7 @@ fn main() {
         reaper: None,
         paths: vec![dir.clone()],
         state_dir: state.clone(),
+        cache_dir: None,
         rounds: None,
         bind: "127.0.0.1:0".parse().unwrap(),
         kb_server: String::new(),

@@ -20,7 +20,7 @@ use super::rounds::RoundError;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
 use crate::sqlite::Store;
 use perennial_policy::{
-    Kind, OnError, Policy, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, SplitterPolicy, TracingEvents,
+    Kind, OnError, Policy, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, Source, SplitterPolicy, TracingEvents,
     TriggerPolicy,
 };
 
@@ -134,14 +134,19 @@ pub fn run_jobs(
     reported: &dyn Fn(),
     swapper: Option<&Swapper>,
 ) {
-    let Wakes { sender: wake, receiver: woken } = wakes;
-    let mut watch = IndexWatch::new(wake);
+    let Wakes { sender: waker, receiver: woken } = wakes;
+    let mut watch = IndexWatch::new(waker.clone());
     for (i, runner) in jobs.iter().enumerate() {
         watch.add(i, runner.index.as_ref());
     }
     let mut due = vec![Instant::now(); jobs.len()];
     let mut missing_said = vec![false; jobs.len()];
     let mut removed = vec![false; jobs.len()];
+    // Each job's latest swap, by number: a load that finishes after a newer one was asked for
+    // is dropped (the newer one brings what it should).
+    let mut swaps_asked = vec![0u64; jobs.len()];
+    let mut plugin_files: Vec<PluginFiles> = jobs.iter().map(|runner| PluginFiles::of(&runner.job)).collect();
+    let mut files_looked = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         for (i, runner) in jobs.iter_mut().enumerate() {
             if due[i] > Instant::now() || stop.load(Ordering::Relaxed) || removed[i] {
@@ -172,130 +177,247 @@ pub fn run_jobs(
         }
         // Coalesce a burst of events; in order, so that a job added in it can be woken in it.
         wakes.extend(woken.try_iter());
-        let mut swaps = Vec::new();
+        // A plugin file rebuilt under the same reference swaps like an edit (the author's loop).
+        let mut reloads = Vec::new();
+        if files_looked.elapsed() >= PLUGIN_FILE_CHECK {
+            files_looked = Instant::now();
+            for (i, files) in plugin_files.iter_mut().enumerate() {
+                if !removed[i] && files.changed() {
+                    reloads.push(i);
+                }
+            }
+        }
         for wake in wakes {
             match wake {
                 Wake::Add(runner) => {
                     // A job from the link: its index is watched like the others'.
                     watch.add(jobs.len(), runner.index.as_ref());
+                    plugin_files.push(PluginFiles::of(&runner.job));
                     jobs.push(*runner);
                     due.push(Instant::now());
                     missing_said.push(false);
                     removed.push(false);
+                    swaps_asked.push(0);
                 }
                 Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
                 Wake::Remove(i) if i < due.len() => {
                     removed[i] = true;
                     watch.remove(i);
                 }
-                Wake::Swap(i, config) if i < due.len() => swaps.push((i, config)),
-                Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) => {}
+                Wake::Swap(i, config) if i < due.len() => {
+                    if let (Some(swapper), Some(runner)) = (swapper, jobs.get_mut(i)) {
+                        // Sedna reads trainProb live; so does the split (the fallback rule
+                        // included). The eval set's size applies from the next eval set on.
+                        runner.job.spec.train_prob = config.spec.train_prob;
+                        runner.job.spec.eval_set_size = config.spec.eval_set_size;
+                        plugin_files[i] = PluginFiles::of(&config);
+                        swaps_asked[i] += 1;
+                        swapper.start(i, swaps_asked[i], &runner.job, *config, false, waker.clone());
+                        due[i] = Instant::now();
+                    }
+                }
+                // Between two turns: no call is under way, so no sample is decided by both.
+                Wake::Loaded(i, asked, loaded) if i < due.len() && asked == swaps_asked[i] && !removed[i] => {
+                    commit(store, &mut jobs[i], *loaded);
+                    due[i] = Instant::now();
+                }
+                Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) | Wake::Loaded(..) => {}
             }
         }
-        // Between two turns: no call is under way, so no sample is decided by both.
-        for (i, config) in swaps {
-            if let (Some(swapper), Some(runner)) = (swapper, jobs.get_mut(i)) {
-                swap(store, runner, *config, swapper);
-                due[i] = Instant::now();
+        for i in reloads {
+            if let (Some(swapper), Some(runner)) = (swapper, jobs.get(i)) {
+                tracing::info!(job = runner.job.name, "a policy file changed: loading it again");
+                swaps_asked[i] += 1;
+                swapper.start(i, swaps_asked[i], &runner.job, runner.job.clone(), true, waker.clone());
             }
         }
     }
 }
 
-/// What a hot swap needs: the policy host and a runtime to fetch on.
+/// How often the loop looks at the files of `file://` policies.
+pub const PLUGIN_FILE_CHECK: Duration = Duration::from_secs(1);
+
+/// The policy files of a job and what they were when last looked at (size, modification time).
+struct PluginFiles {
+    files: Vec<(PathBuf, Option<(u64, SystemTime)>)>,
+}
+
+impl PluginFiles {
+    fn of(job: &JobConfig) -> Self {
+        let references = [Some(&job.trigger), Some(&job.selector), job.splitter.as_ref()];
+        let files = references
+            .into_iter()
+            .flatten()
+            .filter_map(|reference| match perennial_policy::parse_source(&reference.plugin) {
+                Ok(Source::File(path)) => Some(path),
+                _ => None,
+            })
+            .map(|path| {
+                let stamp = stamp(&path);
+                (path, stamp)
+            })
+            .collect();
+        PluginFiles { files }
+    }
+
+    /// Whether a file changed since the last look (a file that went away is no change: the
+    /// serving policy serves on).
+    fn changed(&mut self) -> bool {
+        let mut changed = false;
+        for (path, known) in &mut self.files {
+            let now = stamp(path);
+            if now.is_some() && now != *known {
+                changed = true;
+            }
+            *known = now.or(*known);
+        }
+        changed
+    }
+}
+
+fn stamp(path: &Path) -> Option<(u64, SystemTime)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
+
+/// What a hot swap needs: the policy host, a runtime to load on, and the limit on loads at once.
+/// A swap loads off the job loop, so that a compile (seconds for a Python component) never
+/// holds up any job's decisions; the job's serving policies serve until the new ones are ready.
 pub struct Swapper {
-    pub host: PolicyHost,
-    pub runtime: tokio::runtime::Handle,
+    host: PolicyHost,
+    runtime: tokio::runtime::Handle,
+    loads: Arc<tokio::sync::Semaphore>,
 }
 
-/// A swap's outcome: the kind, the plugin, and the digest now serving or why it was rejected.
-type SwapOutcome = (&'static str, String, Result<String, String>);
+/// Policy loads (fetch, verify, compile, configure) that may run at once: a compile already
+/// uses every core, and each one holds its compiler's memory until it ends.
+pub const CONCURRENT_LOADS: usize = 1;
 
-/// Loads `next` into `slot` if it differs from `current`; the old policy stays if it fails.
-fn swap_in<K: Kind>(
-    swapper: &Swapper,
-    events: &Arc<dyn PolicyEvents>,
-    kind: &'static str,
-    current: &PolicyRef,
-    next: &PolicyRef,
-    slot: &mut Policy<K>,
-) -> Option<SwapOutcome> {
-    if current == next {
-        return None;
+impl Swapper {
+    pub fn new(host: PolicyHost, runtime: tokio::runtime::Handle) -> Self {
+        Swapper { host, runtime, loads: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_LOADS)) }
     }
-    let loaded = swapper.runtime.block_on(swapper.host.load::<K>(next, events.clone()));
-    let outcome = loaded
-        .map(|policy| {
-            let digest = policy.info().digest.clone();
-            *slot = policy;
-            digest
-        })
-        .map_err(|err| err.to_string());
-    Some((kind, next.plugin.clone(), outcome))
+
+    /// Loads what differs between `current` and `next` (and, with `reload_files`, every policy
+    /// read from a file, whose content may have changed) on the runtime; the loop gets the
+    /// result as [`Wake::Loaded`] and commits it between two turns.
+    fn start(
+        &self,
+        job: usize,
+        generation: u64,
+        current: &JobConfig,
+        next: JobConfig,
+        reload_files: bool,
+        wake: mpsc::Sender<Wake>,
+    ) {
+        let changed = |current: &PolicyRef, next: &PolicyRef| {
+            current != next
+                || reload_files && matches!(perennial_policy::parse_source(&next.plugin), Ok(Source::File(_)))
+        };
+        let trigger = changed(&current.trigger, &next.trigger);
+        let selector = changed(&current.selector, &next.selector);
+        let splitter = match (&current.splitter, &next.splitter) {
+            (Some(current), Some(next)) => changed(current, next),
+            (current, next) => current != next,
+        };
+        let fallback_trigger = current.fallback_trigger != next.fallback_trigger;
+        let (host, loads) = (self.host.clone(), self.loads.clone());
+        self.runtime.spawn(async move {
+            let Ok(_permit) = loads.acquire_owned().await else { return };
+            let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: next.name.clone() });
+            let mut loaded = LoadedSwap {
+                trigger: None,
+                selector: None,
+                splitter: None,
+                fallback_trigger: None,
+                next: next.clone(),
+            };
+            if trigger {
+                loaded.trigger = Some(host.load(&next.trigger, events.clone()).await.map_err(|err| err.to_string()));
+            }
+            if selector {
+                loaded.selector = Some(host.load(&next.selector, events.clone()).await.map_err(|err| err.to_string()));
+            }
+            if splitter {
+                loaded.splitter = Some(match &next.splitter {
+                    Some(reference) => {
+                        host.load(reference, events.clone()).await.map(Some).map_err(|err| err.to_string())
+                    }
+                    None => Ok(None),
+                });
+            }
+            if fallback_trigger {
+                loaded.fallback_trigger = Some(match &next.fallback_trigger {
+                    Some(reference) if next.trigger.on_error == OnError::Fallback => {
+                        host.load(reference, events.clone()).await.ok()
+                    }
+                    _ => None,
+                });
+            }
+            let _ = wake.send(Wake::Loaded(job, generation, Box::new(loaded)));
+        });
+    }
 }
 
-/// Replaces the job's policies whose reference changed: each new one is fetched, verified,
-/// compiled and configured beside the old one, and replaces it only if all of that succeeded;
-/// otherwise the old one serves on and the rejection is recorded with its reason.
-fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: &Swapper) {
-    let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: runner.job.name.clone() });
+/// The policies a swap loaded beside the serving ones; `None` where that kind did not change.
+pub struct LoadedSwap {
+    next: JobConfig,
+    trigger: Option<Result<TriggerPolicy, String>>,
+    selector: Option<Result<SelectorPolicy, String>>,
+    splitter: Option<Result<Option<SplitterPolicy>, String>>,
+    fallback_trigger: Option<Option<TriggerPolicy>>,
+}
+
+/// A swap's outcome for one kind: the reference, and the digest now serving or why it was rejected.
+type SwapOutcome = (&'static str, PolicyRef, Result<String, String>);
+
+/// Commits a loaded swap between two turns: each policy that loaded replaces the serving one
+/// (a reload of the same content changes nothing); one that did not is recorded as rejected
+/// with its reason, and the previous one serves on.
+fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
+    let LoadedSwap { next, trigger, selector, splitter, fallback_trigger } = loaded;
     let job = runner.job.name.clone();
     let mut outcomes: Vec<SwapOutcome> = Vec::new();
-    outcomes.extend(swap_in(
-        swapper,
-        &events,
-        "trigger",
-        &runner.job.trigger,
-        &next.trigger,
-        &mut runner.policies.trigger,
-    ));
-    outcomes.extend(swap_in(
-        swapper,
-        &events,
-        "selector",
-        &runner.job.selector,
-        &next.selector,
-        &mut runner.policies.selector,
-    ));
-    if runner.job.splitter != next.splitter {
-        let loaded = match &next.splitter {
-            Some(reference) => swapper.runtime.block_on(swapper.host.load(reference, events.clone())).map(Some),
-            None => Ok(None),
-        };
-        let plugin = next.splitter.as_ref().map_or(String::new(), |r| r.plugin.clone());
-        match loaded {
-            Ok(policy) => {
-                let digest = policy.as_ref().map_or(String::new(), |p| p.info().digest.clone());
-                runner.policies.splitter = policy;
-                outcomes.push(("splitter", plugin, Ok(digest)));
-            }
-            Err(err) => outcomes.push(("splitter", plugin, Err(err.to_string()))),
-        }
+    if let Some(loaded) = trigger {
+        let same = next.trigger == runner.job.trigger;
+        let outcome = put(loaded, &mut runner.policies.trigger, same);
+        outcomes.extend(outcome.map(|digest| ("trigger", next.trigger.clone(), digest)));
     }
-    if runner.job.fallback_trigger != next.fallback_trigger {
-        runner.policies.fallback_trigger = match &next.fallback_trigger {
-            Some(reference) if next.trigger.on_error == OnError::Fallback => {
-                swapper.runtime.block_on(swapper.host.load(reference, events.clone())).ok()
+    if let Some(loaded) = selector {
+        let same = next.selector == runner.job.selector;
+        let outcome = put(loaded, &mut runner.policies.selector, same);
+        outcomes.extend(outcome.map(|digest| ("selector", next.selector.clone(), digest)));
+    }
+    if let Some(loaded) = splitter {
+        let reference = next.splitter.clone().unwrap_or_else(|| PolicyRef::new(""));
+        let outcome = match (loaded, &mut runner.policies.splitter) {
+            (Ok(Some(policy)), Some(serving)) => put(Ok(policy), serving, next.splitter == runner.job.splitter),
+            (Ok(policy), serving) => {
+                let digest = policy.as_ref().map_or(String::new(), |p| p.info().digest.clone());
+                *serving = policy;
+                Some(Ok(digest))
             }
-            _ => None,
+            (Err(why), _) => Some(Err(why)),
         };
+        outcomes.extend(outcome.map(|digest| ("splitter", reference, digest)));
+    }
+    if let Some(policy) = fallback_trigger {
+        runner.policies.fallback_trigger = policy;
         runner.job.fallback_trigger = next.fallback_trigger.clone();
     }
-    // Sedna reads trainProb live; so does the split (the fallback rule included). The eval set's
-    // size applies from the next eval set on.
-    runner.job.spec.train_prob = next.spec.train_prob;
-    runner.job.spec.eval_set_size = next.spec.eval_set_size;
     let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    for (kind, plugin, outcome) in outcomes {
+    for (kind, reference, outcome) in outcomes {
+        let plugin = &reference.plugin;
         let recorded = match &outcome {
             Ok(digest) => {
-                tracing::info!(job, "the {kind} policy is now {plugin} (sha256 {digest})");
+                let config = perennial_types::config_digest(reference.config.as_ref());
+                tracing::info!(job, "the {kind} policy is now {plugin} (sha256 {digest}, config {config})");
                 match kind {
                     "trigger" => runner.job.trigger = next.trigger.clone(),
                     "selector" => runner.job.selector = next.selector.clone(),
                     _ => runner.job.splitter = next.splitter.clone(),
                 }
-                health::swapped(&mut store, &job, kind, &plugin, digest, now())
+                health::swapped(&mut store, &job, kind, health::Serving { plugin, digest, config: &config }, now())
             }
             Err(why) => {
                 tracing::warn!(job, "the new {kind} policy {plugin} was rejected, the previous one serves on: {why}");
@@ -309,6 +431,50 @@ fn swap(store: &Mutex<Store>, runner: &mut JobRunner, next: JobConfig, swapper: 
     runner.policies.release();
 }
 
+/// Puts a loaded policy in place of the serving one; returns its digest, or why it failed, or
+/// nothing when it is what already serves (a file reloaded with the same content).
+fn put<K: Kind>(
+    loaded: Result<Policy<K>, String>,
+    slot: &mut Policy<K>,
+    same_ref: bool,
+) -> Option<Result<String, String>> {
+    match loaded {
+        Ok(policy) if same_ref && policy.info().digest == slot.info().digest => None,
+        Ok(policy) => {
+            let digest = policy.info().digest.clone();
+            *slot = policy;
+            Some(Ok(digest))
+        }
+        Err(why) => Some(Err(why)),
+    }
+}
+
+/// Records which policies serve a job just loaded (at start, or when it comes to the node), so
+/// that its status names them, and not the ones of an earlier run.
+pub fn record_serving(store: &mut Store, runner: &JobRunner) {
+    let (job, policies) = (&runner.job, &runner.policies);
+    let mut serving = vec![
+        ("trigger", &job.trigger, policies.trigger.info().digest.clone()),
+        ("selector", &job.selector, policies.selector.info().digest.clone()),
+    ];
+    match (&job.splitter, &policies.splitter) {
+        (Some(reference), Some(splitter)) => serving.push(("splitter", reference, splitter.info().digest.clone())),
+        // Sedna's rule, computed natively: no plugin to name.
+        _ => {
+            if let Err(err) = health::forget(store, &job.name, "splitter") {
+                tracing::warn!(job = job.name, "recording the splitter policy: {err}");
+            }
+        }
+    }
+    for (kind, reference, digest) in serving {
+        let config = perennial_types::config_digest(reference.config.as_ref());
+        let serving = health::Serving { plugin: &reference.plugin, digest: &digest, config: &config };
+        if let Err(err) = health::swapped(store, &job.name, kind, serving, now()) {
+            tracing::warn!(job = job.name, "recording the {kind} policy: {err}");
+        }
+    }
+}
+
 /// What wakes the loop, for a job given by its index in the list given to [`run_jobs`] (jobs
 /// added later take the next indexes, in the order they were sent).
 pub enum Wake {
@@ -316,8 +482,10 @@ pub enum Wake {
     Job(usize),
     /// The job was deleted: never run it again.
     Remove(usize),
-    /// The job's policy references changed: swap them in between two turns.
+    /// The job's policy references changed: load them off the loop, then swap them in.
     Swap(usize, Box<JobConfig>),
+    /// A swap's policies loaded (for the job's swap of that number): commit it between two turns.
+    Loaded(usize, u64, Box<LoadedSwap>),
     /// A job that came to this node (the cloud link's desired state): run it too.
     Add(Box<JobRunner>),
 }

@@ -5,7 +5,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use crate::sqlite::Store;
-use perennial_types::{PolicyHealth, PolicyStatus};
+use perennial_types::{PolicyDecision, PolicyHealth, PolicyStatus};
 
 /// A policy's health: `None` when serving, the failure otherwise; after a hot swap, the plugin
 /// and digest serving; a rejected swap, with why.
@@ -17,6 +17,10 @@ pub struct Health {
     pub plugin: Option<String>,
     pub digest: Option<String>,
     pub rejected: Option<String>,
+    /// The serving policy's config, as [`perennial_types::config_digest`] shows it.
+    pub config: Option<String>,
+    /// Its last decision that acted: the answer, the policy's reason, when (unix seconds).
+    pub decision: Option<(String, String, u64)>,
 }
 
 /// Records the outcome of a call of the job's `kind` policy; writes only when it changes.
@@ -40,15 +44,52 @@ pub fn record(store: &mut Store, job: &str, kind: &str, failure: Option<&str>, n
     Ok(())
 }
 
-/// Records that `plugin` (`digest`) now serves the job's `kind` decision (a hot swap), with a
-/// clean bill of health.
-pub fn swapped(store: &mut Store, job: &str, kind: &str, plugin: &str, digest: &str, now: u64) -> rusqlite::Result<()> {
+/// What serves a job's decision: the plugin, the component's digest, the config's short digest.
+#[derive(Clone, Copy, Debug)]
+pub struct Serving<'a> {
+    pub plugin: &'a str,
+    pub digest: &'a str,
+    pub config: &'a str,
+}
+
+/// Records that `serving` now serves the job's `kind` decision (at start, or after a hot swap),
+/// with a clean bill of health; a last decision of another plugin is forgotten.
+pub fn swapped(store: &mut Store, job: &str, kind: &str, serving: Serving<'_>, now: u64) -> rusqlite::Result<()> {
     store.conn().execute(
-        "INSERT INTO policy_health (job, kind, failing, message, since, plugin, digest, rejected)
-         VALUES (?1, ?2, 0, NULL, ?3, ?4, ?5, NULL)
+        "INSERT INTO policy_health (job, kind, failing, message, since, plugin, digest, rejected, config)
+         VALUES (?1, ?2, 0, NULL, ?3, ?4, ?5, NULL, ?6)
          ON CONFLICT (job, kind) DO UPDATE SET failing = 0, message = NULL, since = excluded.since,
-         plugin = excluded.plugin, digest = excluded.digest, rejected = NULL",
-        params![job, kind, now as i64, plugin, digest],
+         plugin = excluded.plugin, digest = excluded.digest, rejected = NULL, config = excluded.config,
+         decision = CASE WHEN policy_health.plugin IS excluded.plugin THEN policy_health.decision END,
+         reason = CASE WHEN policy_health.plugin IS excluded.plugin THEN policy_health.reason END,
+         decided_at = CASE WHEN policy_health.plugin IS excluded.plugin THEN policy_health.decided_at END",
+        params![job, kind, now as i64, serving.plugin, serving.digest, serving.config],
+    )?;
+    Ok(())
+}
+
+/// Forgets what was recorded of the job's `kind` policy (it has none now).
+pub fn forget(store: &mut Store, job: &str, kind: &str) -> rusqlite::Result<()> {
+    store.conn().execute("DELETE FROM policy_health WHERE job = ?1 AND kind = ?2", params![job, kind])?;
+    Ok(())
+}
+
+/// Records a decision of the job's `kind` policy that acted (`train`, `deploy`, `keep`) with its
+/// reason, in the transaction that acts on it.
+pub fn decided(
+    tx: &rusqlite::Transaction<'_>,
+    job: &str,
+    kind: &str,
+    answer: &str,
+    reason: &str,
+    now: u64,
+) -> rusqlite::Result<()> {
+    tx.execute(
+        "INSERT INTO policy_health (job, kind, failing, since, decision, reason, decided_at)
+         VALUES (?1, ?2, 0, ?5, ?3, ?4, ?5)
+         ON CONFLICT (job, kind) DO UPDATE SET decision = excluded.decision, reason = excluded.reason,
+         decided_at = excluded.decided_at",
+        params![job, kind, answer, reason, now as i64],
     )?;
     Ok(())
 }
@@ -70,6 +111,13 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
     if let (Some(plugin), Some(digest)) = (&found.plugin, &found.digest) {
         (policy.plugin, policy.digest) = (plugin.clone(), digest.clone());
     }
+    if let Some(config) = &found.config {
+        policy.config = config.clone();
+    }
+    if let Some((answer, reason, at)) = &found.decision {
+        let time = jiff::Timestamp::from_second(*at as i64).map(|t| t.to_string()).unwrap_or_default();
+        policy.last_decision = Some(PolicyDecision { answer: answer.clone(), reason: reason.clone(), time });
+    }
     (policy.health, policy.message) = match (&found.rejected, &found.failure) {
         (Some(why), _) => (PolicyHealth::LoadFailed, Some(format!("rejected {why}; the previous one serves"))),
         (None, Some(why)) => (PolicyHealth::Failing, Some(why.clone())),
@@ -80,11 +128,15 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
 /// Every recorded health.
 pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
     let mut statement = store.conn().prepare(
-        "SELECT job, kind, failing, message, plugin, digest, rejected FROM policy_health ORDER BY job, kind",
+        "SELECT job, kind, failing, message, plugin, digest, rejected, config, decision, reason, decided_at
+         FROM policy_health ORDER BY job, kind",
     )?;
     let rows = statement.query_map([], |r| {
         let failing: bool = r.get(2)?;
         let message: Option<String> = r.get(3)?;
+        let decision: Option<String> = r.get(8)?;
+        let reason: Option<String> = r.get(9)?;
+        let at: Option<i64> = r.get(10)?;
         Ok(Health {
             job: r.get(0)?,
             kind: r.get(1)?,
@@ -92,6 +144,8 @@ pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
             plugin: r.get(4)?,
             digest: r.get(5)?,
             rejected: r.get(6)?,
+            config: r.get(7)?,
+            decision: decision.map(|answer| (answer, reason.unwrap_or_default(), at.unwrap_or(0).max(0) as u64)),
         })
     })?;
     rows.collect()

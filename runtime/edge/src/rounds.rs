@@ -293,6 +293,7 @@ pub fn train_waiting(
         reason: Some(decision.reason),
     };
     let tx = store.write()?;
+    super::health::decided(&tx, job, "trigger", "train", report.reason.as_deref().unwrap_or_default(), clock.now)?;
     for (batch, ..) in &pending {
         tx.execute("UPDATE batches SET train_round = ?3 WHERE job = ?1 AND batch = ?2", params![job, batch, round])?;
     }
@@ -341,7 +342,7 @@ pub fn eval_waiting(
         output: None,
         reason: None,
     };
-    commit_report(store, job, &format!("{round}/Eval"), Stage::Eval, &report, None, clock)?;
+    commit_report(store, job, &format!("{round}/Eval"), Stage::Eval, &report, None, None, clock)?;
     Ok(Outcome::Reported(Box::new(report)))
 }
 
@@ -375,8 +376,13 @@ pub fn deploy_waiting(
         output: None,
         reason: Some(choice.reason),
     };
+    let decided = match choice.deploy {
+        Some(i) => (format!("deploy {i}"), report.reason.clone().unwrap_or_default()),
+        None => ("keep".to_owned(), report.reason.clone().unwrap_or_default()),
+    };
+    let decided = Some((decided.0.as_str(), decided.1.as_str()));
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
-        commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, clock)?;
+        commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, decided, clock)?;
         return Ok(Outcome::Reported(Box::new(report)));
     };
     let deploy_path = "deploy/index.pkl";
@@ -392,17 +398,20 @@ pub fn deploy_waiting(
             };
             report.status = Phase::Ready;
             report.input = Some(Input { models: vec![deployed.clone()], ..Input::default() });
-            commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, Some(&deployed), clock)?;
+            let acted = format!("{round}/Deploy");
+            commit_report(store, job, &acted, Stage::Deploy, &report, Some(&deployed), decided, clock)?;
         }
         Err(cause) => {
             report.status = Phase::Failed;
             report.reason = Some(format!("copying {} to {deploy_path} failed: {cause}", chosen.url));
-            commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, clock)?;
+            commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, decided, clock)?;
         }
     }
     Ok(Outcome::Reported(Box::new(report)))
 }
 
+/// Commits a step's report, with the selector's decision (answer, reason) when it made one.
+#[allow(clippy::too_many_arguments)]
 fn commit_report(
     store: &mut Store,
     job: &str,
@@ -410,9 +419,13 @@ fn commit_report(
     stage: Stage,
     report: &Report,
     deployed: Option<&Model>,
+    decided: Option<(&str, &str)>,
     clock: Clock,
 ) -> Result<(), RoundError> {
     let tx = store.write()?;
+    if let Some((answer, reason)) = decided {
+        super::health::decided(&tx, job, "selector", answer, reason, clock.now)?;
+    }
     tx.execute(
         "UPDATE jobs SET acted = ?2, stage = ?3, phase = ?4 WHERE name = ?1",
         params![job, acted, stage.to_string(), report.status.to_string()],

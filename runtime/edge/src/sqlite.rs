@@ -124,6 +124,14 @@ const MIGRATIONS: &[&str] = &[
     );
     INSERT INTO link (id, desired_seq) VALUES (1, 0);
     "#,
+    // 10: for authors: the serving policy's config (a short digest), and its last decision
+    // that acted (train, deploy, keep) with its reason and time.
+    r#"
+    ALTER TABLE policy_health ADD COLUMN config TEXT;
+    ALTER TABLE policy_health ADD COLUMN decision TEXT;
+    ALTER TABLE policy_health ADD COLUMN reason TEXT;
+    ALTER TABLE policy_health ADD COLUMN decided_at INTEGER;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -80,7 +80,8 @@ mod tests {
             .conn()
             .execute("INSERT INTO dataset_status (dataset, samples, reported) VALUES ('ml/d', 120, 0)", [])
             .unwrap();
-        health::swapped(&mut store, "ml/a", "trigger", "builtin:threshold-trigger", "abc", 1).unwrap();
+        let serving = health::Serving { plugin: "builtin:threshold-trigger", digest: "abc", config: "44136fa355b3" };
+        health::swapped(&mut store, "ml/a", "trigger", serving, 1).unwrap();
         let mut sent = SentPolicies::new();
         assert_eq!(queue_changes(&mut store, &mut sent, 5).unwrap(), 2);
         let queued = outbox(&store);
@@ -88,14 +89,24 @@ mod tests {
         assert_eq!(
             queued[1],
             json!({"job": "ml/a", "jobUid": "uid-a", "policies": {"trigger": {
-                "plugin": "builtin:threshold-trigger", "digest": "abc", "health": "Serving"}}})
+                "plugin": "builtin:threshold-trigger", "digest": "abc", "config": "44136fa355b3", "health": "Serving"}}})
+        );
+        // A decision that acted travels too, with the policy's reason.
+        let tx = store.write().unwrap();
+        health::decided(&tx, "ml/a", "trigger", "train", "num_of_samples 501 > 500", 1_780_000_000).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(queue_changes(&mut store, &mut sent, 5).unwrap(), 1);
+        let decision = &outbox(&store)[2]["policies"]["trigger"]["lastDecision"];
+        assert_eq!(
+            *decision,
+            json!({"answer": "train", "reason": "num_of_samples 501 > 500", "time": "2026-05-28T20:26:40Z"})
         );
         // Nothing changed: nothing queued.
         assert_eq!(queue_changes(&mut store, &mut sent, 6).unwrap(), 0);
         // A rejected swap: the job's policies again, the previous digest serving.
         health::rejected(&mut store, "ml/a", "trigger", "x.wasm: configure refused", 7).unwrap();
         assert_eq!(queue_changes(&mut store, &mut sent, 8).unwrap(), 1);
-        let policies = &outbox(&store)[2]["policies"]["trigger"];
+        let policies = &outbox(&store)[3]["policies"]["trigger"];
         assert_eq!((policies["digest"].as_str(), policies["health"].as_str()), (Some("abc"), Some("LoadFailed")));
     }
 }

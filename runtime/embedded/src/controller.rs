@@ -240,7 +240,10 @@ impl Controller {
                     job.commands = prepared.commands;
                     let next = super::job_config(&job.key, stored, prepared.edge_spec);
                     if next != job.config {
-                        tracing::info!(job = job.key, "the job changed: its policies are swapped in");
+                        tracing::info!(
+                            job = job.key,
+                            "the job changed: loading its new policies (the serving ones serve until they are ready)"
+                        );
                         job.config = next.clone();
                         let _ = self.edge_wake.send(Wake::Swap(job.edge_index, Box::new(next)));
                     }

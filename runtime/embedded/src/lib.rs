@@ -18,7 +18,7 @@ use std::time::Duration;
 use self::controller::{ControlledJob, Controller, LocalPod};
 use self::state::Stored;
 use perennial_api::manifest::{self, Object};
-use perennial_api::{self as resources, Dataset, LifelongLearningJob, PolicyHealth, PolicyStatus};
+use perennial_api::{self as resources, Dataset, LifelongLearningJob};
 use perennial_edge::agent::{self, JobConfig, JobRunner, LoopSettings, Wakes};
 use perennial_edge::sqlite::Store;
 use perennial_edge::{self as edge, IndexFile, JobSpec, LocalFile, S3Index, worker_api};
@@ -33,6 +33,8 @@ pub struct RunOptions {
     /// Manifest files or folders to apply first; none: run every stored job.
     pub paths: Vec<PathBuf>,
     pub state_dir: PathBuf,
+    /// The policies' compile cache; none: the one every subcommand shares by default.
+    pub cache_dir: Option<PathBuf>,
     /// Stop (successfully) when every job has completed this many rounds.
     pub rounds: Option<u64>,
     /// The worker report API (`LC_SERVER` for the workers).
@@ -105,7 +107,8 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         .collect::<Result<_, _>>()?;
 
     let mut edge_store = Store::open(&state_dir.join("edge.db"))?;
-    let host = PolicyHost::new(Some(state_dir.join("policy-cache")), None).map_err(|e| RunError::Job(e.to_string()))?;
+    let host =
+        PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
     let s3 = S3Credentials::from_env();
     let mut controlled = Vec::new();
     let mut runners = Vec::new();
@@ -115,24 +118,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         let config = job_config(&key, &stored, job.edge_spec.clone());
         let policies =
             agent::load_policies(&host, &config).await.map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
-        let mut status = state::status(&control, &key)?;
-        status.policies.clear();
-        let mut record = |kind: &str, info: &perennial_policy::PolicyInfo| {
-            let entry = PolicyStatus {
-                plugin: info.source.clone(),
-                digest: info.digest.clone(),
-                health: PolicyHealth::Serving,
-                message: None,
-            };
-            status.policies.insert(kind.to_owned(), entry);
-        };
-        if let Some(splitter) = &policies.splitter {
-            record("splitter", splitter.info());
-        }
-        record("trigger", policies.trigger.info());
-        record("selector", policies.selector.info());
         policies.release();
-        state::save(&mut control, &[(&key, &status)], 0, &[], 0)?;
         let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
             .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
         let output = opendal::blocking::Operator::new(output).map_err(|err| RunError::Job(err.to_string()))?;
@@ -149,7 +135,16 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3.clone(), roots);
         let settings = LoopSettings { poll: options.poll, ..LoopSettings::default() };
         let controlled_config = config.clone();
-        runners.push(JobRunner { job: config, policies, index: index_file, output, read_model, settings });
+        let runner = JobRunner { job: config, policies, index: index_file, output, read_model, settings };
+        // The policies serving now, whatever an earlier run (or a swap in it) recorded.
+        agent::record_serving(&mut edge_store, &runner);
+        let mut status = state::status(&control, &key)?;
+        status.policies.clear();
+        for found in edge::health::all(&edge_store)?.iter().filter(|found| found.job == key) {
+            edge::health::apply_to(&mut status.policies, found);
+        }
+        state::save(&mut control, &[(&key, &status)], 0, &[], 0)?;
+        runners.push(runner);
         let (namespace, name) = key.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).unwrap_or_default();
         let spec = &stored.object.spec;
         let timeouts =
@@ -190,7 +185,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let wakes = Wakes::new();
     let edge_wake = wakes.sender();
     let edge_stop = Arc::new(AtomicBool::new(false));
-    let swapper = agent::Swapper { host: host.clone(), runtime: tokio::runtime::Handle::current() };
+    let swapper = agent::Swapper::new(host.clone(), tokio::runtime::Handle::current());
     let (reload_control, reload) = mpsc::channel::<()>();
     let _manifest_watch = if options.paths.is_empty() {
         None

@@ -97,9 +97,13 @@ fn checksum(payload: &[u8]) -> [u8; 16] {
     xxhash_rust::xxh3::xxh3_128(payload).to_le_bytes()
 }
 
-/// The default cache directory: `$XDG_CACHE_HOME/perennial/policies`, or
+/// The compile cache every subcommand shares (`plugin check` compiles what `run` and `edge`
+/// then load): `$PERENNIAL_CACHE_DIR`, else `$XDG_CACHE_HOME/perennial/policies`, or
 /// `~/.cache/perennial/policies`, or a folder in the system's temporary directory.
 pub fn default_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERENNIAL_CACHE_DIR").filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir);
+    }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))

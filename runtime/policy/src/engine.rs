@@ -94,6 +94,25 @@ impl PolicyHost {
         Ok(PolicyHost { inner: Arc::new(Inner { linker, disk, compiled: Mutex::new(HashMap::new()), s3 }) })
     }
 
+    /// A host with the compile cache in `dir`, or the one every subcommand shares by default
+    /// ([`default_cache_dir`]); when it cannot be made, a warning and no disk cache (policies
+    /// are compiled on each start).
+    ///
+    /// [`default_cache_dir`]: crate::default_cache_dir
+    pub fn with_shared_cache(dir: Option<PathBuf>, s3: Option<S3Credentials>) -> Result<Self, std::io::Error> {
+        let dir = dir.unwrap_or_else(super::cache::default_dir);
+        match PolicyHost::new(Some(dir.clone()), s3.clone()) {
+            Ok(host) => Ok(host),
+            Err(err) => {
+                tracing::warn!(
+                    "the compile cache {} cannot be used ({err}); set PERENNIAL_CACHE_DIR to a writable folder",
+                    dir.display()
+                );
+                PolicyHost::new(None, s3)
+            }
+        }
+    }
+
     /// Loads a policy: checks the reference, fetches the component, verifies its digest,
     /// compiles it (or takes it from the cache), instantiates it and configures it. The error
     /// names the step that failed.
@@ -120,6 +139,17 @@ impl PolicyHost {
                 .ok_or_else(|| fetch_error(format!("no built-in called {name:?}"))),
             Source::File(path) => {
                 let path = std::path::absolute(path).map_err(|err| fetch_error(err.to_string()))?;
+                // Said plainly: an author's most common mistake is a path that is not there yet.
+                match std::fs::metadata(&path) {
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(fetch_error(format!("no such file: {} (build it first?)", path.display())));
+                    }
+                    Err(err) => return Err(fetch_error(format!("{}: {err}", path.display()))),
+                    Ok(meta) if meta.is_dir() => {
+                        return Err(fetch_error(format!("{} is a folder, not a component", path.display())));
+                    }
+                    Ok(_) => {}
+                }
                 let url = path.to_str().ok_or_else(|| fetch_error("the path is not UTF-8".into()))?;
                 storage::read_limited(url, None, COMPONENT_READ)
                     .await

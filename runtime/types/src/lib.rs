@@ -13,7 +13,8 @@ pub use node::{
     node_job,
 };
 pub use policy::{
-    BUILTIN_POLICIES, Limits, OnError, PolicyHealth, PolicyRef, PolicyStatus, Source, ValidRef, parse_source,
+    BUILTIN_POLICIES, Limits, OnError, PolicyDecision, PolicyHealth, PolicyRef, PolicyStatus, Source, ValidRef,
+    config_digest, parse_source,
 };
 pub use round::{ConditionData, Input, Model, Output};
 pub use stage::{Phase, Stage};

@@ -209,10 +209,41 @@ pub struct PolicyStatus {
     /// SHA-256 of the component serving.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub digest: String,
+    /// The first 12 hex digits of the SHA-256 of the config it was configured with: a config
+    /// edit shows here even when the component is the same.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config: String,
     #[serde(default)]
     pub health: PolicyHealth,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Its last decision that acted (a round started, a model deployed or kept), with the
+    /// policy's own reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision: Option<PolicyDecision>,
+}
+
+/// A decision a policy made, as the job shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyDecision {
+    /// `train`, `deploy N` (the index of the candidate deployed) or `keep`.
+    pub answer: String,
+    /// The policy's reason, as it gave it.
+    pub reason: String,
+    /// When, RFC 3339 (UTC).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub time: String,
+}
+
+/// A short digest of a policy's config, as [`PolicyStatus::config`] shows it.
+pub fn config_digest(config: Option<&serde_json::Value>) -> String {
+    use sha2::Digest as _;
+    let text = match config {
+        None | Some(serde_json::Value::Null) => "{}".to_owned(),
+        Some(value) => value.to_string(),
+    };
+    hex::encode(&sha2::Sha256::digest(text.as_bytes())[..6])
 }
 
 #[cfg(test)]

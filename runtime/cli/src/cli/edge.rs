@@ -26,9 +26,13 @@ use tokio::sync::{Notify, mpsc as async_mpsc, watch};
 
 #[derive(Args)]
 pub struct EdgeArgs {
-    /// Where the agent keeps its state (SQLite) and compile cache.
+    /// Where the agent keeps its state (SQLite).
     #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = "/var/lib/perennial")]
     state_dir: PathBuf,
+    /// The compile cache of policies, shared with `perennial plugin` and `run` (default
+    /// `$XDG_CACHE_HOME/perennial/policies` or `~/.cache/perennial/policies`).
+    #[arg(long, env = "PERENNIAL_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
     /// The operator's link, `wss://host:port/v1/link`: the node's jobs come from it.
     #[arg(long, env = "PERENNIAL_CLOUD_URL", required_unless_present = "jobs")]
     cloud_url: Option<String>,
@@ -106,7 +110,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         None => desired_jobs(&store)?.into_iter().map(|job| job.config).collect(),
     };
     let store = Arc::new(Mutex::new(store));
-    let host = PolicyHost::new(Some(args.state_dir.join("policy-cache")), None)?;
+    let host = PolicyHost::with_shared_cache(args.cache_dir.clone(), None)?;
     let settings = RunnerSettings {
         rootfs: args.rootfs_mount_dir.clone(),
         poll: Duration::from_millis(args.poll_ms.max(10)),
@@ -117,7 +121,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     for job in configs {
         match runner(&host, job.clone(), &settings).await {
             Ok(runner) => {
-                record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
+                agent::record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
                 running.by_name.insert(job.name.clone(), (runners.len(), job));
                 runners.push(runner);
             }
@@ -134,7 +138,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let wake = wakes.sender();
     let jobs_thread = {
         let (store, stop, outbox) = (store.clone(), stop.clone(), outbox.clone());
-        let swapper = agent::Swapper { host: host.clone(), runtime: tokio::runtime::Handle::current() };
+        let swapper = agent::Swapper::new(host.clone(), tokio::runtime::Handle::current());
         std::thread::Builder::new().name("jobs".into()).spawn(move || {
             agent::run_jobs(&store, &mut runners, &stop, wakes, &|| outbox.notify_one(), Some(&swapper))
         })?
@@ -309,7 +313,7 @@ async fn follow_desired(
                             tracing::info!(job = key, "the job came to this node");
                             // The jobs thread may hold the store a while: not on this runtime's thread.
                             tokio::task::block_in_place(|| {
-                                record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner)
+                                agent::record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner)
                             });
                             let index = running.next_index;
                             running.next_index += 1;
@@ -325,23 +329,6 @@ async fn follow_desired(
                     }
                 }
             }
-        }
-    }
-}
-
-/// Notes which policies serve a job just loaded, for its status on the cloud.
-fn record_serving(store: &mut Store, runner: &agent::JobRunner) {
-    let (job, policies) = (&runner.job, &runner.policies);
-    let mut serving = vec![
-        ("trigger", &job.trigger.plugin, policies.trigger.info().digest.clone()),
-        ("selector", &job.selector.plugin, policies.selector.info().digest.clone()),
-    ];
-    if let (Some(reference), Some(splitter)) = (&job.splitter, &policies.splitter) {
-        serving.push(("splitter", &reference.plugin, splitter.info().digest.clone()));
-    }
-    for (kind, plugin, digest) in serving {
-        if let Err(err) = edge::health::swapped(store, &job.name, kind, plugin, &digest, unix_now()) {
-            tracing::warn!(job = job.name, "recording the {kind} policy: {err}");
         }
     }
 }

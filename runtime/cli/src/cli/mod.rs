@@ -11,6 +11,8 @@ mod fetch;
 mod operator;
 #[cfg(feature = "edge")]
 mod plugin;
+#[cfg(feature = "edge")]
+mod plugin_new;
 #[cfg(feature = "embedded")]
 mod run;
 #[cfg(feature = "embedded")]
@@ -37,7 +39,7 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tools for policy plugin authors: check, call and benchmark a plugin.
+    /// Tools for policy plugin authors: start a project, check, call and benchmark a plugin.
     #[cfg(feature = "edge")]
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),

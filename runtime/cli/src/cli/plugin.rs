@@ -13,8 +13,25 @@ use perennial_policy::{
 use perennial_storage::S3Credentials;
 use serde::Deserialize;
 
+use super::plugin_new::{self, Lang, PolicyKind};
+
 #[derive(Subcommand)]
 pub enum PluginCommand {
+    /// Start a policy project outside this repository: the policy, native tests, the WIT
+    /// contract (and for Rust the SDK) vendored in, one build command, a README.
+    New {
+        /// The decision it makes.
+        #[arg(value_enum)]
+        kind: PolicyKind,
+        /// Its name: lower-case letters, digits, '-' and '_' (the crate, package or file name).
+        name: String,
+        /// The language.
+        #[arg(long, value_enum, default_value_t = Lang::Rust)]
+        lang: Lang,
+        /// Where to make it (default: ./NAME); must not exist, or be empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Load and verify a plugin: its world, package version, size and compile time.
     Check {
         #[command(flatten)]
@@ -118,6 +135,17 @@ fn events() -> Arc<dyn PolicyEvents> {
 
 pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     match command {
+        PluginCommand::New { kind, name, lang, dir } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let made = plugin_new::make(kind, &name, lang, &dir)?;
+            let lang = format!("{lang:?}").to_lowercase();
+            println!("made {}: the {} policy {name} in {lang}; next, in it:", made.dir.display(), kind.name());
+            for step in made.next_steps {
+                println!("  {step}");
+            }
+            println!("and see its README.md");
+            Ok(())
+        }
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,

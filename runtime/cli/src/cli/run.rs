@@ -22,6 +22,10 @@ pub struct RunArgs {
     /// point to (datasets, output dirs).
     #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = ".perennial")]
     state_dir: PathBuf,
+    /// The compile cache of policies, shared with `perennial plugin` and `edge` (default
+    /// `$XDG_CACHE_HOME/perennial/policies` or `~/.cache/perennial/policies`).
+    #[arg(long, env = "PERENNIAL_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
     /// Exit 0 once every job has completed this many rounds.
     #[arg(long, value_name = "N")]
     rounds: Option<u64>,
@@ -63,6 +67,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let options = RunOptions {
         paths: args.paths,
         state_dir: args.state_dir,
+        cache_dir: args.cache_dir,
         rounds: args.rounds,
         bind: SocketAddr::new(args.bind_address, args.bind_port),
         kb_server: args.kb_server,

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use perennial_api::{LifelongLearningJobStatus, Phase};
-use perennial_edge::rounds;
+use perennial_api::{LifelongLearningJobStatus, Phase, PolicyStatus};
 use perennial_edge::sqlite::Store;
+use perennial_edge::{health, rounds};
 use perennial_embedded::{progress::metrics, state};
 
 #[derive(Args)]
@@ -38,10 +38,21 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let jobs = state::jobs(&control)?;
     // Why each job waits, as the edge says it now (the status may predate its last look).
     let edge = args.state_dir.join("edge.db");
-    let waiting = if edge.exists() { rounds::waiting_reasons(&Store::open(&edge)?)? } else { Vec::new() };
+    let (waiting, healths) = match edge.exists() {
+        true => {
+            let edge = Store::open(&edge)?;
+            (rounds::waiting_reasons(&edge)?, health::all(&edge)?)
+        }
+        false => Default::default(),
+    };
     let mut rows = Vec::new();
     for (key, stored) in &jobs {
         let mut status = state::status(&control, key)?;
+        // The policies as the edge records them now: serving, failing, their last decisions.
+        for found in healths.iter().filter(|found| &found.job == key) {
+            health::apply_to(&mut status.policies, found);
+        }
+        status.policies.retain(|_, policy| !policy.plugin.is_empty());
         if status.phase == Some(Phase::Waiting)
             && let Some((_, why)) = waiting.iter().find(|(job, _)| job == key)
         {
@@ -96,15 +107,8 @@ fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
             continue;
         }
         let s = &rows[i - 1].1;
-        let policies: Vec<String> = s
-            .policies
-            .iter()
-            .map(|(kind, p)| {
-                format!("{kind} {} sha256:{} {:?}", p.plugin, p.digest.get(..12).unwrap_or(&p.digest), p.health)
-            })
-            .collect();
-        if !policies.is_empty() {
-            println!("  policies: {}", policies.join(" · "));
+        for (kind, p) in &s.policies {
+            print_policy(kind, p);
         }
         if s.retries > 0 {
             println!("  retries: {} in a row", s.retries);
@@ -113,5 +117,19 @@ fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
             let label = if s.phase == Some(Phase::Waiting) { "waiting" } else { "last" };
             println!("  {label}: {message}");
         }
+    }
+}
+
+/// A policy's lines: what serves (plugin, component and config digests, health), why it fails
+/// or was refused, and its last decision with its own reason.
+fn print_policy(kind: &str, p: &PolicyStatus) {
+    let digest = p.digest.get(..12).unwrap_or(&p.digest);
+    let config = if p.config.is_empty() { String::new() } else { format!(" config:{}", p.config) };
+    println!("  {kind:<8} {} sha256:{digest}{config} {:?}", p.plugin, p.health);
+    if let Some(message) = &p.message {
+        println!("           {message}");
+    }
+    if let Some(decision) = &p.last_decision {
+        println!("           last decision: {}, {} ({})", decision.answer, decision.reason, decision.time);
     }
 }

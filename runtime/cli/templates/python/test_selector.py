@@ -1,0 +1,23 @@
+"""Native tests of the policy: `python3 -m unittest` (no WebAssembly involved)."""
+
+import unittest
+
+from perennial_policy import ConfigError, Model
+from policy import Policy
+
+
+class PolicyTest(unittest.TestCase):
+    def test_deploys_the_best_candidate_that_beats_the_deployed_one(self):
+        policy = Policy('{"metric": "accuracy", "minDelta": 0.01}')
+        deployed = Model("m0", metrics={"accuracy": 0.90})
+        candidates = [Model("m1", metrics={"accuracy": 0.905}), Model("m2", metrics={"accuracy": 0.95})]
+        self.assertEqual(policy.select(deployed, candidates).deploy, 1)
+        self.assertIsNone(policy.select(deployed, candidates[:1]).deploy)
+
+    def test_a_bad_config_names_the_field(self):
+        with self.assertRaisesRegex(ConfigError, "^minDelta: "):
+            Policy('{"minDelta": -1}')
+
+
+if __name__ == "__main__":
+    unittest.main()

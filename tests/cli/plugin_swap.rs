@@ -1,0 +1,151 @@
+//! A hot swap to a Python policy (seconds to compile) while another job decides: the other job's
+//! decisions go on, and the swapping job keeps its serving policy until the new one is ready.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::plugin_authors::trigger_component;
+use crate::support::embedded::wait_exit;
+
+/// A job on `dataset` whose trigger never fires (only ingestion decides), workers that never run.
+fn job(name: &str, policy: &str) -> String {
+    let container = |role: &str| {
+        format!(
+            "      spec:\n        containers:\n          - name: {role}\n            image: none\n            command: [\"true\"]\n"
+        )
+    };
+    format!(
+        "apiVersion: sedna.io/v1alpha1
+kind: Dataset
+metadata: {{name: {name}, namespace: default}}
+spec: {{url: data/{name}/index.txt, format: txt, nodeName: local}}
+---
+apiVersion: sedna.io/v1alpha1
+kind: LifelongLearningJob
+metadata: {{name: {name}, namespace: default}}
+spec:
+  dataset: {{name: {name}, trainProb: 0.8}}
+  outputDir: output/{name}
+  trainSpec:
+    trigger:
+      condition: {{operator: '>=', threshold: 100000000, metric: num_of_samples}}{policy}
+    template:
+{}  evalSpec:
+    template:
+{}  deploySpec:
+    template:
+{}",
+        container("train"),
+        container("eval"),
+        container("inference")
+    )
+}
+
+/// The batches `job` committed, as the edge store says now.
+fn batches(edge: &Path, job: &str) -> i64 {
+    let Ok(db) = rusqlite::Connection::open_with_flags(edge, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) else {
+        return 0;
+    };
+    let _ = db.busy_timeout(Duration::from_millis(200));
+    db.query_row("SELECT COUNT(*) FROM batches WHERE job = ?1", [job], |r| r.get(0)).unwrap_or(0)
+}
+
+fn trigger_plugin(state: &Path, job: &str) -> Option<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["status", "--output", "json", "--state-dir"])
+        .arg(state)
+        .output()
+        .ok()?;
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let found = all.as_array()?.iter().find(|j| j["job"] == job)?;
+    found["status"]["policies"]["trigger"]["plugin"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
+    let python = trigger_component("python");
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state, cache) = (root.path().join("jobs"), root.path().join("state"), root.path().join("cache"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::write(manifests.join("steady.yaml"), job("steady", "")).unwrap();
+    std::fs::write(manifests.join("swapping.yaml"), job("swapping", "")).unwrap();
+    for name in ["steady", "swapping"] {
+        std::fs::create_dir_all(state.join(format!("data/{name}"))).unwrap();
+        std::fs::write(state.join(format!("data/{name}/index.txt")), "").unwrap();
+    }
+    let mut run = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .arg("run")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("PERENNIAL_CACHE_DIR", &cache)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // The steady job gets a sample every 10 ms: each one is a decision (split, trigger).
+    let feeding = Arc::new(AtomicBool::new(true));
+    let feeder = {
+        let (feeding, index) = (feeding.clone(), state.join("data/steady/index.txt"));
+        std::thread::spawn(move || {
+            let mut file = std::fs::OpenOptions::new().append(true).open(index).unwrap();
+            let mut n = 0;
+            while feeding.load(Ordering::Relaxed) {
+                writeln!(file, "sample {n}").unwrap();
+                n += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let edge = state.join("edge.db");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while batches(&edge, "default/steady") < 20 {
+        assert!(Instant::now() < deadline, "the steady job never decided");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // The swap: the swapping job's trigger becomes the Python component (never compiled here).
+    let reference = format!("file://{}", python.display());
+    let policy =
+        format!("\n      policy: {{plugin: {reference:?}, config: {{samples: 1000}}, limits: {{memoryMiB: 128}}}}");
+    std::fs::write(manifests.join("swapping.yaml"), job("swapping", &policy)).unwrap();
+    let swap_started = Instant::now();
+    let (mut last_count, mut last_change, mut longest) =
+        (batches(&edge, "default/steady"), Instant::now(), Duration::ZERO);
+    let mut checked = Instant::now();
+    loop {
+        assert!(swap_started.elapsed() < Duration::from_secs(120), "the swap never completed");
+        let count = batches(&edge, "default/steady");
+        if count != last_count {
+            longest = longest.max(last_change.elapsed());
+            (last_count, last_change) = (count, Instant::now());
+        }
+        if checked.elapsed() > Duration::from_millis(250) {
+            checked = Instant::now();
+            if trigger_plugin(&state, "default/swapping").as_deref() == Some(reference.as_str()) {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let swap_took = swap_started.elapsed();
+    longest = longest.max(last_change.elapsed());
+    feeding.store(false, Ordering::Relaxed);
+    feeder.join().unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("swap to Python took {swap_took:?}; the steady job's longest gap between decisions: {longest:?}");
+    // The compile takes seconds; a stall would show as a gap that long. Samples come every 10 ms.
+    assert!(
+        longest < Duration::from_millis(1000) && longest < swap_took / 2,
+        "the steady job stopped deciding for {longest:?} during a swap of {swap_took:?}"
+    );
+}

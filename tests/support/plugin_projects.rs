@@ -1,0 +1,68 @@
+#![allow(dead_code)] // each test or bench uses part of it
+//! Policy projects as a plugin author makes them: `perennial plugin new` in a folder outside
+//! the repository, then each language's own tools, exactly as the project's README says.
+//! A missing tool fails with how to install it (`.ci/run` installs them all).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs `program args` in `dir`; fails with its output when it fails. Returns stdout + stderr.
+pub fn run_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(dir);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().unwrap_or_else(|err| {
+        panic!("{program}: {err} (plugin authors' tools must be on PATH: see .ci/run for how it installs them)")
+    });
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{program} {args:?} in {} failed:\n{text}", dir.display());
+    text
+}
+
+/// `perennial plugin new KIND NAME --lang LANG` run in `root`; returns the project's folder.
+pub fn new_project(perennial: &Path, root: &Path, kind: &str, lang: &str, name: &str) -> PathBuf {
+    run_in(root, perennial.to_str().unwrap(), &["plugin", "new", kind, name, "--lang", lang], &[]);
+    let dir = root.join(name);
+    assert!(dir.join("README.md").is_file(), "plugin new made no README in {}", dir.display());
+    dir
+}
+
+/// Runs the project's native tests (as its README says); returns their output.
+pub fn native_tests(lang: &str, dir: &Path, cargo_target: &Path) -> String {
+    match lang {
+        "rust" => run_in(dir, "cargo", &["test"], &[("CARGO_TARGET_DIR", cargo_target)]),
+        "python" => run_in(dir, "python3", &["-m", "unittest"], &[]),
+        "js" => {
+            run_in(dir, "npm", &["install", "--no-audit", "--no-fund"], &[]);
+            run_in(dir, "npm", &["test"], &[])
+        }
+        other => panic!("no language {other}"),
+    }
+}
+
+/// Builds the component with the README's command; returns its path.
+pub fn build(lang: &str, kind: &str, dir: &Path, name: &str, cargo_target: &Path) -> PathBuf {
+    let file = format!("{}.wasm", name.replace('-', "_"));
+    match lang {
+        "rust" => {
+            let env = [("CARGO_TARGET_DIR", cargo_target)];
+            run_in(dir, "cargo", &["build", "--release", "--target", "wasm32-wasip2"], &env);
+            cargo_target.join("wasm32-wasip2/release").join(file)
+        }
+        "python" => {
+            let world = format!("{kind}-policy");
+            run_in(dir, "componentize-py", &["-d", "wit", "-w", &world, "componentize", "app", "-o", &file], &[]);
+            dir.join(file)
+        }
+        "js" => {
+            if !dir.join("node_modules").exists() {
+                run_in(dir, "npm", &["install", "--no-audit", "--no-fund"], &[]);
+            }
+            run_in(dir, "npm", &["run", "build"], &[]);
+            dir.join(file)
+        }
+        other => panic!("no language {other}"),
+    }
+}
