@@ -149,3 +149,31 @@ fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
         "the steady job stopped deciding for {longest:?} during a swap of {swap_took:?}"
     );
 }
+
+/// `perennial run` compiles a new component in a child process: a component that does not
+/// compile is refused with the compiler's own words, naming the plugin and the step.
+#[test]
+fn a_component_that_does_not_compile_is_refused_with_the_compilers_words() {
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    let bad = root.path().join("bad.wasm");
+    std::fs::write(&bad, b"\0asm\x0d\0\x01\0truncated").unwrap();
+    let policy = format!("\n      policy: {{plugin: \"file://{}\"}}", bad.display());
+    std::fs::write(manifests.join("bad.yaml"), job("bad", &policy)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .arg("run")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("PERENNIAL_CACHE_DIR", root.path().join("cache"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let expected = format!(
+        "job default/bad: loading the policy failed at step `compile`: {} is not a valid WebAssembly component: failed to parse WebAssembly module",
+        bad.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}

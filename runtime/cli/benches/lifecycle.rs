@@ -125,6 +125,7 @@ fn main() {
     let stop = Arc::new(AtomicBool::new(false));
     let options = RunOptions {
         reaper: None,
+        compiler: None,
         paths: vec![dir.clone()],
         state_dir: state.clone(),
         cache_dir: None,

@@ -49,6 +49,9 @@ pub struct RunOptions {
     /// The `perennial` binary, to start `perennial reap` with: whatever a worker started dies
     /// with the run even on kill -9. None: only the workers' direct children do.
     pub reaper: Option<PathBuf>,
+    /// The `perennial` binary, to compile new policies in a child process with: a compile's
+    /// memory then never stays in the run. None: compiles stay in this process.
+    pub compiler: Option<PathBuf>,
 }
 
 /// How a run ended.
@@ -109,6 +112,9 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let mut edge_store = Store::open(&state_dir.join("edge.db"))?;
     let host =
         PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
+    if let Some(exe) = &options.compiler {
+        host.compile_in_child_process(exe.clone());
+    }
     let s3 = S3Credentials::from_env();
     let mut controlled = Vec::new();
     let mut runners = Vec::new();

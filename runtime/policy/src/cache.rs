@@ -33,6 +33,10 @@ impl DiskCache {
         Ok(DiskCache { dir, engine_key: format!("{:016x}", hasher.finish()) })
     }
 
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn path(&self, digest: &str) -> PathBuf {
         self.dir.join(format!("{digest}-{}.cwasm", self.engine_key))
     }

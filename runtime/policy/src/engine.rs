@@ -14,6 +14,7 @@ use wasmtime::{Config, Engine};
 use super::bindings::{Kind, batch_data, host};
 use super::builtin;
 use super::cache::DiskCache;
+use super::compiler::compile_in_child;
 use super::error::{LoadError, PolicyError, Step, one_line};
 use super::instance::{Policy, PolicyInfo};
 use super::reference::{PolicyRef, Source, ValidRef};
@@ -27,11 +28,34 @@ pub const COMPONENT_READ: storage::ReadLimit =
 /// How often the epoch advances: the resolution of per-call deadlines.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
-/// The process's engine. Its settings are fixed, so compiled code can be shared and cached.
+/// How the process compiles policies. Set once, before the first policy loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompileMode {
+    /// On every core: the `plugin` tools, where an author waits for the answer.
+    Foreground,
+    /// On one low-priority thread per load: `run` and `edge`, where a compile (seconds for a
+    /// Python component) must never take a core from the running jobs' decisions.
+    Background,
+}
+
+static COMPILE_MODE: OnceLock<CompileMode> = OnceLock::new();
+
+/// Sets how this process compiles policies (the first call wins; the default is foreground).
+pub fn set_compile_mode(mode: CompileMode) {
+    let _ = COMPILE_MODE.set(mode);
+}
+
+fn compile_mode() -> CompileMode {
+    *COMPILE_MODE.get_or_init(|| CompileMode::Foreground)
+}
+
+/// The process's engine. Its settings are fixed, so compiled code can be shared and cached
+/// (parallel compilation changes no code: a cache entry serves both modes).
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
         let mut config = Config::new();
+        config.parallel_compilation(compile_mode() == CompileMode::Foreground);
         config.epoch_interruption(true);
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
         let engine = Engine::new(&config).expect("the policy engine settings are valid");
@@ -72,6 +96,8 @@ struct Inner {
     disk: Option<DiskCache>,
     compiled: Mutex<HashMap<String, Arc<Compiled>>>,
     s3: Option<S3Credentials>,
+    /// The binary that compiles in a child process, when the host does so (`run`, `edge`).
+    compiler: OnceLock<PathBuf>,
 }
 
 /// Loads policies. Cheap to clone; clones share the compile cache.
@@ -91,7 +117,8 @@ impl PolicyHost {
         host::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         batch_data::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         let disk = cache_dir.map(|dir| DiskCache::new(dir, engine)).transpose()?;
-        Ok(PolicyHost { inner: Arc::new(Inner { linker, disk, compiled: Mutex::new(HashMap::new()), s3 }) })
+        let compiled = Mutex::new(HashMap::new());
+        Ok(PolicyHost { inner: Arc::new(Inner { linker, disk, compiled, s3, compiler: OnceLock::new() }) })
     }
 
     /// A host with the compile cache in `dir`, or the one every subcommand shares by default
@@ -113,6 +140,21 @@ impl PolicyHost {
         }
     }
 
+    /// Compiles new components in a child process running `exe` (this program), into the disk
+    /// cache, and loads them from there ([`crate::compiler`]). Without a disk cache, compiles
+    /// stay in this process.
+    pub fn compile_in_child_process(&self, exe: PathBuf) {
+        let _ = self.inner.compiler.set(exe);
+    }
+
+    /// Compiles `bytes` into the disk cache, as the child process of
+    /// [`PolicyHost::compile_in_child_process`] does; returns the component's digest.
+    pub fn compile_into_cache(&self, bytes: &[u8]) -> Result<String, LoadError> {
+        let digest = hex::encode(Sha256::digest(bytes));
+        self.compile("the component", &digest, bytes)?;
+        Ok(digest)
+    }
+
     /// Loads a policy: checks the reference, fetches the component, verifies its digest,
     /// compiles it (or takes it from the cache), instantiates it and configures it. The error
     /// names the step that failed.
@@ -124,9 +166,26 @@ impl PolicyHost {
         let valid = reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
         let bytes = self.fetch(&valid.source).await?;
         let host = self.clone();
-        tokio::task::spawn_blocking(move || host.load_bytes::<K>(&valid, &bytes, events)).await.unwrap_or_else(|join| {
-            Err(LoadError::new(Step::Compile, PolicyError::Trap(format!("the loader stopped: {join}"))))
-        })
+        let load = move || host.load_bytes::<K>(&valid, &bytes, events);
+        let stopped =
+            |why: String| LoadError::new(Step::Compile, PolicyError::Trap(format!("the loader stopped: {why}")));
+        match compile_mode() {
+            CompileMode::Foreground => {
+                tokio::task::spawn_blocking(load).await.unwrap_or_else(|join| Err(stopped(join.to_string())))
+            }
+            CompileMode::Background => {
+                let (done, loaded) = tokio::sync::oneshot::channel();
+                std::thread::Builder::new()
+                    .name("policy-load".into())
+                    .spawn(move || {
+                        lower_this_threads_priority();
+                        let _ = done.send(load());
+                        release_freed_memory();
+                    })
+                    .map_err(|err| stopped(err.to_string()))?;
+                loaded.await.unwrap_or_else(|_| Err(stopped("it panicked".into())))
+            }
+        }
     }
 
     /// Fetches a component's bytes (at most [`COMPONENT_READ`]: a Python component is ~18 MB).
@@ -239,16 +298,24 @@ impl PolicyHost {
         let component = match cached {
             Some(component) => component,
             None => {
-                let component = Component::from_binary(engine, bytes).map_err(|err| {
-                    LoadError::new(
-                        Step::Compile,
-                        PolicyError::Compile { plugin: source.to_owned(), message: one_line(&format!("{err:#}")) },
-                    )
-                })?;
-                if let Some(disk) = &self.inner.disk {
-                    disk.store(digest, &component);
+                let failed = |message: String| {
+                    LoadError::new(Step::Compile, PolicyError::Compile { plugin: source.to_owned(), message })
+                };
+                match (&self.inner.disk, self.inner.compiler.get()) {
+                    (Some(disk), Some(exe)) => {
+                        compile_in_child(exe, disk.dir(), bytes).map_err(failed)?;
+                        disk.load(engine, digest)
+                            .ok_or_else(|| failed("the compiler's cache entry cannot be loaded".into()))?
+                    }
+                    (disk, _) => {
+                        let component = Component::from_binary(engine, bytes)
+                            .map_err(|err| failed(one_line(&format!("{err:#}"))))?;
+                        if let Some(disk) = disk {
+                            disk.store(digest, &component);
+                        }
+                        component
+                    }
                 }
-                component
             }
         };
         let pre = self.inner.linker.instantiate_pre(&component).map_err(|err| {
@@ -275,6 +342,26 @@ impl PolicyHost {
     /// Where the on-disk cache keeps `digest`, if there is a disk cache.
     pub fn disk_cache_path(&self, digest: &str) -> Option<PathBuf> {
         self.inner.disk.as_ref().map(|disk| disk.path(digest))
+    }
+}
+
+/// Makes the calling thread the last to get a core (nice 10): a background compile then takes
+/// only what the jobs leave.
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority on this thread's own id; raising one's nice value needs no privilege.
+    unsafe {
+        let _ = libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+    }
+}
+
+/// Hands memory freed since (a compile's working set) back to the system, so that a node sees
+/// the process's steady size rather than its peak.
+pub fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

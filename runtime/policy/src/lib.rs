@@ -11,6 +11,7 @@
 mod bindings;
 pub mod builtin;
 mod cache;
+pub mod compiler;
 mod engine;
 mod error;
 mod instance;
@@ -24,7 +25,10 @@ mod types;
 
 pub use bindings::{Kind, SelectorKind, SplitterKind, TriggerKind};
 pub use cache::default_dir as default_cache_dir;
-pub use engine::{EPOCH_TICK, Inspection, PolicyHost, engine, exported_interfaces};
+pub use engine::{
+    COMPONENT_READ, CompileMode, EPOCH_TICK, Inspection, PolicyHost, engine, exported_interfaces, release_freed_memory,
+    set_compile_mode,
+};
 pub use error::{LoadError, PolicyError, Step};
 pub use instance::{Policy, PolicyInfo, SelectorPolicy, SplitterPolicy, TriggerPolicy};
 pub use reference::{BUILTIN_POLICIES, Limits, OnError, PolicyRef, Source, ValidRef, parse_source};

@@ -91,6 +91,9 @@ impl RunnerSettings {
 }
 
 pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
+    // Jobs decide while policies compile: a compile gets one low-priority thread, never a core
+    // the decisions need.
+    perennial_policy::set_compile_mode(perennial_policy::CompileMode::Background);
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}: cannot create it", args.state_dir.display()))?;
     let link = args.cloud_url.as_ref().map(|url| link_settings(url, &args)).transpose()?;
@@ -111,6 +114,9 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     };
     let store = Arc::new(Mutex::new(store));
     let host = PolicyHost::with_shared_cache(args.cache_dir.clone(), None)?;
+    if let Ok(exe) = std::env::current_exe() {
+        host.compile_in_child_process(exe);
+    }
     let settings = RunnerSettings {
         rootfs: args.rootfs_mount_dir.clone(),
         poll: Duration::from_millis(args.poll_ms.max(10)),
@@ -131,7 +137,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         }
     }
     running.next_index = runners.len();
-    release_freed_memory();
+    perennial_policy::release_freed_memory();
     let outbox = Arc::new(Notify::new());
     let stop = Arc::new(AtomicBool::new(false));
     let wakes = agent::Wakes::new();
@@ -143,7 +149,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
             agent::run_jobs(&store, &mut runners, &stop, wakes, &|| outbox.notify_one(), Some(&swapper))
         })?
     };
-    release_freed_memory();
+    perennial_policy::release_freed_memory();
     let (stop_link, link_stopped) = watch::channel(false);
     let link_task = link.map(|link| {
         let (changes, changed) = async_mpsc::unbounded_channel();
@@ -320,7 +326,7 @@ async fn follow_desired(
                             running.by_name.insert(key.clone(), (index, config));
                             let _ = wake.send(Wake::Add(Box::new(runner)));
                             // Compiling the policies used memory the idle job does not need.
-                            release_freed_memory();
+                            perennial_policy::release_freed_memory();
                         }
                         Err(err) => {
                             running.by_name.remove(key);
@@ -363,14 +369,4 @@ async fn queue_status_changes(store: Arc<Mutex<Store>>, outbox: Arc<Notify>) {
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Hands memory freed after start-up (compiling policies) back to the system, so that a small
-/// edge node sees the agent's steady size.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }

@@ -32,6 +32,13 @@ pub enum PluginCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Compiles a component read from stdin into the compile cache: the child process that
+    /// `run` and `edge` compile in.
+    #[command(name = "compile-into-cache", hide = true)]
+    CompileIntoCache {
+        #[arg(long)]
+        cache_dir: PathBuf,
+    },
     /// Load and verify a plugin: its world, package version, size and compile time.
     Check {
         #[command(flatten)]
@@ -146,9 +153,30 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             println!("and see its README.md");
             Ok(())
         }
+        PluginCommand::CompileIntoCache { cache_dir } => compile_into_cache(cache_dir),
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
+    }
+}
+
+/// `plugin compile-into-cache`: one component from stdin (as large as a fetch may be), compiled
+/// on one thread of this low-priority process into `cache_dir`.
+fn compile_into_cache(cache_dir: PathBuf) -> anyhow::Result<()> {
+    use std::io::Read;
+    policy::set_compile_mode(policy::CompileMode::Background);
+    let limit = policy::COMPONENT_READ.max_bytes;
+    let mut bytes = Vec::new();
+    std::io::stdin().take(limit + 1).read_to_end(&mut bytes).context("reading the component")?;
+    if bytes.len() as u64 > limit {
+        bail!("the component is larger than {} MiB", limit >> 20);
+    }
+    let host = PolicyHost::new(Some(cache_dir), None).context("cannot open the compile cache")?;
+    // The compiler's own words: the host that started this process names the plugin and step.
+    match host.compile_into_cache(&bytes) {
+        Ok(_) => Ok(()),
+        Err(policy::LoadError { error: policy::PolicyError::Compile { message, .. }, .. }) => bail!("{message}"),
+        Err(err) => Err(err.into()),
     }
 }
 

@@ -50,6 +50,9 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Jobs decide while policies compile: a compile gets one low-priority thread, never a core
+    // the decisions need.
+    perennial_policy::set_compile_mode(perennial_policy::CompileMode::Background);
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -80,6 +83,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ..Settings::default()
         },
         reaper: std::env::current_exe().ok(),
+        compiler: std::env::current_exe().ok(),
     };
     match embedded::run(options, stop).await? {
         RunEnd::RoundsDone => tracing::info!("done: every job completed the rounds asked for"),

@@ -1,0 +1,57 @@
+//! Compiling a component in a child process (`perennial plugin compile-into-cache`): the child
+//! compiles into the disk cache and exits; the host loads the entry. A compile's working set
+//! (hundreds of MB for a Python component) then never stays in a long-running host, a compiler
+//! that crashes or runs out of memory ends only the child, and the whole child runs at a low
+//! priority, beside the decisions of running jobs.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// The hidden subcommand a child compiles with.
+pub const SUBCOMMAND: [&str; 2] = ["plugin", "compile-into-cache"];
+
+/// Compiles `bytes` with `exe` into the cache folder `cache_dir`. The error is the child's
+/// own message, or how it ended.
+pub fn compile_in_child(exe: &Path, cache_dir: &Path, bytes: &[u8]) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(exe);
+    command
+        .args(SUBCOMMAND)
+        .arg("--cache-dir")
+        .arg(cache_dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe calls between fork and exec: prctl and setpriority.
+    unsafe {
+        command.pre_exec(|| {
+            #[cfg(target_os = "linux")]
+            {
+                // The child dies with its parent: no orphan compile.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|err| format!("cannot start the compiler {}: {err}", exe.display()))?;
+    let written = child.stdin.take().map(|mut stdin| stdin.write_all(bytes));
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        // Bounded: a message, not a flood.
+        let _ = pipe.by_ref().take(64 << 10).read_to_string(&mut stderr);
+    }
+    let status = child.wait().map_err(|err| format!("the compiler: {err}"))?;
+    let message = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or_default().to_owned();
+    match (status.success(), written) {
+        (true, Some(Ok(()))) => Ok(()),
+        (true, _) => Err("the compiler did not take the component".into()),
+        (false, _) => Err(match (status.code(), message.is_empty()) {
+            (_, false) => message.trim_start_matches("perennial: ").to_owned(),
+            (Some(code), true) => format!("the compiler exited with code {code}"),
+            (None, true) => format!("the compiler was killed ({status}): out of memory?"),
+        }),
+    }
+}
