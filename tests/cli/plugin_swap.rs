@@ -10,40 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::plugin_authors::trigger_component;
 use crate::support::embedded::wait_exit;
-
-/// A job on `dataset` whose trigger never fires (only ingestion decides), workers that never run.
-fn job(name: &str, policy: &str) -> String {
-    let container = |role: &str| {
-        format!(
-            "      spec:\n        containers:\n          - name: {role}\n            image: none\n            command: [\"true\"]\n"
-        )
-    };
-    format!(
-        "apiVersion: sedna.io/v1alpha1
-kind: Dataset
-metadata: {{name: {name}, namespace: default}}
-spec: {{url: data/{name}/index.txt, format: txt, nodeName: local}}
----
-apiVersion: sedna.io/v1alpha1
-kind: LifelongLearningJob
-metadata: {{name: {name}, namespace: default}}
-spec:
-  dataset: {{name: {name}, trainProb: 0.8}}
-  outputDir: output/{name}
-  trainSpec:
-    trigger:
-      condition: {{operator: '>=', threshold: 100000000, metric: num_of_samples}}{policy}
-    template:
-{}  evalSpec:
-    template:
-{}  deploySpec:
-    template:
-{}",
-        container("train"),
-        container("eval"),
-        container("inference")
-    )
-}
+use crate::support::plugin_projects::never_training_job;
 
 /// The batches `job` committed, as the edge store says now.
 fn batches(edge: &Path, job: &str) -> i64 {
@@ -71,8 +38,8 @@ fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
     let root = tempfile::tempdir().unwrap();
     let (manifests, state, cache) = (root.path().join("jobs"), root.path().join("state"), root.path().join("cache"));
     std::fs::create_dir_all(&manifests).unwrap();
-    std::fs::write(manifests.join("steady.yaml"), job("steady", "")).unwrap();
-    std::fs::write(manifests.join("swapping.yaml"), job("swapping", "")).unwrap();
+    std::fs::write(manifests.join("steady.yaml"), never_training_job("steady", None)).unwrap();
+    std::fs::write(manifests.join("swapping.yaml"), never_training_job("swapping", None)).unwrap();
     for name in ["steady", "swapping"] {
         std::fs::create_dir_all(state.join(format!("data/{name}"))).unwrap();
         std::fs::write(state.join(format!("data/{name}/index.txt")), "").unwrap();
@@ -112,9 +79,8 @@ fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
 
     // The swap: the swapping job's trigger becomes the Python component (never compiled here).
     let reference = format!("file://{}", python.display());
-    let policy =
-        format!("\n      policy: {{plugin: {reference:?}, config: {{samples: 1000}}, limits: {{memoryMiB: 128}}}}");
-    std::fs::write(manifests.join("swapping.yaml"), job("swapping", &policy)).unwrap();
+    let policy = format!("{{plugin: {reference:?}, config: {{samples: 1000}}, limits: {{memoryMiB: 128}}}}");
+    std::fs::write(manifests.join("swapping.yaml"), never_training_job("swapping", Some(&policy))).unwrap();
     let swap_started = Instant::now();
     let (mut last_count, mut last_change, mut longest) =
         (batches(&edge, "default/steady"), Instant::now(), Duration::ZERO);
@@ -159,8 +125,8 @@ fn a_component_that_does_not_compile_is_refused_with_the_compilers_words() {
     std::fs::create_dir_all(&manifests).unwrap();
     let bad = root.path().join("bad.wasm");
     std::fs::write(&bad, b"\0asm\x0d\0\x01\0truncated").unwrap();
-    let policy = format!("\n      policy: {{plugin: \"file://{}\"}}", bad.display());
-    std::fs::write(manifests.join("bad.yaml"), job("bad", &policy)).unwrap();
+    let policy = format!("{{plugin: \"file://{}\"}}", bad.display());
+    std::fs::write(manifests.join("bad.yaml"), never_training_job("bad", Some(&policy))).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
         .arg("run")
         .arg(&manifests)

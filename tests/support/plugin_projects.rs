@@ -66,3 +66,38 @@ pub fn build(lang: &str, kind: &str, dir: &Path, name: &str, cargo_target: &Path
         other => panic!("no language {other}"),
     }
 }
+
+/// A job whose trigger (`policy`, a YAML flow mapping, or none) never fires: only ingestion decides.
+pub fn never_training_job(name: &str, policy: Option<&str>) -> String {
+    let container = |role: &str| {
+        format!(
+            "      spec:\n        containers:\n          - name: {role}\n            image: none\n            command: [\"true\"]\n"
+        )
+    };
+    let policy = policy.map(|p| format!("\n      policy: {p}")).unwrap_or_default();
+    format!(
+        "apiVersion: sedna.io/v1alpha1
+kind: Dataset
+metadata: {{name: {name}, namespace: default}}
+spec: {{url: data/{name}/index.txt, format: txt, nodeName: local}}
+---
+apiVersion: sedna.io/v1alpha1
+kind: LifelongLearningJob
+metadata: {{name: {name}, namespace: default}}
+spec:
+  dataset: {{name: {name}, trainProb: 0.8}}
+  outputDir: output/{name}
+  trainSpec:
+    trigger:
+      condition: {{operator: '>=', threshold: 100000000, metric: num_of_samples}}{policy}
+    template:
+{}  evalSpec:
+    template:
+{}  deploySpec:
+    template:
+{}",
+        container("train"),
+        container("eval"),
+        container("inference")
+    )
+}

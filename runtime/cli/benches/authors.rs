@@ -88,41 +88,6 @@ fn rss_mib(pid: u32) -> f64 {
     kb / 1024.0
 }
 
-/// A job whose trigger (`policy`, a YAML flow mapping, or none) never fires: only ingestion decides.
-fn job(name: &str, policy: Option<&str>) -> String {
-    let container = |role: &str| {
-        format!(
-            "      spec:\n        containers:\n          - name: {role}\n            image: none\n            command: [\"true\"]\n"
-        )
-    };
-    let policy = policy.map(|p| format!("\n      policy: {p}")).unwrap_or_default();
-    format!(
-        "apiVersion: sedna.io/v1alpha1
-kind: Dataset
-metadata: {{name: {name}, namespace: default}}
-spec: {{url: data/{name}/index.txt, format: txt, nodeName: local}}
----
-apiVersion: sedna.io/v1alpha1
-kind: LifelongLearningJob
-metadata: {{name: {name}, namespace: default}}
-spec:
-  dataset: {{name: {name}, trainProb: 0.8}}
-  outputDir: output/{name}
-  trainSpec:
-    trigger:
-      condition: {{operator: '>=', threshold: 100000000, metric: num_of_samples}}{policy}
-    template:
-{}  evalSpec:
-    template:
-{}  deploySpec:
-    template:
-{}",
-        container("train"),
-        container("eval"),
-        container("inference")
-    )
-}
-
 struct Run {
     root: tempfile::TempDir,
     child: std::process::Child,
@@ -134,7 +99,8 @@ impl Run {
         let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
         std::fs::create_dir_all(&manifests).unwrap();
         for (name, policy) in jobs {
-            std::fs::write(manifests.join(format!("{name}.yaml")), job(name, *policy)).unwrap();
+            std::fs::write(manifests.join(format!("{name}.yaml")), plugin_projects::never_training_job(name, *policy))
+                .unwrap();
             std::fs::create_dir_all(state.join(format!("data/{name}"))).unwrap();
             std::fs::write(state.join(format!("data/{name}/index.txt")), "").unwrap();
         }
@@ -233,7 +199,8 @@ fn swap_gap(python: &Path) -> (Duration, Duration) {
     let before = run.trigger_digest("default/swapping");
     let policy =
         format!("{{plugin: \"file://{}\", config: {{samples: 1000}}, limits: {{memoryMiB: 128}}}}", python.display());
-    std::fs::write(run.path("jobs/swapping.yaml"), job("swapping", Some(&policy))).unwrap();
+    std::fs::write(run.path("jobs/swapping.yaml"), plugin_projects::never_training_job("swapping", Some(&policy)))
+        .unwrap();
     let started = Instant::now();
     let (mut count, mut changed, mut longest) = (run.batches("default/steady"), Instant::now(), Duration::ZERO);
     let mut looked = Instant::now();
