@@ -143,3 +143,63 @@ fn a_component_that_does_not_compile_is_refused_with_the_compilers_words() {
     );
     assert!(stderr.contains(&expected), "{stderr}");
 }
+
+/// The author's edit loop: a `file://` policy rebuilt under the same reference is loaded again
+/// and swapped in (its new digest serving), with no edit of the job.
+#[test]
+fn a_rebuilt_policy_file_swaps_in_without_an_edit_of_the_job() {
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(state.join("data/edited")).unwrap();
+    std::fs::write(state.join("data/edited/index.txt"), "").unwrap();
+    // The first build: the repository's count-or-age example (its config fits both builds).
+    let file = root.path().join("trigger.wasm");
+    let first = perennial_policy::builtin::built_plugin_path("count-or-age-trigger").unwrap();
+    std::fs::copy(first, &file).unwrap();
+    let reference = format!("file://{}", file.display());
+    let policy = format!("{{plugin: {reference:?}, config: {{samples: 1000, maxAgeHours: 1}}}}");
+    std::fs::write(manifests.join("edited.yaml"), never_training_job("edited", Some(&policy))).unwrap();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .arg("run")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("PERENNIAL_CACHE_DIR", root.path().join("cache"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let digest = |path: &Path| {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+    };
+    let serving = || trigger_digest(&state.join("edge.db"), "default/edited");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serving() != Some(digest(&file)) {
+        assert!(Instant::now() < deadline, "the first build never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The rebuild: another component under the same path, written as a build writes it.
+    let rebuilt = trigger_component("rust");
+    std::fs::copy(rebuilt, &file).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while serving() != Some(digest(rebuilt)) {
+        assert!(Instant::now() < deadline, "the rebuilt file never served (serving {:?})", serving());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("a policy file changed: loading it again"), "{stderr}");
+}
+
+/// The digest of the job's serving trigger, as the edge records it.
+fn trigger_digest(edge: &Path, job: &str) -> Option<String> {
+    let db = rusqlite::Connection::open_with_flags(edge, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).ok()?;
+    let _ = db.busy_timeout(Duration::from_millis(200));
+    db.query_row("SELECT digest FROM policy_health WHERE job = ?1 AND kind = 'trigger'", [job], |r| r.get(0)).ok()
+}

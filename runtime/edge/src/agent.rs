@@ -212,7 +212,8 @@ pub fn run_jobs(
                         runner.job.spec.eval_set_size = config.spec.eval_set_size;
                         plugin_files[i] = PluginFiles::of(&config);
                         swaps_asked[i] += 1;
-                        swapper.start(i, swaps_asked[i], &runner.job, *config, false, waker.clone());
+                        // Policy files are read again too: an edit overtakes a reload in flight.
+                        swapper.start(i, swaps_asked[i], &runner.job, *config, true, waker.clone());
                         due[i] = Instant::now();
                     }
                 }
@@ -289,8 +290,8 @@ pub struct Swapper {
     loads: Arc<tokio::sync::Semaphore>,
 }
 
-/// Policy loads (fetch, verify, compile, configure) that may run at once: a compile already
-/// uses every core, and each one holds its compiler's memory until it ends.
+/// Policy loads (fetch, verify, compile, configure) that may run at once: a compile takes a
+/// core and, at its peak, hundreds of MB (a Python component) until it ends.
 pub const CONCURRENT_LOADS: usize = 1;
 
 impl Swapper {
