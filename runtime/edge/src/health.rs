@@ -125,6 +125,15 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
     };
 }
 
+/// A job's policies as its status shows them: `policies` with the job's recorded healths folded
+/// in, and without the kinds that have no plugin (Sedna's split, computed natively).
+pub fn apply_job(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, healths: &[Health], job: &str) {
+    for found in healths.iter().filter(|found| found.job == job) {
+        apply_to(policies, found);
+    }
+    policies.retain(|_, policy| !policy.plugin.is_empty());
+}
+
 /// Every recorded health.
 pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
     let mut statement = store.conn().prepare(

@@ -342,7 +342,7 @@ pub fn eval_waiting(
         output: None,
         reason: None,
     };
-    commit_report(store, job, &format!("{round}/Eval"), Stage::Eval, &report, None, None, clock)?;
+    commit_report(store, &report, None, None, clock)?;
     Ok(Outcome::Reported(Box::new(report)))
 }
 
@@ -376,13 +376,11 @@ pub fn deploy_waiting(
         output: None,
         reason: Some(choice.reason),
     };
-    let decided = match choice.deploy {
-        Some(i) => (format!("deploy {i}"), report.reason.clone().unwrap_or_default()),
-        None => ("keep".to_owned(), report.reason.clone().unwrap_or_default()),
-    };
-    let decided = Some((decided.0.as_str(), decided.1.as_str()));
+    let answer = choice.deploy.map_or_else(|| "keep".to_owned(), |i| format!("deploy {i}"));
+    let reason = report.reason.clone().unwrap_or_default();
+    let decided = Some((answer.as_str(), reason.as_str()));
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
-        commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, decided, clock)?;
+        commit_report(store, &report, None, decided, clock)?;
         return Ok(Outcome::Reported(Box::new(report)));
     };
     let deploy_path = "deploy/index.pkl";
@@ -398,30 +396,28 @@ pub fn deploy_waiting(
             };
             report.status = Phase::Ready;
             report.input = Some(Input { models: vec![deployed.clone()], ..Input::default() });
-            let acted = format!("{round}/Deploy");
-            commit_report(store, job, &acted, Stage::Deploy, &report, Some(&deployed), decided, clock)?;
+            commit_report(store, &report, Some(&deployed), decided, clock)?;
         }
         Err(cause) => {
             report.status = Phase::Failed;
             report.reason = Some(format!("copying {} to {deploy_path} failed: {cause}", chosen.url));
-            commit_report(store, job, &format!("{round}/Deploy"), Stage::Deploy, &report, None, decided, clock)?;
+            commit_report(store, &report, None, decided, clock)?;
         }
     }
     Ok(Outcome::Reported(Box::new(report)))
 }
 
-/// Commits a step's report, with the selector's decision (answer, reason) when it made one.
-#[allow(clippy::too_many_arguments)]
+/// Commits a step's report (its job, round and stage are the step acted on), with the model
+/// deployed and the selector's decision (answer, reason) when there are.
 fn commit_report(
     store: &mut Store,
-    job: &str,
-    acted: &str,
-    stage: Stage,
     report: &Report,
     deployed: Option<&Model>,
     decided: Option<(&str, &str)>,
     clock: Clock,
 ) -> Result<(), RoundError> {
+    let (job, stage) = (report.job.as_str(), report.phase);
+    let acted = format!("{}/{stage}", report.round);
     let tx = store.write()?;
     if let Some((answer, reason)) = decided {
         super::health::decided(&tx, job, "selector", answer, reason, clock.now)?;

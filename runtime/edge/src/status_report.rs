@@ -41,10 +41,7 @@ pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Re
     let mut next = SentPolicies::new();
     for (job, uid) in jobs {
         let mut policies = BTreeMap::new();
-        for found in healths.iter().filter(|h| h.job == job) {
-            health::apply_to(&mut policies, found);
-        }
-        policies.retain(|_, policy: &mut PolicyStatus| !policy.plugin.is_empty());
+        health::apply_job(&mut policies, &healths, &job);
         if sent.get(&job) != Some(&policies) && !policies.is_empty() {
             let body = json!({"job": job, "jobUid": uid, "policies": policies}).to_string();
             tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![job, body, now as i64])?;

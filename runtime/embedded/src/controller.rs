@@ -187,11 +187,7 @@ impl Controller {
             let worker = workers.observe(&job.key, stage, job.status.round);
             let observed = Observations { reports, worker };
             let mut status = job.status.clone();
-            for found in healths.iter().filter(|h| h.job == job.key) {
-                health::apply_to(&mut status.policies, found);
-            }
-            // A splitter swapped out for Sedna's rule (computed natively) has no plugin.
-            status.policies.retain(|_, policy| !policy.plugin.is_empty());
+            health::apply_job(&mut status.policies, &healths, &job.key);
             // Waiting on the edge: say why (the trigger's reason, a held policy).
             if status.phase == Some(Phase::Waiting)
                 && let Some((_, why)) = waiting.iter().find(|(name, _)| *name == job.key)

@@ -146,9 +146,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         agent::record_serving(&mut edge_store, &runner);
         let mut status = state::status(&control, &key)?;
         status.policies.clear();
-        for found in edge::health::all(&edge_store)?.iter().filter(|found| found.job == key) {
-            edge::health::apply_to(&mut status.policies, found);
-        }
+        edge::health::apply_job(&mut status.policies, &edge::health::all(&edge_store)?, &key);
         state::save(&mut control, &[(&key, &status)], 0, &[], 0)?;
         runners.push(runner);
         let (namespace, name) = key.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).unwrap_or_default();

@@ -49,10 +49,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     for (key, stored) in &jobs {
         let mut status = state::status(&control, key)?;
         // The policies as the edge records them now: serving, failing, their last decisions.
-        for found in healths.iter().filter(|found| &found.job == key) {
-            health::apply_to(&mut status.policies, found);
-        }
-        status.policies.retain(|_, policy| !policy.plugin.is_empty());
+        health::apply_job(&mut status.policies, &healths, key);
         if status.phase == Some(Phase::Waiting)
             && let Some((_, why)) = waiting.iter().find(|(job, _)| job == key)
         {
