@@ -80,6 +80,25 @@ fn killed_mid_round_it_resumes_and_consumes_nothing_twice() {
     }
     let deployed = std::fs::read(example.output().join("deploy/index.pkl")).unwrap();
     assert_eq!(deployed, std::fs::read(example.output().join("eval/4/model.json")).unwrap());
+
+    // Each decision that acted has its record, once, whatever the kills interrupted: a round
+    // started, a batch split, a model chosen.
+    let records = example.decisions("thermal-comfort");
+    let rounds_of = |kind: &str, acted: &dyn Fn(&serde_json::Value) -> bool| -> Vec<i64> {
+        records.iter().filter(|r| r["kind"] == kind && acted(r)).map(|r| r["round"].as_i64().unwrap()).collect()
+    };
+    let started = s["round"].as_i64().unwrap();
+    assert_eq!(rounds_of("trigger", &|r| r["answer"]["train"] == true), (0..started).collect::<Vec<_>>());
+    assert_eq!(rounds_of("selector", &|_| true), [1, 2, 3, 4]);
+    let splits: Vec<&serde_json::Value> = records.iter().filter(|r| r["kind"] == "splitter").collect();
+    let db = rusqlite::Connection::open(example.state.join("edge.db")).unwrap();
+    let batches: i64 = db.query_row("SELECT COUNT(*) FROM batches", [], |r| r.get(0)).unwrap();
+    assert_eq!(splits.len() as i64, batches, "one split record per committed batch");
+    let mut next_seq = 0;
+    for split in splits {
+        assert_eq!(split["input"]["firstSeq"].as_u64().unwrap(), next_seq, "{split}");
+        next_seq += split["input"]["count"].as_u64().unwrap();
+    }
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

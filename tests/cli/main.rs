@@ -2,6 +2,7 @@
 
 mod support;
 
+mod decisions;
 mod deploy_edge;
 mod deploy_operator;
 mod edge_crash;

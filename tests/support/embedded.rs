@@ -82,6 +82,17 @@ impl Example {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// `perennial decisions JOB --output json --limit 0`, parsed: every record, oldest first.
+    pub fn decisions(&self, job: &str) -> Vec<serde_json::Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
+            .args(["decisions", job, "--output", "json", "--limit", "0", "--state-dir"])
+            .arg(&self.state)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "decisions: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
     /// The job's status as stored now (the run may be going on), if there is one yet.
     pub fn live_status(&self) -> Option<serde_json::Value> {
         self.live_status_of("default/thermal-comfort")

@@ -39,6 +39,10 @@ pub struct LifelongLearningJobSpec {
     /// A path on the nodes, or `s3://bucket/prefix`.
     #[schemars(length(min = 1), pattern(super::crd::LOCATION_PATTERN))]
     pub output_dir: String,
+    /// Perennial: how many of the job's policy decision records the edge keeps, and how long
+    /// (default the newest 10000, none older than a week); read them with `perennial decisions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_records: Option<perennial_types::RecordRetention>,
 }
 
 /// `spec.dataset`.

@@ -20,6 +20,15 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(cli::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.downcast_ref::<cli::Exit>().is_some() => {
+            let exit = err.downcast_ref::<cli::Exit>().map_or(2, |exit| {
+                if !exit.message.is_empty() {
+                    eprintln!("perennial: {}", exit.message);
+                }
+                exit.code
+            });
+            ExitCode::from(exit)
+        }
         Err(err) => {
             // One line that says what was wrong; user errors exit with 2.
             let message = format!("{err:#}");

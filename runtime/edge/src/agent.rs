@@ -161,6 +161,7 @@ pub fn run_jobs(
                 runner.policies.release();
             }
         }
+        flush_records(store, false);
         let next = due
             .iter()
             .zip(&removed)
@@ -232,6 +233,16 @@ pub fn run_jobs(
                 swapper.start(i, swaps_asked[i], &runner.job, runner.job.clone(), true, waker.clone());
             }
         }
+    }
+    flush_records(store, true);
+}
+
+/// Writes the trigger waits held in memory: when they are due, or all (`at_end`).
+fn flush_records(store: &Mutex<Store>, at_end: bool) {
+    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let flushed = if at_end { store.flush_records() } else { store.flush_records_if_due() };
+    if let Err(err) = flushed {
+        tracing::warn!("recording the triggers' waits: {err}");
     }
 }
 

@@ -12,6 +12,7 @@ use rusqlite::{OptionalExtension, params};
 
 use super::index_file::{FileStat, IndexFile};
 use super::lines::{self, Cursor};
+use crate::decisions::{BatchInput, DecidedBy, DecisionKind, Record, SplitCounts};
 use crate::sqlite::Store;
 use perennial_policy::{Assignments, OnError, PolicyError, SampleBatch, SplitterPolicy};
 
@@ -80,13 +81,16 @@ struct JobFile {
     cursor: Cursor,
     file_id: Option<String>,
     batches: i64,
+    /// The last round started.
+    round: i64,
 }
 
 fn load(store: &Store, job: &str) -> Result<JobFile, IngestError> {
     store
         .conn()
         .query_row(
-            "SELECT cursor_offset, cursor_lines, cursor_samples, cursor_skipping, file_id, batches FROM jobs WHERE name = ?1",
+            "SELECT cursor_offset, cursor_lines, cursor_samples, cursor_skipping, file_id, batches, round
+             FROM jobs WHERE name = ?1",
             [job],
             |row| {
                 Ok(JobFile {
@@ -98,6 +102,7 @@ fn load(store: &Store, job: &str) -> Result<JobFile, IngestError> {
                     },
                     file_id: row.get(4)?,
                     batches: row.get(5)?,
+                    round: row.get(6)?,
                 })
             },
         )
@@ -149,6 +154,8 @@ pub fn ingest(
         }
         out.refused.extend(scan.refused.iter().map(|refused| format!("{name}: {refused}")));
         let n = scan.samples.len();
+        let started = std::time::Instant::now();
+        let mut decided_by = split.policy.map(DecidedBy::of);
         let assignments = match split.policy {
             _ if n == 0 => Assignments::sedna_ratio(0.0, 0, 0),
             None => Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n),
@@ -161,14 +168,55 @@ pub fn ingest(
                     Ok(assignments) => assignments,
                     Err(err) if policy.info().on_error == OnError::Fallback => {
                         out.fell_back = Some(err);
+                        decided_by = None;
                         Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n)
                     }
                     Err(err) => return Err(IngestError::Held(err)),
                 }
             }
         };
-        let (train, eval, _) = assignments.counts();
-        let tx = store.write()?;
+        let micros = started.elapsed().as_micros() as u64;
+        let (train, eval, skip) = assignments.counts();
+        let checksum = match (scan.samples.first(), scan.samples.last()) {
+            (Some(first), Some(last)) => Some(batch_checksum(
+                &buf[(first.start - state.cursor.offset) as usize..(last.end - state.cursor.offset) as usize],
+            )),
+            _ => None,
+        };
+        let record = match (scan.samples.first(), scan.samples.last(), &checksum) {
+            (Some(first), Some(last), Some(checksum)) => {
+                let input = BatchInput {
+                    batch: state.batches + 1,
+                    first_seq: first.seq,
+                    count: n as u64,
+                    start: first.start,
+                    end: last.end,
+                    checksum: hex::encode(checksum),
+                    train_prob: decided_by.is_none().then_some(split.train_prob),
+                };
+                let counts = SplitCounts { train: train as u64, eval: eval as u64, skip: skip as u64 };
+                let native = decided_by.is_none();
+                let now_ms = crate::decisions::now_ms();
+                Some(Record {
+                    id: 0,
+                    job: job.to_owned(),
+                    kind: DecisionKind::Splitter,
+                    at_ms: now_ms,
+                    last_ms: now_ms,
+                    repeats: 1,
+                    policy: decided_by.unwrap_or_else(|| DecidedBy::native_split(split.train_prob)),
+                    round: state.round,
+                    input: serde_json::to_value(&input).unwrap_or_default(),
+                    answer: serde_json::to_value(counts).unwrap_or_default(),
+                    reason: String::new(),
+                    // Sedna's rule is computed again from the sequence numbers.
+                    assignments: (!native).then(|| assignments.as_bytes().to_vec()),
+                    micros,
+                })
+            }
+            _ => None,
+        };
+        let tx = store.write_recording(record.as_slice())?;
         if let (Some(first), Some(last)) = (scan.samples.first(), scan.samples.last()) {
             tx.execute(
                 "INSERT INTO batches (job, batch, first_seq, start, end, assignments, train_count, eval_count, checksum)
@@ -182,7 +230,7 @@ pub fn ingest(
                     assignments.as_bytes(),
                     train as i64,
                     eval as i64,
-                    batch_checksum(&buf[(first.start - state.cursor.offset) as usize..(last.end - state.cursor.offset) as usize])
+                    checksum
                 ],
             )?;
             state.batches += 1;

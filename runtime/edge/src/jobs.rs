@@ -49,13 +49,14 @@ pub fn register_in(
 
 /// Forgets a job and everything the edge kept for it.
 pub fn forget_job(store: &mut Store, name: &str) -> Result<(), rusqlite::Error> {
+    store.recorder.forget(name);
     let tx = store.write()?;
     forget(&tx, name)?;
     tx.commit()
 }
 
 pub(crate) fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
-    for table in ["batches", "results", "outbox", "workers"] {
+    for table in ["batches", "results", "outbox", "workers", "decisions"] {
         tx.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [name])?;
     }
     tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;

@@ -13,6 +13,7 @@
 //!   `Dataset.status`).
 
 pub mod agent;
+pub mod decisions;
 pub mod health;
 pub mod index_file;
 pub mod ingest;
@@ -20,6 +21,7 @@ pub mod jobs;
 pub mod lines;
 pub mod link_state;
 pub mod output;
+pub mod replay;
 pub mod report;
 pub mod rounds;
 pub mod serve;

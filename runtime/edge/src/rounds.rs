@@ -20,6 +20,7 @@ use rusqlite::{OptionalExtension, params};
 use super::index_file::IndexFile;
 use super::lines::{self, Cursor};
 use super::report::{self, Input, Model, Report};
+use crate::decisions::{DecidedBy, DecisionKind, Record, SelectAnswer, SelectInput, TriggerAnswer};
 use crate::sqlite::Store;
 use perennial_policy::{Metrics, ModelInfo, PolicyError, SelectorPolicy, TriggerPolicy, TriggerStats};
 use perennial_types::{Phase, Stage, StageNotice};
@@ -261,10 +262,30 @@ pub fn train_waiting(
         Err(wait) => return Ok(wait),
     };
     let stats = trigger_stats(store, job, clock)?;
+    let started = std::time::Instant::now();
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
+    let micros = started.elapsed().as_micros() as u64;
+    let by = DecidedBy::of(trigger);
     if !decision.train {
+        store.recorder.wait(job, row.round, &stats, &decision, &by, clock.now * 1000, micros);
         return Ok(Outcome::Waiting { reason: decision.reason, recheck_after_secs: decision.recheck_after_secs });
     }
+    let answer = TriggerAnswer { train: true, recheck_after_secs: decision.recheck_after_secs };
+    let record = Record {
+        id: 0,
+        job: job.to_owned(),
+        kind: DecisionKind::Trigger,
+        at_ms: clock.now * 1000,
+        last_ms: clock.now * 1000,
+        repeats: 1,
+        policy: by,
+        round: row.round,
+        input: serde_json::to_value(&stats).unwrap_or_default(),
+        answer: serde_json::to_value(answer).unwrap_or_default(),
+        reason: decision.reason.clone(),
+        assignments: None,
+        micros,
+    };
     let pending: Vec<(i64, Stored)> = {
         let mut statement = store.conn().prepare(
             "SELECT batch, start, end, assignments, checksum FROM batches
@@ -292,7 +313,7 @@ pub fn train_waiting(
         output: None,
         reason: Some(decision.reason),
     };
-    let tx = store.write()?;
+    let tx = store.write_recording(std::slice::from_ref(&record))?;
     super::health::decided(&tx, job, "trigger", "train", report.reason.as_deref().unwrap_or_default(), clock.now)?;
     for (batch, ..) in &pending {
         tx.execute("UPDATE batches SET train_round = ?3 WHERE job = ?1 AND batch = ?2", params![job, batch, round])?;
@@ -362,10 +383,27 @@ pub fn deploy_waiting(
     let candidates = result(store, job, round, "eval")?.unwrap_or_default();
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
     let as_info = |m: &Model| ModelInfo { url: m.url.clone(), format: m.format.clone(), metrics: metrics_of(m) };
-    let infos: Vec<ModelInfo> = candidates.iter().map(as_info).collect();
+    let input =
+        SelectInput { deployed: deployed.as_ref().map(as_info), candidates: candidates.iter().map(as_info).collect() };
+    let started = std::time::Instant::now();
     let choice = selector
-        .select(deployed.as_ref().map(as_info).as_ref(), &infos)
+        .select(input.deployed.as_ref(), &input.candidates)
         .map_err(|error| RoundError::Policy { kind: "selector", error })?;
+    let record = Record {
+        id: 0,
+        job: job.to_owned(),
+        kind: DecisionKind::Selector,
+        at_ms: clock.now * 1000,
+        last_ms: clock.now * 1000,
+        repeats: 1,
+        policy: DecidedBy::of(selector),
+        round,
+        input: serde_json::to_value(&input).unwrap_or_default(),
+        answer: serde_json::to_value(SelectAnswer { deploy: choice.deploy }).unwrap_or_default(),
+        reason: choice.reason.clone(),
+        assignments: None,
+        micros: started.elapsed().as_micros() as u64,
+    };
     let mut report = Report {
         job: job.to_owned(),
         job_uid: row.uid,
@@ -376,9 +414,7 @@ pub fn deploy_waiting(
         output: None,
         reason: Some(choice.reason),
     };
-    let answer = choice.deploy.map_or_else(|| "keep".to_owned(), |i| format!("deploy {i}"));
-    let reason = report.reason.clone().unwrap_or_default();
-    let decided = Some((answer.as_str(), reason.as_str()));
+    let decided = Some(&record);
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
         commit_report(store, &report, None, decided, clock)?;
         return Ok(Outcome::Reported(Box::new(report)));
@@ -408,19 +444,20 @@ pub fn deploy_waiting(
 }
 
 /// Commits a step's report (its job, round and stage are the step acted on), with the model
-/// deployed and the selector's decision (answer, reason) when there are.
+/// deployed and the selector's decision record when there are.
 fn commit_report(
     store: &mut Store,
     report: &Report,
     deployed: Option<&Model>,
-    decided: Option<(&str, &str)>,
+    decided: Option<&Record>,
     clock: Clock,
 ) -> Result<(), RoundError> {
     let (job, stage) = (report.job.as_str(), report.phase);
     let acted = format!("{}/{stage}", report.round);
-    let tx = store.write()?;
-    if let Some((answer, reason)) = decided {
-        super::health::decided(&tx, job, "selector", answer, reason, clock.now)?;
+    let tx = store.write_recording(decided.map(std::slice::from_ref).unwrap_or_default())?;
+    if let Some(record) = decided {
+        let answer = record.short_answer();
+        super::health::decided(&tx, job, record.kind.as_str(), &answer, &record.reason, clock.now)?;
     }
     tx.execute(
         "UPDATE jobs SET acted = ?2, stage = ?3, phase = ?4 WHERE name = ?1",

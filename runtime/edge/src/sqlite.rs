@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
+use crate::decisions::{Record, Recorder};
+
 /// The schema, one migration per version; a database is brought up to the last one on open.
 const MIGRATIONS: &[&str] = &[
     // 1: jobs with their sample cursor, committed batches of assignments.
@@ -132,6 +134,28 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE policy_health ADD COLUMN reason TEXT;
     ALTER TABLE policy_health ADD COLUMN decided_at INTEGER;
     "#,
+    // 11: every policy decision with what the policy saw (decisions.rs), for authors to read
+    // and replay candidates on.
+    r#"
+    CREATE TABLE decisions (
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        job         TEXT NOT NULL,
+        kind        TEXT NOT NULL,                       -- 'trigger', 'splitter', 'selector'
+        at_ms       INTEGER NOT NULL,
+        last_ms     INTEGER NOT NULL,                    -- a run of identical waits: the last
+        repeats     INTEGER NOT NULL,
+        plugin      TEXT NOT NULL,
+        digest      TEXT NOT NULL,
+        config      TEXT NOT NULL,
+        round       INTEGER NOT NULL,
+        input       TEXT NOT NULL,                       -- JSON
+        answer      TEXT NOT NULL,                       -- JSON
+        reason      TEXT NOT NULL,
+        assignments BLOB,                                -- a split's, one byte per sample
+        micros      INTEGER NOT NULL
+    );
+    CREATE INDEX decisions_by_job ON decisions (job, id);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +170,8 @@ pub enum StoreError {
 
 pub struct Store {
     conn: Connection,
+    /// Decision records not yet written (a trigger's waits).
+    pub recorder: Recorder,
 }
 
 impl Store {
@@ -163,7 +189,7 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(open_error)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
-        let mut store = Store { conn };
+        let mut store = Store { conn, recorder: Recorder::default() };
         store.migrate(&shown, migrations)?;
         Ok(store)
     }
@@ -184,8 +210,32 @@ impl Store {
     }
 
     /// A write transaction, begun immediately so that it never fails half-way on a lock.
+    /// Unwritten decision records go with it.
     pub fn write(&mut self) -> Result<Transaction<'_>, rusqlite::Error> {
-        self.conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        self.write_recording(&[])
+    }
+
+    /// [`Store::write`], with the records of the decisions that the transaction acts on.
+    pub fn write_recording(&mut self, records: &[Record]) -> Result<Transaction<'_>, rusqlite::Error> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        self.recorder.flush(&tx);
+        for record in records {
+            self.recorder.record(&tx, record)?;
+        }
+        Ok(tx)
+    }
+
+    /// Writes the decision records held in memory, if they have waited long enough.
+    pub fn flush_records_if_due(&mut self) -> Result<(), rusqlite::Error> {
+        if self.recorder.flush_due() {
+            self.write()?.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the decision records held in memory (at the end of a run).
+    pub fn flush_records(&mut self) -> Result<(), rusqlite::Error> {
+        self.write()?.commit()
     }
 
     pub fn conn(&self) -> &Connection {

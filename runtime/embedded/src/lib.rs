@@ -347,6 +347,7 @@ pub(crate) fn prepare_job(
         output_dir: resolve(state_dir, &spec.output_dir),
         train_prob: spec.dataset.train_prob,
         eval_set_size: spec.eval_spec.eval_set_size,
+        decision_records: spec.decision_records,
     };
     let command = |template, field: &str, restart| {
         local_command(template, field, &stored.dir, restart).map_err(|err| RunError::Job(format!("job {key}: {err}")))

@@ -183,6 +183,7 @@ pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<Pod>])
         output_dir: job.spec.output_dir.clone(),
         train_prob: job.spec.dataset.train_prob,
         eval_set_size: job.spec.eval_spec.eval_set_size,
+        decision_records: job.spec.decision_records,
     };
     let config = JobConfig {
         name: key,

@@ -45,6 +45,8 @@ pub struct Policy<K: Kind> {
     info: PolicyInfo,
     pre: K::Pre,
     config: String,
+    /// The config's short digest, as the job's status shows it.
+    config_digest: String,
     events: Arc<dyn PolicyEvents>,
     live: Mutex<Option<Live<K>>>,
 }
@@ -61,7 +63,8 @@ impl<K: Kind> Policy<K> {
         config: String,
         events: Arc<dyn PolicyEvents>,
     ) -> Result<Self, LoadError> {
-        let policy = Policy { info, pre, config, events, live: Mutex::new(None) };
+        let config_digest = perennial_types::config_text_digest(&config);
+        let policy = Policy { info, pre, config, config_digest, events, live: Mutex::new(None) };
         let live = policy.fresh_instance().map_err(|(step, error)| LoadError::new(step, error))?;
         *policy.lock() = Some(live);
         Ok(policy)
@@ -74,6 +77,11 @@ impl<K: Kind> Policy<K> {
     /// The JSON config this policy was configured with.
     pub fn config(&self) -> &str {
         &self.config
+    }
+
+    /// Its config's short digest ([`perennial_types::config_digest`]).
+    pub fn config_digest(&self) -> &str {
+        &self.config_digest
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Live<K>>> {

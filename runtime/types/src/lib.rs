@@ -5,6 +5,7 @@
 
 pub mod node;
 pub mod policy;
+pub mod records;
 pub mod round;
 pub mod stage;
 
@@ -14,7 +15,8 @@ pub use node::{
 };
 pub use policy::{
     BUILTIN_POLICIES, Limits, OnError, PolicyDecision, PolicyHealth, PolicyRef, PolicyStatus, Source, ValidRef,
-    config_digest, parse_source,
+    config_digest, config_text_digest, parse_source,
 };
+pub use records::RecordRetention;
 pub use round::{ConditionData, Input, Model, Output};
 pub use stage::{Phase, Stage};

@@ -29,6 +29,9 @@ pub struct JobSpec {
     /// samples. Absent: [`DEFAULT_EVAL_SET_SIZE`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_set_size: Option<u64>,
+    /// `spec.decisionRecords`: how many of the job's decision records are kept, and how long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_records: Option<crate::RecordRetention>,
 }
 
 /// `spec.evalSpec.evalSetSize` when a job does not give one: about what Sedna's five one-minute

@@ -238,11 +238,16 @@ pub struct PolicyDecision {
 
 /// A short digest of a policy's config, as [`PolicyStatus::config`] shows it.
 pub fn config_digest(config: Option<&serde_json::Value>) -> String {
-    use sha2::Digest as _;
     let text = match config {
         None | Some(serde_json::Value::Null) => "{}".to_owned(),
         Some(value) => value.to_string(),
     };
+    config_text_digest(&text)
+}
+
+/// [`config_digest`] of the JSON text handed to `configure` ([`ValidRef::config`]).
+pub fn config_text_digest(text: &str) -> String {
+    use sha2::Digest as _;
     hex::encode(&sha2::Sha256::digest(text.as_bytes())[..6])
 }
 

@@ -2,6 +2,8 @@
 
 #[cfg(any(feature = "cloud", feature = "embedded"))]
 mod crd;
+#[cfg(feature = "edge")]
+mod decisions;
 #[cfg(feature = "embedded")]
 mod delete;
 #[cfg(feature = "edge")]
@@ -49,6 +51,10 @@ enum Command {
     /// Each job's stage, round, samples, deployed model and policies (from a run's state dir).
     #[cfg(feature = "embedded")]
     Status(status::StatusArgs),
+    /// A job's recorded policy decisions, with what each policy saw (from a state dir of
+    /// `perennial run` or `perennial edge`).
+    #[cfg(feature = "edge")]
+    Decisions(decisions::DecisionsArgs),
     /// Deletes a job from a run's state dir (a running `perennial run` stops its workers).
     #[cfg(feature = "embedded")]
     Delete(delete::DeleteArgs),
@@ -68,6 +74,31 @@ enum Command {
     /// The Kubernetes operator: reconciles LifelongLearningJobs and their pods.
     #[cfg(feature = "cloud")]
     Operator(Box<operator::OperatorArgs>),
+}
+
+impl Command {
+    /// A command that only prints what it reads (and holds no sockets or children), so that
+    /// `| head` may end it.
+    fn only_prints(&self) -> bool {
+        match self {
+            #[cfg(feature = "embedded")]
+            Command::Status(_) => true,
+            #[cfg(feature = "edge")]
+            Command::Decisions(_) => true,
+            #[cfg(any(feature = "cloud", feature = "embedded"))]
+            Command::Crd => true,
+            _ => false,
+        }
+    }
+}
+
+/// A closed stdout (`perennial status | head`) ends the process as it ends `ls`, instead of a
+/// panic in `println!`: the default action of SIGPIPE, which Rust's runtime sets to ignore.
+fn end_quietly_on_closed_stdout() {
+    // SAFETY: setting a signal's disposition to the default has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// Log lines go to stderr, around `perennial run`'s live lines when it shows them.
@@ -101,6 +132,9 @@ pub fn init_tracing(cli: &Cli) {
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.command.only_prints() {
+        end_quietly_on_closed_stdout();
+    }
     match cli.command {
         #[cfg(feature = "edge")]
         Command::Plugin(command) => plugin::run(command).await,
@@ -112,6 +146,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::run(args),
         #[cfg(feature = "embedded")]
         Command::Delete(args) => delete::run(args),
+        #[cfg(feature = "edge")]
+        Command::Decisions(args) => decisions::run(args),
         #[cfg(any(feature = "cloud", feature = "embedded"))]
         Command::Crd => crd::run(),
         #[cfg(feature = "embedded")]
@@ -124,3 +160,26 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Operator(args) => operator::run(*args).await,
     }
 }
+
+/// Ends the process with `code`, saying `message` (if any) on stderr: a subcommand whose exit
+/// code means more than success or a user error (`plugin replay`: 1 when it disagreed).
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Exit {
+    /// The code alone: the subcommand has said what it had to on stdout.
+    pub fn quiet(code: u8) -> Self {
+        Exit { code, message: String::new() }
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use perennial_edge::replay;
 use perennial_policy::{
     self as policy, Kind, Limits, ModelInfo, PolicyEvents, PolicyHost, PolicyRef, SampleBatch, SelectorKind,
     SplitterKind, TracingEvents, TriggerKind, TriggerStats, ValidRef,
@@ -13,6 +14,7 @@ use perennial_policy::{
 use perennial_storage::S3Credentials;
 use serde::Deserialize;
 
+use super::decisions;
 use super::plugin_new::{self, Lang, PolicyKind};
 
 #[derive(Subcommand)]
@@ -50,6 +52,27 @@ pub enum PluginCommand {
         plugin: PluginArgs,
         #[command(flatten)]
         input: CallInput,
+    },
+    /// Run a candidate on a job's recorded decisions (`perennial decisions`): how many it agrees
+    /// with, the first disagreements side by side, what it would have changed. Exits 0 when it
+    /// agrees with every one, 1 when it does not.
+    Replay {
+        #[command(flatten)]
+        plugin: PluginArgs,
+        /// The job: NAMESPACE/NAME, or NAME in `default`.
+        #[arg(long)]
+        job: String,
+        /// The state dir of `perennial run` or `perennial edge`.
+        #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = ".perennial")]
+        state_dir: PathBuf,
+        #[command(flatten)]
+        filter: decisions::Filter,
+        /// Disagreements shown.
+        #[arg(long, default_value_t = 5)]
+        show: usize,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Measure a plugin: compile, load from cache, instantiate, and per-call time.
     Bench {
@@ -157,6 +180,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
+        PluginCommand::Replay { plugin, job, state_dir, filter, show, json } => {
+            replay(&plugin, Replay { job, state_dir, filter, show, json }).await
+        }
     }
 }
 
@@ -373,4 +399,111 @@ fn ms(d: Duration) -> f64 {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
+}
+
+/// What `plugin replay` replays, and how it reports.
+struct Replay {
+    job: String,
+    state_dir: PathBuf,
+    filter: decisions::Filter,
+    show: usize,
+    json: bool,
+}
+
+async fn replay(args: &PluginArgs, replay: Replay) -> anyhow::Result<()> {
+    let valid = args.validate()?;
+    let host = args.host()?;
+    let bytes = host.fetch(&valid.source).await?;
+    let inspection = host.inspect(&valid, &bytes)?;
+    let Some((world, _)) = world_of(&inspection.exports) else {
+        bail!("{}: not a Perennial policy; it exports {}", args.plugin, inspection.exports.join(", "));
+    };
+    let kind = match world {
+        "trigger-policy" => decisions::Kind::Trigger,
+        "splitter-policy" => decisions::Kind::Splitter,
+        _ => decisions::Kind::Selector,
+    };
+    if let Some(asked) = replay.filter.kind
+        && asked != kind
+    {
+        bail!("--kind: {} is a {world}, it cannot replay other decisions", args.plugin);
+    }
+    let store = decisions::open_edge_store(&replay.state_dir)?;
+    let job = decisions::job_key(&replay.job);
+    let mut query = replay.filter.query(None)?;
+    query.kind = Some(kind.into());
+    let records = decisions::records(&store, &job, &query)?;
+    let spec = perennial_edge::job_spec(&store, &job)?;
+    drop(store);
+    let source = inspection.source.clone();
+    let digest = inspection.digest.clone();
+    let report = off_runtime(move || -> anyhow::Result<replay::KindReport> {
+        let keep = replay.show;
+        Ok(match kind {
+            decisions::Kind::Trigger => {
+                let policy = load::<TriggerKind>(&host, &valid, &bytes)?;
+                replay::triggers(&records, keep, &mut |stats| policy.decide(stats).map_err(|err| err.to_string()))
+            }
+            decisions::Kind::Selector => {
+                let policy = load::<SelectorKind>(&host, &valid, &bytes)?;
+                replay::selections(&records, keep, &mut |input| {
+                    policy.select(input.deployed.as_ref(), &input.candidates).map_err(|err| err.to_string())
+                })
+            }
+            decisions::Kind::Splitter => {
+                let policy = load::<SplitterKind>(&host, &valid, &bytes)?;
+                let Some(spec) = spec else { bail!("job {job}: its spec is not in the state dir") };
+                let csv = spec.dataset_format.eq_ignore_ascii_case("csv");
+                let mut index: Box<dyn perennial_edge::IndexFile> = if spec.dataset_url.starts_with("s3://") {
+                    Box::new(perennial_edge::S3Index::open(&spec.dataset_url, S3Credentials::from_env().as_ref())?)
+                } else {
+                    Box::new(perennial_edge::LocalFile { path: spec.dataset_url.clone().into() })
+                };
+                let max_line = perennial_edge::IngestLimits::default().max_line;
+                replay::splits(
+                    &records,
+                    keep,
+                    &mut |input| replay::read_batch(index.as_mut(), input, csv, max_line),
+                    &mut |batch| policy.split(batch).map_err(|err| err.to_string()),
+                )
+            }
+        })
+    })
+    .await?;
+    let kind_name = perennial_edge::decisions::DecisionKind::from(kind);
+    if replay.json {
+        let json = serde_json::json!({"plugin": source, "sha256": digest, "kind": kind_name, "report": report});
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    } else {
+        print_replay(&source, &digest, kind_name, &report);
+    }
+    if report.agrees() { Ok(()) } else { Err(super::Exit::quiet(1).into()) }
+}
+
+fn print_replay(
+    source: &str,
+    digest: &str,
+    kind: perennial_edge::decisions::DecisionKind,
+    report: &replay::KindReport,
+) {
+    println!("{source} (sha256 {}) on the recorded {kind} decisions:", digest.get(..12).unwrap_or(digest));
+    println!("  {} of {} agree, {} disagree", report.agreed, report.decisions, report.disagreed);
+    for skipped in &report.skipped {
+        println!("  not replayed: {skipped}");
+    }
+    if !report.disagreements.is_empty() {
+        let shown = report.disagreements.len();
+        println!("first {shown} disagreement{}:", if shown == 1 { "" } else { "s" });
+    }
+    for d in &report.disagreements {
+        println!("  #{} {} round {}: {}", d.id, replay::time(d.at_ms), d.round, d.input);
+        println!("    recorded:  {:<24} {}", d.recorded, d.recorded_reason);
+        println!("    candidate: {:<24} {}", d.candidate, d.candidate_reason);
+    }
+    if !report.effects.is_empty() {
+        println!("what it would have changed:");
+    }
+    for effect in &report.effects {
+        println!("  {effect}");
+    }
 }

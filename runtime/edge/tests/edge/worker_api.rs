@@ -37,6 +37,7 @@ async fn start_with(limits: Limits) -> Api {
         output_dir: "/output".into(),
         train_prob: 0.8,
         eval_set_size: None,
+        decision_records: None,
     };
     edge::register_job(&mut store, JOB, "uid-1", &spec).unwrap();
     let store = Arc::new(Mutex::new(store));

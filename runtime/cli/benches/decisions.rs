@@ -1,0 +1,250 @@
+//! Decision records and replay: `cargo bench -p perennial --bench decisions`.
+//!
+//! - `trigger/{decide,decide+record}`: a threshold-trigger call alone, and with its record
+//!   (each wait a new run of its own, written to SQLite with every 100th: the costliest case;
+//!   a run of identical waits only counts).
+//! - `trigger/record-train`: the record of a decision that started a round, inserted in the
+//!   transaction that acts on it (the transaction itself is the round's).
+//! - `split/10000/{split,record}`: the built-in splitter on 10,000 samples as a Wasm component,
+//!   and the record of that split (its batch's range and its 10,000 assignments) inserted in the
+//!   batch's transaction.
+//! - `replay/{trigger,split}`: replaying 1,000 trigger records, and 20 batches of 10,000 samples
+//!   read back from a dataset file, through the built-ins: decisions per second.
+
+use std::hint::black_box;
+use std::io::Write;
+use std::sync::Arc;
+
+use criterion::{BatchSize, Criterion, Throughput};
+use perennial_edge::decisions::{BatchInput, DecidedBy, DecisionKind, Record, SplitCounts};
+use perennial_edge::sqlite::Store;
+use perennial_edge::{IndexFile, JobSpec, LocalFile, replay};
+use perennial_policy::{
+    Decision, PolicyEvents, PolicyHost, PolicyRef, SampleBatch, SplitterKind, TriggerKind, TriggerStats,
+};
+
+const JOB: &str = "default/bench";
+const BATCH: usize = 10_000;
+
+struct Quiet;
+impl PolicyEvents for Quiet {
+    fn log(&self, _: perennial_policy::Level, _: &str) {}
+}
+
+fn host_load<K: perennial_policy::Kind>(name: &str, config: serde_json::Value) -> perennial_policy::Policy<K> {
+    let valid = PolicyRef::new(format!("builtin:{name}")).with_config(config).validate().unwrap();
+    let bytes = perennial_policy::builtin::component(name).unwrap();
+    PolicyHost::new(None, None).unwrap().load_bytes::<K>(&valid, bytes, Arc::new(Quiet)).unwrap()
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+    perennial_edge::register_job(&mut store, JOB, "uid", &JobSpec::default()).unwrap();
+    (dir, store)
+}
+
+fn trigger(c: &mut Criterion) {
+    let policy = host_load::<TriggerKind>(
+        "threshold-trigger",
+        serde_json::json!({"condition": {"operator": ">", "threshold": 1_000_000_000}}),
+    );
+    let by = DecidedBy::of(&policy);
+    let (_dir, mut store) = store();
+    let mut group = c.benchmark_group("trigger");
+    let mut stats = TriggerStats { pending_train: 1, wall_clock_secs: 1_700_000_000, ..TriggerStats::default() };
+    group.bench_function("decide", |b| {
+        b.iter(|| {
+            stats.pending_train += 1;
+            policy.decide(black_box(&stats)).unwrap()
+        })
+    });
+    let mut calls = 0u64;
+    group.bench_function("decide+record", |b| {
+        b.iter(|| {
+            stats.pending_train += 1;
+            let decision: Decision = policy.decide(black_box(&stats)).unwrap();
+            store.recorder.wait(JOB, 0, &stats, &decision, &by, stats.wall_clock_secs * 1000, 1);
+            calls += 1;
+            if calls.is_multiple_of(100) {
+                store.flush_records().unwrap();
+            }
+        })
+    });
+    // One long transaction: the record's insert alone, not the round's commit.
+    let record = Record {
+        id: 0,
+        job: JOB.into(),
+        kind: DecisionKind::Trigger,
+        at_ms: 1_700_000_000_000,
+        last_ms: 1_700_000_000_000,
+        repeats: 1,
+        policy: by.clone(),
+        round: 3,
+        input: serde_json::to_value(&stats).unwrap(),
+        answer: serde_json::json!({"train": true, "recheckAfterSecs": null}),
+        reason: "num_of_samples 501 > 500".into(),
+        assignments: None,
+        micros: 1,
+    };
+    let mut recorder = perennial_edge::decisions::Recorder::default();
+    let tx = store.write().unwrap();
+    group.bench_function("record-train", |b| b.iter(|| recorder.record(&tx, black_box(&record)).unwrap()));
+    drop(tx);
+    group.finish();
+}
+
+fn lines() -> Vec<String> {
+    (0..BATCH).map(|i| format!("images/train/{i:08}.jpg,label-{:<28}", i % 17)).collect()
+}
+
+fn split(c: &mut Criterion) {
+    let policy = host_load::<SplitterKind>("ratio-split", serde_json::json!({"trainProb": 0.8}));
+    let lines = lines();
+    let packed = SampleBatch::from_lines(0, &lines).unwrap();
+    let assignments = policy.split(packed.clone()).unwrap();
+    let (train, eval, skip) = assignments.counts();
+    let input = BatchInput {
+        batch: 1,
+        first_seq: 0,
+        count: BATCH as u64,
+        start: 0,
+        end: 610_000,
+        checksum: "0".repeat(32),
+        train_prob: None,
+    };
+    let record = Record {
+        id: 0,
+        job: JOB.into(),
+        kind: DecisionKind::Splitter,
+        at_ms: 1_700_000_000_000,
+        last_ms: 1_700_000_000_000,
+        repeats: 1,
+        policy: DecidedBy::of(&policy),
+        round: 0,
+        input: serde_json::to_value(&input).unwrap(),
+        answer: serde_json::to_value(SplitCounts { train: train as u64, eval: eval as u64, skip: skip as u64 })
+            .unwrap(),
+        reason: String::new(),
+        assignments: Some(assignments.as_bytes().to_vec()),
+        micros: 1,
+    };
+    let (_dir, mut store) = store();
+    let mut group = c.benchmark_group(format!("split/{BATCH}"));
+    group.throughput(Throughput::Elements(BATCH as u64));
+    group.bench_function("split", |b| {
+        b.iter_batched(|| packed.clone(), |batch| policy.split(batch).unwrap(), BatchSize::LargeInput)
+    });
+    let mut recorder = perennial_edge::decisions::Recorder::default();
+    let tx = store.write().unwrap();
+    group.bench_function("record", |b| b.iter(|| recorder.record(&tx, black_box(&record)).unwrap()));
+    drop(tx);
+    group.finish();
+}
+
+fn replays(c: &mut Criterion) {
+    let mut group = c.benchmark_group("replay");
+    // 1,000 trigger records, pending growing by 10 each.
+    let trigger = host_load::<TriggerKind>(
+        "threshold-trigger",
+        serde_json::json!({"condition": {"operator": ">", "threshold": 500}}),
+    );
+    let records: Vec<Record> = (0..1000u64)
+        .map(|i| {
+            let stats = TriggerStats { pending_train: (i * 10) % 600, ..TriggerStats::default() };
+            Record {
+                id: i as i64 + 1,
+                job: JOB.into(),
+                kind: DecisionKind::Trigger,
+                at_ms: i * 1000,
+                last_ms: i * 1000,
+                repeats: 1,
+                policy: DecidedBy::default(),
+                round: (i / 60) as i64,
+                input: serde_json::to_value(&stats).unwrap(),
+                answer: serde_json::json!({"train": stats.pending_train > 400, "recheckAfterSecs": null}),
+                reason: String::new(),
+                assignments: None,
+                micros: 1,
+            }
+        })
+        .collect();
+    group.throughput(Throughput::Elements(records.len() as u64));
+    group.bench_function("trigger/1000", |b| {
+        b.iter(|| replay::triggers(&records, 5, &mut |stats| trigger.decide(stats).map_err(|e| e.to_string())))
+    });
+
+    // 20 batches of 10,000 samples in a dataset file, Sedna's rule recorded natively.
+    let splitter = host_load::<SplitterKind>("ratio-split", serde_json::json!({"trainProb": 0.8}));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("index.txt");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let mut batches = Vec::new();
+    let mut offset = 0u64;
+    for batch in 0..20u64 {
+        let start = offset;
+        let mut bytes = Vec::new();
+        for i in 0..BATCH as u64 {
+            writeln!(bytes, "images/train/{:08}.jpg,label-{:<28}", batch * BATCH as u64 + i, i % 17).unwrap();
+        }
+        file.write_all(&bytes).unwrap();
+        offset += bytes.len() as u64;
+        let end = offset - 1; // the last sample's text ends before its newline
+        let checksum = perennial_edge::ingest::batch_checksum(&bytes[..bytes.len() - 1]);
+        let input = BatchInput {
+            batch: batch as i64 + 1,
+            first_seq: batch * BATCH as u64,
+            count: BATCH as u64,
+            start,
+            end,
+            checksum: hex::encode(&checksum),
+            train_prob: Some(0.8),
+        };
+        batches.push(Record {
+            id: batch as i64 + 1,
+            job: JOB.into(),
+            kind: DecisionKind::Splitter,
+            at_ms: 0,
+            last_ms: 0,
+            repeats: 1,
+            policy: DecidedBy::native_split(0.8),
+            round: 0,
+            input: serde_json::to_value(&input).unwrap(),
+            answer: serde_json::json!({"train": 0, "eval": 0, "skip": 0}),
+            reason: String::new(),
+            assignments: None,
+            micros: 1,
+        });
+    }
+    file.flush().unwrap();
+    drop(file);
+    let mut index = LocalFile { path: path.clone() };
+    let check = replay::splits(
+        &batches,
+        5,
+        &mut |input| replay::read_batch(&mut index as &mut dyn IndexFile, input, false, 1 << 20),
+        &mut |batch| splitter.split(batch).map_err(|e| e.to_string()),
+    );
+    assert!(check.agrees() && check.decisions == 20, "{check:?}");
+    group.throughput(Throughput::Elements(batches.len() as u64));
+    group.sample_size(20);
+    group.bench_function("split/20x10000", |b| {
+        b.iter(|| {
+            replay::splits(
+                &batches,
+                5,
+                &mut |input| replay::read_batch(&mut index as &mut dyn IndexFile, input, false, 1 << 20),
+                &mut |batch| splitter.split(batch).map_err(|e| e.to_string()),
+            )
+        })
+    });
+    group.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    trigger(&mut c);
+    split(&mut c);
+    replays(&mut c);
+    c.final_summary();
+}

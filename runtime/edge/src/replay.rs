@@ -1,0 +1,373 @@
+//! Replay: what a candidate policy would have decided on a job's recorded inputs, against what
+//! was decided, and what that would have changed. Pure: the caller reads the records and the
+//! batches and calls the candidate; this compares.
+//!
+//! Each decision is replayed on the inputs the job really saw. Once the candidate would have
+//! decided otherwise, the job's later inputs would have differed too (a round started earlier
+//! holds fewer samples): the effects say what the first difference in each round would have been.
+
+use serde::Serialize;
+
+use crate::decisions::{BatchInput, DecisionKind, Record, SelectAnswer, SelectInput, TriggerAnswer};
+use perennial_policy::{Assignment, Assignments, Choice, Decision, TriggerStats};
+
+/// One decision where the candidate did not agree.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Disagreement {
+    pub id: i64,
+    pub at_ms: u64,
+    pub round: i64,
+    /// The input, in a few words.
+    pub input: String,
+    pub recorded: String,
+    pub recorded_reason: String,
+    pub candidate: String,
+    pub candidate_reason: String,
+}
+
+/// A kind's replay.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindReport {
+    /// Recorded decisions replayed (a run of identical waits counts as its number of decisions).
+    pub decisions: u64,
+    pub agreed: u64,
+    /// Records that could not be replayed, and why (a batch whose bytes changed since).
+    pub skipped: Vec<String>,
+    /// The first disagreements, oldest first (at most the number asked for).
+    pub disagreements: Vec<Disagreement>,
+    /// How many there were in all.
+    pub disagreed: u64,
+    /// What the candidate's answers would have changed.
+    pub effects: Vec<String>,
+}
+
+impl KindReport {
+    pub fn agrees(&self) -> bool {
+        self.disagreed == 0
+    }
+
+    fn disagree(&mut self, keep: usize, disagreement: Disagreement) {
+        self.disagreed += 1;
+        if self.disagreements.len() < keep {
+            self.disagreements.push(disagreement);
+        }
+    }
+}
+
+/// Replays trigger records with `decide`; keeps the first `keep` disagreements.
+pub fn triggers(
+    records: &[Record],
+    keep: usize,
+    decide: &mut dyn FnMut(&TriggerStats) -> Result<Decision, String>,
+) -> KindReport {
+    let mut report = KindReport::default();
+    // Per round (the round last started when deciding): when it started, and when the
+    // candidate would have started it, each with the train samples pending then.
+    let mut rounds: std::collections::BTreeMap<i64, (Option<Moment>, Option<Moment>)> = Default::default();
+    for record in records.iter().filter(|r| r.kind == DecisionKind::Trigger) {
+        let Ok(stats) = serde_json::from_value::<TriggerStats>(record.input.clone()) else {
+            report.skipped.push(format!("#{}: its input is not a trigger's", record.id));
+            continue;
+        };
+        let recorded = serde_json::from_value::<TriggerAnswer>(record.answer.clone()).map(|a| a.train).unwrap_or(false);
+        report.decisions += u64::from(record.repeats.max(1));
+        let entry = rounds.entry(record.round).or_default();
+        if recorded && entry.0.is_none() {
+            entry.0 = Some(Moment {
+                id: record.id,
+                at_ms: record.at_ms,
+                pending: stats.pending_train,
+                reason: String::new(),
+            });
+        }
+        // A run of identical waits: asked at its first and its last moment.
+        let mut moments = vec![(record.at_ms, stats.clone())];
+        if record.repeats > 1 && record.last_ms > record.at_ms {
+            let later = (record.last_ms - record.at_ms) / 1000;
+            let mut last = stats.clone();
+            last.wall_clock_secs += later;
+            last.seconds_since_last_round = last.seconds_since_last_round.map(|s| s + later);
+            moments.push((record.last_ms, last));
+        }
+        let mut first_difference = None;
+        for (at_ms, stats) in &moments {
+            let answer = decide(stats);
+            let (train, reason) = match &answer {
+                Ok(decision) => (Some(decision.train), decision.reason.clone()),
+                Err(err) => (None, format!("failed: {err}")),
+            };
+            if train == Some(true) && entry.1.is_none() {
+                entry.1 =
+                    Some(Moment { id: record.id, at_ms: *at_ms, pending: stats.pending_train, reason: reason.clone() });
+            }
+            if train != Some(recorded) && first_difference.is_none() {
+                let said = match train {
+                    Some(true) => "train",
+                    Some(false) => "wait",
+                    None => "error",
+                };
+                first_difference = Some((*at_ms, stats.clone(), said, reason));
+            }
+        }
+        match first_difference {
+            None => report.agreed += u64::from(record.repeats.max(1)),
+            Some((at_ms, stats, said, reason)) => report.disagree(
+                keep,
+                Disagreement {
+                    id: record.id,
+                    at_ms,
+                    round: record.round,
+                    input: trigger_input(&stats),
+                    recorded: if recorded { "train" } else { "wait" }.into(),
+                    recorded_reason: record.reason.clone(),
+                    candidate: said.into(),
+                    candidate_reason: reason,
+                },
+            ),
+        }
+    }
+    for (round, (started, would)) in rounds {
+        let next = round + 1;
+        match (started, would) {
+            (Some(started), Some(would)) if would.id < started.id => report.effects.push(format!(
+                "round {next} would have started earlier ({} before): at {} with {} train samples, not at {} with {}",
+                seconds((started.at_ms - would.at_ms.min(started.at_ms)) / 1000),
+                time(would.at_ms),
+                would.pending,
+                time(started.at_ms),
+                started.pending
+            )),
+            (Some(started), None) => report.effects.push(format!(
+                "round {next} would not have started when it did ({}, {} train samples): the candidate waited on",
+                time(started.at_ms),
+                started.pending
+            )),
+            (None, Some(would)) => report.effects.push(format!(
+                "round {next} would have started at {} with {} train samples ({}); it has not started",
+                time(would.at_ms),
+                would.pending,
+                would.reason
+            )),
+            _ => {}
+        }
+    }
+    report
+}
+
+/// A moment a round started, or would have: the record, its time, the train samples pending.
+struct Moment {
+    id: i64,
+    at_ms: u64,
+    pending: u64,
+    reason: String,
+}
+
+fn trigger_input(stats: &TriggerStats) -> String {
+    let since = stats.seconds_since_last_round.map_or("never".to_owned(), |s| format!("{s}s ago"));
+    format!(
+        "pendingTrain {}, pendingEval {}, total {}, rounds {}, last round {since}",
+        stats.pending_train, stats.pending_eval, stats.total_samples, stats.rounds_completed
+    )
+}
+
+/// Replays split records: `batch` reads a batch's samples back from the dataset (or says why
+/// it cannot), `split` asks the candidate. A record of Sedna's rule (no assignments kept) is
+/// computed again from its sequence numbers and `trainProb`.
+pub fn splits(
+    records: &[Record],
+    keep: usize,
+    batch: &mut dyn FnMut(&BatchInput) -> Result<perennial_policy::SampleBatch, String>,
+    split: &mut dyn FnMut(perennial_policy::SampleBatch) -> Result<Assignments, String>,
+) -> KindReport {
+    let mut report = KindReport::default();
+    // [recorded][candidate] sample counts over train, eval, skip.
+    let mut moves = [[0u64; 3]; 3];
+    for record in records.iter().filter(|r| r.kind == DecisionKind::Splitter) {
+        let Ok(input) = serde_json::from_value::<BatchInput>(record.input.clone()) else {
+            report.skipped.push(format!("#{}: its input is not a batch", record.id));
+            continue;
+        };
+        let recorded: Vec<u8> = match (&record.assignments, input.train_prob) {
+            (Some(bytes), _) => bytes.clone(),
+            (None, Some(train_prob)) => {
+                Assignments::sedna_ratio(train_prob, input.first_seq, input.count as usize).as_bytes().to_vec()
+            }
+            (None, None) => {
+                report.skipped.push(format!("batch {}: its assignments were not kept", input.batch));
+                continue;
+            }
+        };
+        let samples = match batch(&input) {
+            Ok(samples) => samples,
+            Err(why) => {
+                report.skipped.push(format!("batch {}: {why}", input.batch));
+                continue;
+            }
+        };
+        report.decisions += 1;
+        let described = format!(
+            "batch {}: samples {}..{} (bytes {}..{})",
+            input.batch,
+            input.first_seq,
+            input.first_seq + input.count,
+            input.start,
+            input.end
+        );
+        let candidate = match split(samples) {
+            Ok(candidate) => candidate,
+            Err(err) => {
+                report.disagree(
+                    keep,
+                    Disagreement {
+                        id: record.id,
+                        at_ms: record.at_ms,
+                        round: record.round,
+                        input: described,
+                        recorded: counts(&recorded),
+                        recorded_reason: record.reason.clone(),
+                        candidate: "error".into(),
+                        candidate_reason: err,
+                    },
+                );
+                continue;
+            }
+        };
+        for (was, would) in recorded.iter().zip(candidate.as_bytes()) {
+            moves[usize::from(*was).min(2)][usize::from(*would).min(2)] += 1;
+        }
+        if candidate.as_bytes() == recorded.as_slice() {
+            report.agreed += 1;
+        } else {
+            let changed = recorded.iter().zip(candidate.as_bytes()).filter(|(a, b)| a != b).count();
+            report.disagree(
+                keep,
+                Disagreement {
+                    id: record.id,
+                    at_ms: record.at_ms,
+                    round: record.round,
+                    input: described,
+                    recorded: counts(&recorded),
+                    recorded_reason: record.reason.clone(),
+                    candidate: counts(candidate.as_bytes()),
+                    candidate_reason: format!("{changed} samples assigned otherwise"),
+                },
+            );
+        }
+    }
+    let names = ["train", "eval", "skip"];
+    for (from, row) in moves.iter().enumerate() {
+        for (to, count) in row.iter().enumerate() {
+            if from != to && *count > 0 {
+                report.effects.push(format!("{count} samples would move from {} to {}", names[from], names[to]));
+            }
+        }
+    }
+    report
+}
+
+fn counts(assignments: &[u8]) -> String {
+    let count = |a: Assignment| assignments.iter().filter(|b| **b == a as u8).count();
+    format!("train {}, eval {}, skip {}", count(Assignment::Train), count(Assignment::Eval), count(Assignment::Skip))
+}
+
+/// Replays selection records with `select`.
+pub fn selections(
+    records: &[Record],
+    keep: usize,
+    select: &mut dyn FnMut(&SelectInput) -> Result<Choice, String>,
+) -> KindReport {
+    let mut report = KindReport::default();
+    for record in records.iter().filter(|r| r.kind == DecisionKind::Selector) {
+        let (Ok(input), Ok(recorded)) = (
+            serde_json::from_value::<SelectInput>(record.input.clone()),
+            serde_json::from_value::<SelectAnswer>(record.answer.clone()),
+        ) else {
+            report.skipped.push(format!("#{}: not a selection", record.id));
+            continue;
+        };
+        report.decisions += 1;
+        let (candidate, reason) = match select(&input) {
+            Ok(choice) => (Some(choice.deploy), choice.reason),
+            Err(err) => (None, format!("failed: {err}")),
+        };
+        if candidate == Some(recorded.deploy) {
+            report.agreed += 1;
+            continue;
+        }
+        let name = |deploy: Option<u32>| deploy.map_or("keep".to_owned(), |i| format!("deploy {i}"));
+        // "deploying X" or "keeping the deployed model".
+        let acting = |deploy: Option<u32>| match deploy.and_then(|i| input.candidates.get(i as usize)) {
+            Some(model) => format!("deploying {} {}", model.url, metrics(&model.metrics)),
+            None => "keeping the deployed model".to_owned(),
+        };
+        let round = record.round;
+        let effect = match candidate {
+            Some(deploy) => format!("round {round}: {} instead of {}", acting(deploy), acting(recorded.deploy)),
+            None => format!("round {round}: the candidate failed instead of {}", acting(recorded.deploy)),
+        };
+        report.effects.push(effect);
+        let deployed = input.deployed.as_ref().map_or("none".to_owned(), |m| metrics(&m.metrics));
+        report.disagree(
+            keep,
+            Disagreement {
+                id: record.id,
+                at_ms: record.at_ms,
+                round: record.round,
+                input: format!("deployed {deployed}; {} candidates", input.candidates.len()),
+                recorded: name(recorded.deploy),
+                recorded_reason: record.reason.clone(),
+                candidate: candidate.map_or("error".to_owned(), name),
+                candidate_reason: reason,
+            },
+        );
+    }
+    report
+}
+
+fn metrics(metrics: &perennial_policy::Metrics) -> String {
+    let shown: Vec<String> = metrics.iter().map(|(name, value)| format!("{name}={value}")).collect();
+    format!("({})", shown.join(", "))
+}
+
+/// Unix milliseconds as RFC 3339 (UTC, seconds).
+pub fn time(ms: u64) -> String {
+    jiff::Timestamp::from_second((ms / 1000) as i64).map(|t| t.to_string()).unwrap_or_default()
+}
+
+fn seconds(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// Reads a recorded batch's samples back from the job's dataset index: the same bytes (their
+/// checksum), the same number of samples.
+pub fn read_batch(
+    index: &mut dyn crate::IndexFile,
+    input: &BatchInput,
+    csv: bool,
+    max_line: usize,
+) -> Result<perennial_policy::SampleBatch, String> {
+    let length = input.end.checked_sub(input.start).ok_or("its byte range is empty")? as usize;
+    // The range ends at the last sample's text; its line end follows (at most "\r\n").
+    let bytes = index.read_at(input.start, length + 2).map_err(|err| format!("reading {}: {err}", index.name()))?;
+    let range = &bytes[..length.min(bytes.len())];
+    if hex::encode(crate::ingest::batch_checksum(range)) != input.checksum {
+        return Err(format!("bytes {}..{} of {} changed since it was split", input.start, input.end, index.name()));
+    }
+    // Not line 1: a csv header is never in a batch.
+    let cursor = crate::lines::Cursor { offset: input.start, lines: 1, samples: input.first_seq, skipping_from: None };
+    let scan = crate::lines::scan(&bytes, cursor, max_line, csv);
+    if scan.samples.len() as u64 != input.count {
+        return Err(format!("bytes {}..{} no longer hold its {} samples", input.start, input.end, input.count));
+    }
+    let mut batch = perennial_policy::SampleBatch::with_capacity(input.first_seq, scan.samples.len(), bytes.len());
+    for line in &scan.samples {
+        batch.push(line.text).map_err(|_| "the batch is too large".to_owned())?;
+    }
+    Ok(batch)
+}
