@@ -161,3 +161,93 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
     let changed = replay(state, "builtin:ratio-split", r#"{"trainProb": 0.8}"#, &[]);
     assert!(String::from_utf8_lossy(&changed.stdout).contains("changed since it was split"), "{}", text(&changed));
 }
+
+/// The job's trigger and selector policy lines, each with a shadow.
+fn with_shadows(trigger_shadow: &str, selector_shadow: &str) -> impl Fn(&str, String) -> String + use<> {
+    let (trigger_shadow, selector_shadow) = (trigger_shadow.to_owned(), selector_shadow.to_owned());
+    move |name, text| {
+        if name != "job.yaml" {
+            return text;
+        }
+        let policy = format!(
+            "        metric: num_of_samples\n      policy:\n        plugin: builtin:threshold-trigger\n        config: {SEDNA_TRIGGER}\n        shadow: {trigger_shadow}\n"
+        );
+        text.replace("threshold: 200", "threshold: 150").replace("        metric: num_of_samples\n", &policy).replace(
+            "  deploySpec:\n",
+            &format!("  deploySpec:\n    selectPolicy:\n      plugin: builtin:first-select\n      shadow: {selector_shadow}\n"),
+        )
+    }
+}
+
+fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_shadow_is_counted_beside_the_serving_policy_and_a_hostile_one_changes_nothing() {
+    // An eager trigger and a selector that never replaces the deployed model, as shadows.
+    let eager = r#"{plugin: "builtin:threshold-trigger", config: {condition: {operator: ">=", threshold: 60, metric: num_of_samples}}}"#;
+    let strict = r#"{plugin: "builtin:metric-select", config: {metric: accuracy, minDelta: 1.0}}"#;
+    let example = Example::new(with_shadows(eager, strict));
+    let mut run = example.start(&[]);
+    let state = example.state.clone();
+    let policies = || example.status()[0]["status"]["policies"].clone();
+    let rounds = || example.live_status().and_then(|s| s["roundsCompleted"].as_u64()).unwrap_or(0);
+    wait_for("two rounds with shadows", Duration::from_secs(120), || rounds() >= 2);
+    let seen = policies();
+    let trigger = &seen["trigger"]["shadow"];
+    assert_eq!(trigger["plugin"], "builtin:threshold-trigger", "{seen}");
+    assert!(trigger["calls"].as_u64().unwrap() >= 2 && trigger["agreed"].as_u64().unwrap() >= 1, "{seen}");
+    let last = &trigger["lastDisagreement"];
+    assert_eq!((last["answer"].as_str(), last["shadowAnswer"].as_str()), (Some("wait"), Some("train")), "{seen}");
+    assert!(last["reason"].as_str().unwrap().contains(">= 60"), "{seen}");
+    let selector = &seen["selector"]["shadow"];
+    assert_eq!(selector["plugin"], "builtin:metric-select", "{seen}");
+    assert!(selector["disagreed"].as_u64().unwrap() >= 1, "round 2 on: it keeps what is deployed: {seen}");
+    assert_eq!(selector["lastDisagreement"]["shadowAnswer"], "keep", "{seen}");
+    // A shadow never acts: the serving policies decided every round.
+    let trains = |state: &Path| {
+        records(state, "thermal-comfort", &["--kind", "trigger"])
+            .into_iter()
+            .filter(|r| r["answer"]["train"] == true)
+            .map(|r| r["input"]["pendingTrain"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert!(trains(&state).iter().all(|pending| *pending >= 150), "{:?}", trains(&state));
+
+    // Swapped live for shadows that loop and answer out of range: the job goes on as before.
+    let trigger_plugin = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
+    let selector_plugin = perennial_policy::builtin::built_plugin_path("hostile-selector").unwrap();
+    let hostile = with_shadows(
+        &format!("{{plugin: {trigger_plugin:?}, config: {{behaviour: loop}}}}"),
+        &format!("{{plugin: {selector_plugin:?}}}"),
+    );
+    let original =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/thermal-comfort/job.yaml"))
+            .unwrap();
+    std::fs::write(example.manifests.join("job.yaml"), hostile("job.yaml", original)).unwrap();
+    let before = rounds();
+    wait_for("two more rounds beside hostile shadows", Duration::from_secs(120), || rounds() >= before + 2);
+    let seen = policies();
+    let trigger = &seen["trigger"]["shadow"];
+    assert!(trigger["plugin"].as_str().unwrap().ends_with("hostile_trigger.wasm"), "{seen}");
+    assert!(trigger["failed"].as_u64().unwrap() >= 1, "{seen}");
+    assert!(trigger["message"].as_str().unwrap().contains("100 ms"), "its fault, its own: {seen}");
+    assert_eq!(seen["trigger"]["health"], "Serving", "the serving trigger is untouched: {seen}");
+    let selector = &seen["selector"]["shadow"];
+    let fault = selector["message"].as_str().unwrap_or_default();
+    assert!(selector["failed"].as_u64().unwrap() >= 1 && fault.contains("chose candidate 1 of 1"), "{seen}");
+    assert_eq!(seen["selector"]["health"], "Serving", "{seen}");
+    assert!(trains(&state).iter().all(|pending| *pending >= 150), "{:?}", trains(&state));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(20));
+    assert!(out.status.success(), "{}", text(&out));
+    // The table says it too.
+    let table = perennial(&state, &["status"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("hostile_trigger.wasm sha256:"), "{}", text(&table));
+}

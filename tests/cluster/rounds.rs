@@ -162,8 +162,11 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
 
     // A hot swap by `kubectl patch`: the example count-or-age trigger, from its file.
     let path = perennial_policy::builtin::built_plugin_path("count-or-age-trigger").expect("the example plugin");
+    // With Sedna's rule beside it as its shadow, counted in status and never acting.
+    let shadow = serde_json::json!({"plugin": "builtin:threshold-trigger",
+        "config": {"condition": {"operator": ">=", "threshold": 1000, "metric": "num_of_samples"}}});
     let patch = serde_json::json!({"spec": {"trainSpec": {"trigger": {"policy": {
-        "plugin": format!("file://{path}"), "config": {"samples": 20, "maxAgeHours": 1}}}}}});
+        "plugin": format!("file://{path}"), "config": {"samples": 20, "maxAgeHours": 1}, "shadow": shadow}}}}});
     world.cluster.kubectl_ok(&[
         "patch",
         "ll",
@@ -185,6 +188,16 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
     // The new trigger decides the next round: 20 samples (the old one wanted 40).
     world.append_samples(25);
     world.until_deployed(4, Duration::from_secs(90)).await;
+
+    // The shadow waited where the new trigger trained: `kubectl get ll -o yaml` shows its record.
+    let yaml = until("the shadow's record in status", Duration::from_secs(60), || async {
+        let yaml = world.cluster.kubectl_ok(&["get", "ll", JOB, "-n", &world.namespace, "-o", "yaml"]);
+        let job = world.job().await?;
+        let shadow = &job["status"]["policies"]["trigger"]["shadow"];
+        (shadow["disagreed"].as_u64()? >= 1 && yaml.contains("shadowAnswer: wait")).then_some(yaml)
+    })
+    .await;
+    assert!(yaml.contains("plugin: builtin:threshold-trigger"), "{yaml}");
 
     // `kubectl get ll` and `describe` show the job as a user sees it.
     let table = world.cluster.kubectl_ok(&["get", "ll", "-n", &world.namespace]);

@@ -736,6 +736,7 @@ fn perennial_optional_fields_parse_and_are_the_policies_used() {
         config: Some(json!({"count": 100, "maxAgeSeconds": 86400})),
         limits: Limits { timeout_ms: 50, memory_mib: 16 },
         on_error: OnError::Hold,
+        shadow: None,
     };
     assert_eq!(spec.train_spec.trigger.as_ref().and_then(|t| t.policy.as_ref()), Some(&trigger));
     assert_eq!(spec.trigger_policy(), trigger);

@@ -3,6 +3,8 @@
 //! - `trigger/{decide,decide+record}`: a threshold-trigger call alone, and with its record
 //!   (each wait a new run of its own, written to SQLite with every 100th: the costliest case;
 //!   a run of identical waits only counts).
+//! - `trigger/decide+shadow`: the call with a shadow trigger beside it: what the serving side
+//!   pays is handing the question to the shadow's thread (which answers meanwhile).
 //! - `trigger/record-train`: the record of a decision that started a round, inserted in the
 //!   transaction that acts on it (the transaction itself is the round's).
 //! - `split/10000/{split,record}`: the built-in splitter on 10,000 samples as a Wasm component,
@@ -17,6 +19,7 @@ use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, Throughput};
 use perennial_edge::decisions::{BatchInput, DecidedBy, DecisionKind, Record, SplitCounts};
+use perennial_edge::shadow::{self, Question, Shadows};
 use perennial_edge::sqlite::Store;
 use perennial_edge::{IndexFile, JobSpec, LocalFile, replay};
 use perennial_policy::{
@@ -71,6 +74,30 @@ fn trigger(c: &mut Criterion) {
             }
         })
     });
+    // The same with a shadow: the loop hands it the question and goes on; the shadow (here
+    // the same trigger) answers on its own thread and its counts go to the store.
+    let shadow_store = std::sync::Mutex::new(store);
+    let shadows = Shadows {
+        trigger: Some(Arc::new(host_load::<TriggerKind>(
+            "threshold-trigger",
+            serde_json::json!({"condition": {"operator": ">", "threshold": 400}}),
+        ))),
+        ..Shadows::default()
+    };
+    let (queue, worker) = shadow::queue();
+    std::thread::scope(|scope| {
+        scope.spawn(|| worker.serve(&shadow_store));
+        group.bench_function("decide+shadow", |b| {
+            b.iter(|| {
+                stats.pending_train += 1;
+                let decision = policy.decide(black_box(&stats)).unwrap();
+                queue.ask(JOB, &shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
+            })
+        });
+        drop(queue);
+    });
+    let mut store = shadow_store.into_inner().unwrap();
+
     // One long transaction: the record's insert alone, not the round's commit.
     let record = Record {
         id: 0,

@@ -62,8 +62,8 @@ fn main() {
     let mut group = c.benchmark_group("ingest");
     group.throughput(Throughput::Elements(LINES as u64)).sample_size(10).measurement_time(Duration::from_secs(20));
     for (name, split) in [
-        ("wasm", Split { policy: Some(&policy), train_prob: 0.8 }),
-        ("native", Split { policy: None, train_prob: 0.8 }),
+        ("wasm", Split { policy: Some(&policy), train_prob: 0.8, shadow: None }),
+        ("native", Split { policy: None, train_prob: 0.8, shadow: None }),
     ] {
         group.bench_function(name, |b| {
             b.iter_batched(

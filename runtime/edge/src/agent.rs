@@ -12,12 +12,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use notify::{RecursiveMode, Watcher};
 
+use super::decisions::DecisionKind;
 use super::health;
 use super::index_file::IndexFile;
 use super::ingest::IngestError;
 use super::ingest::{FileState, IngestLimits, Split, ingest};
 use super::rounds::RoundError;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
+use super::shadow::{self, Question, ShadowQueue, Shadows};
 use crate::sqlite::Store;
 use perennial_policy::{
     Kind, OnError, Policy, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, Source, SplitterPolicy, TracingEvents,
@@ -50,6 +52,10 @@ pub struct JobPolicies {
     /// The built-in rules failing policies fall back to (`onError: fallback`).
     pub fallback_trigger: Option<TriggerPolicy>,
     pub fallback_selector: Option<SelectorPolicy>,
+    /// The candidates running beside them (`shadow:` in a reference), and the ones that could
+    /// not be loaded with why (the job runs all the same).
+    pub shadows: Shadows,
+    pub shadows_refused: Vec<RefusedShadow>,
 }
 
 impl JobPolicies {
@@ -67,7 +73,54 @@ impl JobPolicies {
         if let Some(selector) = &self.fallback_selector {
             selector.reset();
         }
+        self.shadows.release();
     }
+}
+
+/// A shadow that could not be loaded: its kind, its plugin, why.
+pub type RefusedShadow = (DecisionKind, String, String);
+
+/// Loads the shadows the job's references name; one that does not load is left out, with why.
+async fn load_shadows(
+    host: &PolicyHost,
+    job: &JobConfig,
+    events: Arc<dyn PolicyEvents>,
+) -> (Shadows, Vec<RefusedShadow>) {
+    let mut shadows = Shadows::default();
+    let mut refused = Vec::new();
+    let mut note = |kind: DecisionKind, plugin: &str, err: perennial_policy::LoadError| {
+        tracing::warn!(job = job.name, "the {kind} shadow {plugin} was not loaded: {err}");
+        refused.push((kind, plugin.to_owned(), err.to_string()));
+    };
+    if let Some(shadow) = &job.trigger.shadow {
+        match host.load(&shadow.as_policy(), events.clone()).await {
+            Ok(policy) => shadows.trigger = Some(Arc::new(policy)),
+            Err(err) => note(DecisionKind::Trigger, &shadow.plugin, err),
+        }
+    }
+    if let Some(shadow) = job.splitter.as_ref().and_then(|s| s.shadow.as_ref()) {
+        match host.load(&shadow.as_policy(), events.clone()).await {
+            Ok(policy) => shadows.splitter = Some(Arc::new(policy)),
+            Err(err) => note(DecisionKind::Splitter, &shadow.plugin, err),
+        }
+    }
+    if let Some(shadow) = &job.selector.shadow {
+        match host.load(&shadow.as_policy(), events).await {
+            Ok(policy) => shadows.selector = Some(Arc::new(policy)),
+            Err(err) => note(DecisionKind::Selector, &shadow.plugin, err),
+        }
+    }
+    (shadows, refused)
+}
+
+/// The shadow references of a job, to tell whether an edit changed them.
+fn shadow_refs(job: &JobConfig) -> [Option<&perennial_types::ShadowRef>; 3] {
+    [job.trigger.shadow.as_ref(), job.splitter.as_ref().and_then(|s| s.shadow.as_ref()), job.selector.shadow.as_ref()]
+}
+
+/// A reference without its shadow: what the serving policy is.
+fn serving_ref(reference: &PolicyRef) -> PolicyRef {
+    PolicyRef { shadow: None, ..reference.clone() }
 }
 
 /// Loads a job's policies.
@@ -90,12 +143,15 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
         } else {
             None
         };
+    let (shadows, shadows_refused) = load_shadows(host, job, events.clone()).await;
     Ok(JobPolicies {
         splitter,
         trigger: host.load(&job.trigger, events.clone()).await?,
         selector: host.load(&job.selector, events).await?,
         fallback_trigger,
         fallback_selector,
+        shadows,
+        shadows_refused,
     })
 }
 
@@ -134,6 +190,24 @@ pub fn run_jobs(
     reported: &dyn Fn(),
     swapper: Option<&Swapper>,
 ) {
+    // The shadows' own thread: the loop hands it questions and never waits for its answers.
+    let (shadows, worker) = shadow::queue();
+    std::thread::scope(|scope| {
+        scope.spawn(|| worker.serve(store));
+        run_loop(store, jobs, stop, wakes, reported, swapper, &shadows);
+        drop(shadows);
+    });
+}
+
+fn run_loop(
+    store: &Mutex<Store>,
+    jobs: &mut Vec<JobRunner>,
+    stop: &AtomicBool,
+    wakes: Wakes,
+    reported: &dyn Fn(),
+    swapper: Option<&Swapper>,
+    shadows: &ShadowQueue,
+) {
     let Wakes { sender: waker, receiver: woken } = wakes;
     let mut watch = IndexWatch::new(waker.clone());
     for (i, runner) in jobs.iter().enumerate() {
@@ -152,7 +226,7 @@ pub fn run_jobs(
             if due[i] > Instant::now() || stop.load(Ordering::Relaxed) || removed[i] {
                 continue;
             }
-            let (recheck, more, report) = turn(store, runner, &mut missing_said[i]);
+            let (recheck, more, report) = turn(store, runner, &mut missing_said[i], shadows);
             if report {
                 reported();
             }
@@ -211,6 +285,15 @@ pub fn run_jobs(
                         // included). The eval set's size applies from the next eval set on.
                         runner.job.spec.train_prob = config.spec.train_prob;
                         runner.job.spec.eval_set_size = config.spec.eval_set_size;
+                        // Its records' bound is read from the stored spec.
+                        if runner.job.spec.decision_records != config.spec.decision_records {
+                            runner.job.spec.decision_records = config.spec.decision_records;
+                            let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                            let job = &runner.job;
+                            if let Err(err) = crate::register_job(&mut store, &job.name, &job.uid, &job.spec) {
+                                tracing::warn!(job = job.name, "recording the job's decisionRecords: {err}");
+                            }
+                        }
                         plugin_files[i] = PluginFiles::of(&config);
                         swaps_asked[i] += 1;
                         // Policy files are read again too: an edit overtakes a reload in flight.
@@ -322,10 +405,12 @@ impl Swapper {
         reload_files: bool,
         wake: mpsc::Sender<Wake>,
     ) {
+        let is_file = |plugin: &str| matches!(perennial_policy::parse_source(plugin), Ok(Source::File(_)));
         let changed = |current: &PolicyRef, next: &PolicyRef| {
-            current != next
-                || reload_files && matches!(perennial_policy::parse_source(&next.plugin), Ok(Source::File(_)))
+            serving_ref(current) != serving_ref(next) || reload_files && is_file(&next.plugin)
         };
+        let shadows = shadow_refs(current) != shadow_refs(&next)
+            || reload_files && shadow_refs(&next).iter().flatten().any(|shadow| is_file(&shadow.plugin));
         let trigger = changed(&current.trigger, &next.trigger);
         let selector = changed(&current.selector, &next.selector);
         let splitter = match (&current.splitter, &next.splitter) {
@@ -342,8 +427,12 @@ impl Swapper {
                 selector: None,
                 splitter: None,
                 fallback_trigger: None,
+                shadows: None,
                 next: next.clone(),
             };
+            if shadows {
+                loaded.shadows = Some(load_shadows(&host, &next, events.clone()).await);
+            }
             if trigger {
                 loaded.trigger = Some(host.load(&next.trigger, events.clone()).await.map_err(|err| err.to_string()));
             }
@@ -378,6 +467,7 @@ pub struct LoadedSwap {
     selector: Option<Result<SelectorPolicy, String>>,
     splitter: Option<Result<Option<SplitterPolicy>, String>>,
     fallback_trigger: Option<Option<TriggerPolicy>>,
+    shadows: Option<(Shadows, Vec<RefusedShadow>)>,
 }
 
 /// A swap's outcome for one kind: the reference, and the digest now serving or why it was rejected.
@@ -387,23 +477,26 @@ type SwapOutcome = (&'static str, PolicyRef, Result<String, String>);
 /// (a reload of the same content changes nothing); one that did not is recorded as rejected
 /// with its reason, and the previous one serves on.
 fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
-    let LoadedSwap { next, trigger, selector, splitter, fallback_trigger } = loaded;
+    let LoadedSwap { next, trigger, selector, splitter, fallback_trigger, shadows } = loaded;
     let job = runner.job.name.clone();
     let mut outcomes: Vec<SwapOutcome> = Vec::new();
     if let Some(loaded) = trigger {
-        let same = next.trigger == runner.job.trigger;
+        let same = serving_ref(&next.trigger) == serving_ref(&runner.job.trigger);
         let outcome = put(loaded, &mut runner.policies.trigger, same);
         outcomes.extend(outcome.map(|digest| ("trigger", next.trigger.clone(), digest)));
     }
     if let Some(loaded) = selector {
-        let same = next.selector == runner.job.selector;
+        let same = serving_ref(&next.selector) == serving_ref(&runner.job.selector);
         let outcome = put(loaded, &mut runner.policies.selector, same);
         outcomes.extend(outcome.map(|digest| ("selector", next.selector.clone(), digest)));
     }
     if let Some(loaded) = splitter {
         let reference = next.splitter.clone().unwrap_or_else(|| PolicyRef::new(""));
         let outcome = match (loaded, &mut runner.policies.splitter) {
-            (Ok(Some(policy)), Some(serving)) => put(Ok(policy), serving, next.splitter == runner.job.splitter),
+            (Ok(Some(policy)), Some(serving)) => {
+                let same = next.splitter.as_ref().map(serving_ref) == runner.job.splitter.as_ref().map(serving_ref);
+                put(Ok(policy), serving, same)
+            }
             (Ok(policy), serving) => {
                 let digest = policy.as_ref().map_or(String::new(), |p| p.info().digest.clone());
                 *serving = policy;
@@ -418,16 +511,37 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
         runner.job.fallback_trigger = next.fallback_trigger.clone();
     }
     let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((shadows, refused)) = shadows {
+        runner.policies.shadows = shadows;
+        runner.job.trigger.shadow = next.trigger.shadow.clone();
+        runner.job.selector.shadow = next.selector.shadow.clone();
+        if let (Some(serving), Some(next)) = (&mut runner.job.splitter, &next.splitter) {
+            serving.shadow = next.shadow.clone();
+        }
+        record_shadows(&mut store, &runner.job, &runner.policies.shadows, &refused);
+    }
     for (kind, reference, outcome) in outcomes {
         let plugin = &reference.plugin;
         let recorded = match &outcome {
             Ok(digest) => {
                 let config = perennial_types::config_digest(reference.config.as_ref());
                 tracing::info!(job, "the {kind} policy is now {plugin} (sha256 {digest}, config {config})");
+                // The serving reference; its shadow is the one that loaded (above).
+                let keep_shadow = |serving: &PolicyRef, shadow: Option<perennial_types::ShadowRef>| PolicyRef {
+                    shadow,
+                    ..serving_ref(serving)
+                };
                 match kind {
-                    "trigger" => runner.job.trigger = next.trigger.clone(),
-                    "selector" => runner.job.selector = next.selector.clone(),
-                    _ => runner.job.splitter = next.splitter.clone(),
+                    "trigger" => {
+                        runner.job.trigger = keep_shadow(&next.trigger, runner.job.trigger.shadow.take());
+                    }
+                    "selector" => {
+                        runner.job.selector = keep_shadow(&next.selector, runner.job.selector.shadow.take());
+                    }
+                    _ => {
+                        let shadow = runner.job.splitter.as_mut().and_then(|s| s.shadow.take());
+                        runner.job.splitter = next.splitter.as_ref().map(|next| keep_shadow(next, shadow));
+                    }
                 }
                 health::swapped(&mut store, &job, kind, health::Serving { plugin, digest, config: &config }, now())
             }
@@ -461,10 +575,33 @@ fn put<K: Kind>(
     }
 }
 
+/// Records the job's shadows: loaded, refused with why, or none.
+fn record_shadows(store: &mut Store, job: &JobConfig, shadows: &Shadows, refused: &[RefusedShadow]) {
+    let identity = |policy: Option<(&str, &str)>| policy.map(|(digest, config)| (digest.to_owned(), config.to_owned()));
+    let loaded = [
+        identity(shadows.trigger.as_ref().map(|p| (p.info().digest.as_str(), p.config_digest()))),
+        identity(shadows.splitter.as_ref().map(|p| (p.info().digest.as_str(), p.config_digest()))),
+        identity(shadows.selector.as_ref().map(|p| (p.info().digest.as_str(), p.config_digest()))),
+    ];
+    for ((kind, reference), loaded) in DecisionKind::ALL.into_iter().zip(shadow_refs(job)).zip(loaded) {
+        let state = match (refused.iter().find(|(k, ..)| *k == kind), reference, &loaded) {
+            (Some((_, plugin, why)), ..) => shadow::Loaded::Refused { plugin, why },
+            (None, Some(reference), Some((digest, config))) => {
+                shadow::Loaded::Serving { plugin: &reference.plugin, digest, config }
+            }
+            _ => shadow::Loaded::None,
+        };
+        if let Err(err) = shadow::loaded(store, &job.name, kind, state) {
+            tracing::warn!(job = job.name, "recording the {kind} shadow: {err}");
+        }
+    }
+}
+
 /// Records which policies serve a job just loaded (at start, or when it comes to the node), so
 /// that its status names them, and not the ones of an earlier run.
 pub fn record_serving(store: &mut Store, runner: &JobRunner) {
     let (job, policies) = (&runner.job, &runner.policies);
+    record_shadows(store, job, &policies.shadows, &policies.shadows_refused);
     let mut serving = vec![
         ("trigger", &job.trigger, policies.trigger.info().digest.clone()),
         ("selector", &job.selector, policies.selector.info().digest.clone()),
@@ -522,13 +659,23 @@ impl Wakes {
 
 /// One turn of a job: ingest one batch, then the edge's step for the job's stage. Returns when
 /// to come back, whether a backlog remains, and whether a report was queued.
-fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -> (Duration, bool, bool) {
+fn turn(
+    store: &Mutex<Store>,
+    runner: &mut JobRunner,
+    missing_said: &mut bool,
+    shadows: &ShadowQueue,
+) -> (Duration, bool, bool) {
     let JobRunner { job, policies, index, output, read_model, settings } = runner;
+    // Each kind's shadow, if the job has one, asked through the queue.
+    let ask = |question: Question| shadows.ask(&job.name, &policies.shadows, question, now());
+    let trigger_shadow: rounds::Shadow<'_> = policies.shadows.trigger.is_some().then_some(&ask);
+    let splitter_shadow: rounds::Shadow<'_> = policies.shadows.splitter.is_some().then_some(&ask);
+    let selector_shadow: rounds::Shadow<'_> = policies.shadows.selector.is_some().then_some(&ask);
     let mut recheck = settings.poll;
     let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
     let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
     let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob };
+    let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob, shadow: splitter_shadow };
     let mut more = false;
     match ingest(&mut store, &job.name, index.as_mut(), csv, &split, limits) {
         Ok(done) => {
@@ -566,29 +713,49 @@ fn turn(store: &Mutex<Store>, runner: &mut JobRunner, missing_said: &mut bool) -
     let out = OutputDir { url: &job.spec.output_dir, op: output };
     let outcome = match stage(&store, &job.name) {
         Some((Stage::Train, Phase::Waiting)) => {
-            let outcome = rounds::train_waiting(&mut store, &job.name, &mut index, &out, &policies.trigger, clock);
+            let outcome = rounds::train_waiting(
+                &mut store,
+                &job.name,
+                &mut index,
+                &out,
+                &policies.trigger,
+                clock,
+                trigger_shadow,
+            );
             with_fallback(
                 &mut store,
                 &job.name,
                 "trigger",
                 outcome,
                 policies.fallback_trigger.as_ref(),
-                |store, trigger| rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock),
+                |store, trigger| {
+                    rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock, trigger_shadow)
+                },
             )
         }
         Some((Stage::Eval, Phase::Waiting)) => {
             rounds::eval_waiting(&mut store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
         }
         Some((Stage::Deploy, Phase::Waiting)) => {
-            let outcome =
-                rounds::deploy_waiting(&mut store, &job.name, &out, read_model.as_ref(), &policies.selector, clock);
+            let read_model = read_model.as_ref();
+            let outcome = rounds::deploy_waiting(
+                &mut store,
+                &job.name,
+                &out,
+                read_model,
+                &policies.selector,
+                clock,
+                selector_shadow,
+            );
             with_fallback(
                 &mut store,
                 &job.name,
                 "selector",
                 outcome,
                 policies.fallback_selector.as_ref(),
-                |store, selector| rounds::deploy_waiting(store, &job.name, &out, read_model.as_ref(), selector, clock),
+                |store, selector| {
+                    rounds::deploy_waiting(store, &job.name, &out, read_model, selector, clock, selector_shadow)
+                },
             )
         }
         _ => Ok(Outcome::NotDue { reason: "no edge step in this stage".into() }),

@@ -205,6 +205,8 @@ pub struct Recorder {
     closed: Vec<(Record, Instant)>,
     /// Records written per job since it was last pruned, and how many may be before the next prune.
     written: HashMap<String, (u32, u32)>,
+    /// Shadow policies' counts not yet written, and since when.
+    shadows: BTreeMap<(String, DecisionKind), (crate::shadow::Tally, Instant)>,
 }
 
 impl Recorder {
@@ -259,14 +261,30 @@ impl Recorder {
         }
     }
 
-    /// Whether unwritten waits have waited [`WAIT_FLUSH`].
-    pub fn flush_due(&self) -> bool {
-        let closed = self.closed.iter().map(|(_, since)| *since);
-        closed.chain(self.waits.values().filter_map(|open| open.dirty)).any(|since| since.elapsed() >= WAIT_FLUSH)
+    /// Adds to a shadow's counts; written with the next transaction.
+    pub fn shadow(&mut self, job: &str, kind: DecisionKind, tally: crate::shadow::Tally) {
+        let entry = self.shadows.entry((job.to_owned(), kind)).or_insert_with(|| (Default::default(), Instant::now()));
+        entry.0.add(tally);
     }
 
-    /// Writes the unwritten waits in `tx`; a failure is logged (they changed nothing).
+    /// Whether unwritten waits or shadow counts have waited [`WAIT_FLUSH`].
+    pub fn flush_due(&self) -> bool {
+        let closed = self.closed.iter().map(|(_, since)| *since);
+        let shadows = self.shadows.values().map(|(_, since)| *since);
+        closed
+            .chain(shadows)
+            .chain(self.waits.values().filter_map(|open| open.dirty))
+            .any(|since| since.elapsed() >= WAIT_FLUSH)
+    }
+
+    /// Writes the unwritten waits and shadow counts in `tx`; a failure is logged (they changed
+    /// nothing).
     pub fn flush(&mut self, tx: &Transaction<'_>) {
+        for ((job, kind), (tally, _)) in std::mem::take(&mut self.shadows) {
+            if let Err(err) = tally.write(tx, &job, kind) {
+                tracing::warn!(job, "recording the {kind} shadow's counts: {err}");
+            }
+        }
         for (record, _) in std::mem::take(&mut self.closed) {
             if let Err(err) = write(tx, &mut self.written, &record) {
                 tracing::warn!(job = record.job, "recording a trigger's waits: {err}");
@@ -293,6 +311,7 @@ impl Recorder {
         self.waits.remove(job);
         self.closed.retain(|(record, _)| record.job != job);
         self.written.remove(job);
+        self.shadows.retain(|(shadowed, _), _| shadowed != job);
     }
 }
 

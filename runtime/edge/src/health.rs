@@ -21,6 +21,8 @@ pub struct Health {
     pub config: Option<String>,
     /// Its last decision that acted: the answer, the policy's reason, when (unix seconds).
     pub decision: Option<(String, String, u64)>,
+    /// The shadow beside it, and its record.
+    pub shadow: Option<perennial_types::ShadowStatus>,
 }
 
 /// Records the outcome of a call of the job's `kind` policy; writes only when it changes.
@@ -118,6 +120,9 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
         let time = jiff::Timestamp::from_second(*at as i64).map(|t| t.to_string()).unwrap_or_default();
         policy.last_decision = Some(PolicyDecision { answer: answer.clone(), reason: reason.clone(), time });
     }
+    if found.shadow.is_some() {
+        policy.shadow = found.shadow.clone();
+    }
     (policy.health, policy.message) = match (&found.rejected, &found.failure) {
         (Some(why), _) => (PolicyHealth::LoadFailed, Some(format!("rejected {why}; the previous one serves"))),
         (None, Some(why)) => (PolicyHealth::Failing, Some(why.clone())),
@@ -155,9 +160,17 @@ pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
             rejected: r.get(6)?,
             config: r.get(7)?,
             decision: decision.map(|answer| (answer, reason.unwrap_or_default(), at.unwrap_or(0).max(0) as u64)),
+            shadow: None,
         })
     })?;
-    rows.collect()
+    let mut healths: Vec<Health> = rows.collect::<rusqlite::Result<_>>()?;
+    for (job, kind, shadow) in crate::shadow::all(store.conn())? {
+        match healths.iter_mut().find(|h| h.job == job && h.kind == kind) {
+            Some(health) => health.shadow = Some(shadow),
+            None => healths.push(Health { job, kind, shadow: Some(shadow), ..Health::default() }),
+        }
+    }
+    Ok(healths)
 }
 
 #[cfg(test)]

@@ -74,6 +74,8 @@ pub enum IngestError {
 pub struct Split<'a> {
     pub policy: Option<&'a SplitterPolicy>,
     pub train_prob: f64,
+    /// The job's shadow splitter, asked each batch after it is committed.
+    pub shadow: crate::rounds::Shadow<'a>,
 }
 
 /// The job's committed reading position in its index.
@@ -154,26 +156,29 @@ pub fn ingest(
         }
         out.refused.extend(scan.refused.iter().map(|refused| format!("{name}: {refused}")));
         let n = scan.samples.len();
+        let packed = || {
+            let mut batch = SampleBatch::with_capacity(scan.samples.first().map_or(0, |l| l.seq), n, buf.len());
+            for line in &scan.samples {
+                batch.push(line.text).expect("a batch is at most batch_bytes long");
+            }
+            batch
+        };
+        // The shadow's copy, made only when there is a shadow.
+        let for_shadow = split.shadow.filter(|_| n > 0).map(|_| packed());
         let started = std::time::Instant::now();
         let mut decided_by = split.policy.map(DecidedBy::of);
         let assignments = match split.policy {
             _ if n == 0 => Assignments::sedna_ratio(0.0, 0, 0),
             None => Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n),
-            Some(policy) => {
-                let mut batch = SampleBatch::with_capacity(scan.samples[0].seq, n, buf.len());
-                for line in &scan.samples {
-                    batch.push(line.text).expect("a batch is at most batch_bytes long");
+            Some(policy) => match policy.split(packed()) {
+                Ok(assignments) => assignments,
+                Err(err) if policy.info().on_error == OnError::Fallback => {
+                    out.fell_back = Some(err);
+                    decided_by = None;
+                    Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n)
                 }
-                match policy.split(batch) {
-                    Ok(assignments) => assignments,
-                    Err(err) if policy.info().on_error == OnError::Fallback => {
-                        out.fell_back = Some(err);
-                        decided_by = None;
-                        Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n)
-                    }
-                    Err(err) => return Err(IngestError::Held(err)),
-                }
-            }
+                Err(err) => return Err(IngestError::Held(err)),
+            },
         };
         let micros = started.elapsed().as_micros() as u64;
         let (train, eval, skip) = assignments.counts();
@@ -264,6 +269,9 @@ pub fn ingest(
             params![job, scan.cursor.samples as i64],
         )?;
         tx.commit()?;
+        if let (Some(shadow), Some(batch)) = (split.shadow, for_shadow) {
+            shadow(crate::shadow::Question::Split { batch, assignments: assignments.as_bytes().to_vec() });
+        }
         state.cursor = scan.cursor;
         if out.batches >= limits.batches_per_call {
             return Ok(out);

@@ -56,7 +56,7 @@ pub fn forget_job(store: &mut Store, name: &str) -> Result<(), rusqlite::Error> 
 }
 
 pub(crate) fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
-    for table in ["batches", "results", "outbox", "workers", "decisions"] {
+    for table in ["batches", "results", "outbox", "workers", "decisions", "shadows"] {
         tx.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [name])?;
     }
     tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;

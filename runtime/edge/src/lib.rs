@@ -25,6 +25,7 @@ pub mod replay;
 pub mod report;
 pub mod rounds;
 pub mod serve;
+pub mod shadow;
 pub mod sqlite;
 pub mod state_lock;
 pub mod status_report;

@@ -21,9 +21,14 @@ use super::index_file::IndexFile;
 use super::lines::{self, Cursor};
 use super::report::{self, Input, Model, Report};
 use crate::decisions::{DecidedBy, DecisionKind, Record, SelectAnswer, SelectInput, TriggerAnswer};
+use crate::shadow::Question;
 use crate::sqlite::Store;
 use perennial_policy::{Metrics, ModelInfo, PolicyError, SelectorPolicy, TriggerPolicy, TriggerStats};
 use perennial_types::{Phase, Stage, StageNotice};
+
+/// Where the serving policy's question and answer go for the job's shadow of that kind, if it
+/// has one (shadow.rs): after the serving decision, never waiting.
+pub type Shadow<'a> = Option<&'a dyn Fn(Question)>;
 
 /// The job's dataset index, to read sample lines back from.
 pub struct Index<'a> {
@@ -256,6 +261,7 @@ pub fn train_waiting(
     output: &OutputDir<'_>,
     trigger: &TriggerPolicy,
     clock: Clock,
+    shadow: Shadow<'_>,
 ) -> Result<Outcome, RoundError> {
     let (row, round) = match due(store, job, Stage::Train)? {
         Ok(due) => due,
@@ -266,6 +272,9 @@ pub fn train_waiting(
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
     let micros = started.elapsed().as_micros() as u64;
     let by = DecidedBy::of(trigger);
+    if let Some(shadow) = shadow {
+        shadow(Question::Trigger { stats: stats.clone(), train: decision.train });
+    }
     if !decision.train {
         store.recorder.wait(job, row.round, &stats, &decision, &by, clock.now * 1000, micros);
         return Ok(Outcome::Waiting { reason: decision.reason, recheck_after_secs: decision.recheck_after_secs });
@@ -375,6 +384,7 @@ pub fn deploy_waiting(
     read_model: &dyn Fn(&str) -> Result<Vec<u8>, String>,
     selector: &SelectorPolicy,
     clock: Clock,
+    shadow: Shadow<'_>,
 ) -> Result<Outcome, RoundError> {
     let (row, round) = match due(store, job, Stage::Deploy)? {
         Ok(due) => due,
@@ -404,6 +414,9 @@ pub fn deploy_waiting(
         assignments: None,
         micros: started.elapsed().as_micros() as u64,
     };
+    if let Some(shadow) = shadow {
+        shadow(Question::Select { input, deploy: choice.deploy });
+    }
     let mut report = Report {
         job: job.to_owned(),
         job_uid: row.uid,

@@ -155,6 +155,21 @@ const MIGRATIONS: &[&str] = &[
         micros      INTEGER NOT NULL
     );
     CREATE INDEX decisions_by_job ON decisions (job, id);
+    CREATE TABLE shadows (
+        job               TEXT NOT NULL,
+        kind              TEXT NOT NULL,
+        plugin            TEXT NOT NULL,
+        digest            TEXT NOT NULL,                 -- '' when it could not be loaded
+        config            TEXT NOT NULL,
+        calls             INTEGER NOT NULL DEFAULT 0,
+        agreed            INTEGER NOT NULL DEFAULT 0,
+        disagreed         INTEGER NOT NULL DEFAULT 0,
+        failed            INTEGER NOT NULL DEFAULT 0,
+        skipped           INTEGER NOT NULL DEFAULT 0,
+        message           TEXT,
+        last_disagreement TEXT,                          -- JSON
+        PRIMARY KEY (job, kind)
+    ) WITHOUT ROWID;
     "#,
 ];
 

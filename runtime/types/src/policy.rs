@@ -29,6 +29,41 @@ pub struct PolicyRef {
     pub limits: Limits,
     #[serde(default)]
     pub on_error: OnError,
+    /// A candidate that runs beside this policy on the same live inputs and never acts: the
+    /// job's status counts how often it agrees. Promote it by making it the policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowRef>,
+}
+
+/// A shadow policy: a plugin, as a policy names one, with its own limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShadowRef {
+    /// `builtin:NAME`, `file:///path`, a plain path, `https://...` or `s3://bucket/key`.
+    pub plugin: String,
+    /// Hex SHA-256 of the component. Required for remote sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Handed to the plugin's `configure` as JSON. Absent means `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    pub config: Option<serde_json::Value>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+impl ShadowRef {
+    /// The shadow as a reference of its own (a failing shadow holds: it never acts anyway).
+    pub fn as_policy(&self) -> PolicyRef {
+        PolicyRef {
+            plugin: self.plugin.clone(),
+            sha256: self.sha256.clone(),
+            config: self.config.clone(),
+            limits: self.limits,
+            on_error: OnError::Hold,
+            shadow: None,
+        }
+    }
 }
 
 /// What a call may use.
@@ -122,6 +157,7 @@ impl PolicyRef {
             config: None,
             limits: Limits::default(),
             on_error: OnError::default(),
+            shadow: None,
         }
     }
 
@@ -133,6 +169,9 @@ impl PolicyRef {
     /// Checks the reference; the error names the field (`plugin`, `sha256`, `limits.timeoutMs`,
     /// ...) and what is wrong with it.
     pub fn validate(&self) -> Result<ValidRef, String> {
+        if let Some(shadow) = &self.shadow {
+            shadow.as_policy().validate().map_err(|err| format!("shadow.{err}"))?;
+        }
         let source = parse_source(&self.plugin).map_err(|err| format!("plugin: {err}"))?;
         let sha256 = match &self.sha256 {
             Some(hex) => {
@@ -221,6 +260,54 @@ pub struct PolicyStatus {
     /// policy's own reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision: Option<PolicyDecision>,
+    /// The shadow running beside it, and how often it agreed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowStatus>,
+}
+
+/// A shadow policy as the job shows it: what runs, and its record against the serving policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowStatus {
+    pub plugin: String,
+    /// SHA-256 of its component (empty when it could not be loaded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config: String,
+    /// Calls on live inputs since it was loaded, and how they compared with the serving answer.
+    #[serde(default)]
+    pub calls: u64,
+    #[serde(default)]
+    pub agreed: u64,
+    #[serde(default)]
+    pub disagreed: u64,
+    /// Calls that trapped, timed out or ran out of memory.
+    #[serde(default)]
+    pub failed: u64,
+    /// Inputs it was not asked about: it was still busy with earlier ones (the serving policy
+    /// never waits for it).
+    #[serde(default)]
+    pub skipped: u64,
+    /// Why it does not run (it could not be loaded), or its last fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_disagreement: Option<ShadowDisagreement>,
+}
+
+/// The last input on which a shadow answered otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShadowDisagreement {
+    /// The input, in a few words.
+    pub input: String,
+    /// The serving policy's answer, and the shadow's with its reason.
+    pub answer: String,
+    pub shadow_answer: String,
+    pub reason: String,
+    /// When, RFC 3339 (UTC).
+    pub time: String,
 }
 
 /// A decision a policy made, as the job shows it.
@@ -267,6 +354,21 @@ mod tests {
         assert_eq!(valid.limits, Limits { timeout_ms: 100, memory_mib: 32 });
         assert_eq!(valid.on_error, OnError::Fallback);
         assert_eq!(valid.config, "{}");
+    }
+
+    #[test]
+    fn a_shadow_is_checked_like_a_policy_and_its_errors_say_so() {
+        let shadow = |shadow: serde_json::Value| {
+            reference(serde_json::json!({"plugin": "builtin:ratio-split", "shadow": shadow}))
+        };
+        assert!(shadow(serde_json::json!({"plugin": "builtin:ratio-split", "config": {"trainProb": 0.5}})).is_ok());
+        let err = shadow(serde_json::json!({"plugin": "builtin:ratio-split", "limits": {"timeoutMs": 0}})).unwrap_err();
+        assert!(err.starts_with("shadow.limits.timeoutMs: 0 is outside"), "{err}");
+        let err = shadow(serde_json::json!({"plugin": "https://example.org/p.wasm"})).unwrap_err();
+        assert!(err.starts_with("shadow.sha256: required"), "{err}");
+        // A shadow has no onError (it never acts) and no shadow of its own.
+        let err = shadow(serde_json::json!({"plugin": "builtin:ratio-split", "onError": "hold"})).unwrap_err();
+        assert!(err.contains("unknown field `onError`"), "{err}");
     }
 
     #[test]

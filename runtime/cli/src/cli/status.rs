@@ -129,4 +129,20 @@ fn print_policy(kind: &str, p: &PolicyStatus) {
     if let Some(decision) = &p.last_decision {
         println!("           last decision: {}, {} ({})", decision.answer, decision.reason, decision.time);
     }
+    if let Some(shadow) = &p.shadow {
+        let digest = shadow.digest.get(..12).unwrap_or(&shadow.digest);
+        println!(
+            "           shadow {} sha256:{digest} config:{}: {} calls, {} agreed, {} disagreed, {} failed, {} skipped",
+            shadow.plugin, shadow.config, shadow.calls, shadow.agreed, shadow.disagreed, shadow.failed, shadow.skipped
+        );
+        if let Some(message) = &shadow.message {
+            println!("             {message}");
+        }
+        if let Some(d) = &shadow.last_disagreement {
+            println!(
+                "             last disagreement ({}): {}: {} where the policy said {} ({})",
+                d.time, d.input, d.shadow_answer, d.answer, d.reason
+            );
+        }
+    }
 }

@@ -51,7 +51,7 @@ impl Fixture {
 
     fn ingest(&mut self, policy: &SplitterPolicy, csv: bool) -> Result<edge::Ingested, IngestError> {
         let mut file = LocalFile { path: self.index() };
-        let split = Split { policy: Some(policy), train_prob: 0.8 };
+        let split = Split { policy: Some(policy), train_prob: 0.8, shadow: None };
         edge::ingest(
             &mut self.store,
             JOB,

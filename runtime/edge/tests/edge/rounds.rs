@@ -81,7 +81,7 @@ impl Edge {
             writeln!(file, "images/{i}.jpg").unwrap();
         }
         let mut index = LocalFile { path: self.index_path() };
-        let split = Split { policy: Some(&self.splitter), train_prob: 0.8 };
+        let split = Split { policy: Some(&self.splitter), train_prob: 0.8, shadow: None };
         edge::ingest(&mut self.store, JOB, &mut index, false, &split, IngestLimits::default()).unwrap();
     }
 
@@ -94,7 +94,7 @@ impl Edge {
         let (mut file, url) = self.index();
         let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
         let output = OutputDir { url: &self.output_url, op: &self.op };
-        rounds::train_waiting(&mut self.store, JOB, &mut index, &output, &self.trigger, CLOCK).unwrap()
+        rounds::train_waiting(&mut self.store, JOB, &mut index, &output, &self.trigger, CLOCK, None).unwrap()
     }
 
     fn eval(&mut self) -> Outcome {
@@ -108,7 +108,7 @@ impl Edge {
         let output = OutputDir { url: &self.output_url, op: &self.op };
         let (rt, s3) = (self.rt.clone(), self.s3.clone());
         let read = move |url: &str| rt.block_on(perennial_storage::read(url, s3.as_ref())).map_err(|e| e.to_string());
-        rounds::deploy_waiting(&mut self.store, JOB, &output, &read, &self.selector, CLOCK).unwrap()
+        rounds::deploy_waiting(&mut self.store, JOB, &output, &read, &self.selector, CLOCK, None).unwrap()
     }
 
     fn stage(&mut self, stage: &str) {
@@ -331,7 +331,7 @@ fn an_index_overwritten_in_place_is_caught_before_it_reaches_a_round_file() {
     let (mut file, url) = edge.index();
     let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
     let output = OutputDir { url: &edge.output_url, op: &edge.op };
-    let err = rounds::train_waiting(&mut edge.store, JOB, &mut index, &output, &edge.trigger, CLOCK).unwrap_err();
+    let err = rounds::train_waiting(&mut edge.store, JOB, &mut index, &output, &edge.trigger, CLOCK, None).unwrap_err();
     assert!(err.to_string().contains("changed since they were read"), "{err}");
     assert!(edge.op.read("data/train/1/data.txt").is_err(), "no round file was published");
     assert!(report::pending(&edge.store, 10).unwrap().is_empty(), "no round was reported");

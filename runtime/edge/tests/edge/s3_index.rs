@@ -25,7 +25,7 @@ fn an_s3_index_is_tailed_by_ranged_reads_and_round_files_carry_a_data_index() {
     edge::register_job(&mut store, JOB, "uid", &JobSpec::default()).unwrap();
     let url = "s3://datasets/thermal/index.txt";
     let mut index = S3Index::open(url, Some(&server.credentials())).unwrap();
-    let split = Split { policy: None, train_prob: 0.8 };
+    let split = Split { policy: None, train_prob: 0.8, shadow: None };
     let ingest = |store: &mut Store, index: &mut S3Index| {
         edge::ingest(store, JOB, index, false, &split, IngestLimits::default()).unwrap()
     };
@@ -60,7 +60,7 @@ fn an_s3_index_is_tailed_by_ranged_reads_and_round_files_carry_a_data_index() {
     let out = OutputDir { url: output.to_str().unwrap(), op: &op };
     let clock = Clock { now: 1_700_000_000, utc_offset_secs: 0 };
     let Outcome::Reported(report) =
-        rounds::train_waiting(&mut store, JOB, &mut index_ref, &out, &trigger, clock).unwrap()
+        rounds::train_waiting(&mut store, JOB, &mut index_ref, &out, &trigger, clock, None).unwrap()
     else {
         panic!("the trigger fires on any sample");
     };

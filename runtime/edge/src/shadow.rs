@@ -1,0 +1,320 @@
+//! Shadow policies: a candidate named in a policy reference (`shadow:`) is asked the same live
+//! questions as the serving policy, after the serving answer is made and acted on, on a thread of
+//! its own, and never acts. The serving policy never waits for it: the loop hands it the question
+//! through a bounded queue, and a question it cannot take (the shadow is still busy) is counted as
+//! skipped. Its time and its faults (a trap, a timeout, memory) are its own: they count as failed
+//! in its record. The job's status shows, per kind, its calls, agreements, disagreements and the
+//! last disagreement (`status.policies.<kind>.shadow`).
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::params;
+
+use crate::decisions::{DecisionKind, SelectInput};
+use crate::sqlite::Store;
+use perennial_policy::{SampleBatch, SelectorPolicy, SplitterPolicy, TriggerPolicy, TriggerStats};
+use perennial_types::{ShadowDisagreement, ShadowStatus};
+
+/// A job's shadow policies, each beside the serving policy of its kind.
+#[derive(Clone, Default)]
+pub struct Shadows {
+    pub trigger: Option<Arc<TriggerPolicy>>,
+    pub splitter: Option<Arc<SplitterPolicy>>,
+    pub selector: Option<Arc<SelectorPolicy>>,
+}
+
+impl Shadows {
+    pub fn release(&self) {
+        if let Some(policy) = &self.trigger {
+            policy.reset();
+        }
+        if let Some(policy) = &self.splitter {
+            policy.reset();
+        }
+        if let Some(policy) = &self.selector {
+            policy.reset();
+        }
+    }
+}
+
+/// What the serving policy was asked, and what it answered.
+pub enum Question {
+    Trigger { stats: TriggerStats, train: bool },
+    Split { batch: SampleBatch, assignments: Vec<u8> },
+    Select { input: SelectInput, deploy: Option<u32> },
+}
+
+impl Question {
+    pub fn kind(&self) -> DecisionKind {
+        match self {
+            Question::Trigger { .. } => DecisionKind::Trigger,
+            Question::Split { .. } => DecisionKind::Splitter,
+            Question::Select { .. } => DecisionKind::Selector,
+        }
+    }
+}
+
+/// How a shadow's answer compared with the serving one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compared {
+    Agreed,
+    Disagreed(ShadowDisagreement),
+    Failed(String),
+}
+
+/// Asks `shadows`' policy of the question's kind, and compares its answer with the serving one.
+/// `None` when the job has no shadow of that kind.
+pub fn ask(shadows: &Shadows, question: Question, now: u64) -> Option<Compared> {
+    let time = jiff::Timestamp::from_second(now as i64).map(|t| t.to_string()).unwrap_or_default();
+    let differs = |input: String, answer: String, shadow_answer: String, reason: String| {
+        Compared::Disagreed(ShadowDisagreement { input, answer, shadow_answer, reason, time: time.clone() })
+    };
+    let word = |train: bool| if train { "train" } else { "wait" }.to_owned();
+    Some(match question {
+        Question::Trigger { stats, train } => match shadows.trigger.as_ref()?.decide(&stats) {
+            Ok(decision) if decision.train == train => Compared::Agreed,
+            Ok(decision) => differs(
+                format!("pendingTrain {}, pendingEval {}", stats.pending_train, stats.pending_eval),
+                word(train),
+                word(decision.train),
+                decision.reason,
+            ),
+            Err(err) => Compared::Failed(err.to_string()),
+        },
+        Question::Split { batch, assignments } => {
+            let (first, count) = (batch.first_seq(), batch.len() as u64);
+            match shadows.splitter.as_ref()?.split(batch) {
+                Ok(theirs) if theirs.as_bytes() == assignments.as_slice() => Compared::Agreed,
+                Ok(theirs) => {
+                    let moved = theirs.as_bytes().iter().zip(&assignments).filter(|(a, b)| a != b).count();
+                    let counts = |bytes: &[u8]| {
+                        let n = |v: u8| bytes.iter().filter(|b| **b == v).count();
+                        format!("train {}, eval {}, skip {}", n(0), n(1), n(2))
+                    };
+                    differs(
+                        format!("samples {first}..{}", first + count),
+                        counts(&assignments),
+                        counts(theirs.as_bytes()),
+                        format!("{moved} samples assigned otherwise"),
+                    )
+                }
+                Err(err) => Compared::Failed(err.to_string()),
+            }
+        }
+        Question::Select { input, deploy } => {
+            match shadows.selector.as_ref()?.select(input.deployed.as_ref(), &input.candidates) {
+                Ok(choice) if choice.deploy == deploy => Compared::Agreed,
+                Ok(choice) => {
+                    let name = |d: Option<u32>| d.map_or("keep".to_owned(), |i| format!("deploy {i}"));
+                    differs(
+                        format!("{} candidates", input.candidates.len()),
+                        name(deploy),
+                        name(choice.deploy),
+                        choice.reason,
+                    )
+                }
+                Err(err) => Compared::Failed(err.to_string()),
+            }
+        }
+    })
+}
+
+/// Questions a shadow may have waiting before the next is skipped.
+pub const QUEUE: usize = 64;
+
+struct Asked {
+    job: String,
+    shadows: Shadows,
+    question: Question,
+    now: u64,
+}
+
+/// The loop's side of the shadows' thread.
+#[derive(Clone)]
+pub struct ShadowQueue {
+    sender: SyncSender<Asked>,
+    /// Questions skipped since the thread last wrote them down, by job and kind.
+    skipped: Arc<Mutex<HashMap<(String, DecisionKind), u64>>>,
+}
+
+/// The shadows' thread's side.
+pub struct ShadowWorker {
+    receiver: Receiver<Asked>,
+    skipped: Arc<Mutex<HashMap<(String, DecisionKind), u64>>>,
+}
+
+/// A queue and the worker that serves it (run [`ShadowWorker::serve`] on a thread of its own).
+pub fn queue() -> (ShadowQueue, ShadowWorker) {
+    let (sender, receiver) = std::sync::mpsc::sync_channel(QUEUE);
+    let skipped = Arc::new(Mutex::new(HashMap::new()));
+    (ShadowQueue { sender, skipped: skipped.clone() }, ShadowWorker { receiver, skipped })
+}
+
+impl ShadowQueue {
+    /// Hands the question to the job's shadow of its kind, if it has one; never waits.
+    pub fn ask(&self, job: &str, shadows: &Shadows, question: Question, now: u64) {
+        let kind = question.kind();
+        let asked = Asked { job: job.to_owned(), shadows: shadows.clone(), question, now };
+        if let Err(TrySendError::Full(_)) = self.sender.try_send(asked) {
+            let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+            *skipped.entry((job.to_owned(), kind)).or_default() += 1;
+        }
+    }
+}
+
+impl ShadowWorker {
+    /// Asks each shadow its questions and writes down how it compared, until the queue's last
+    /// sender is gone.
+    pub fn serve(self, store: &Mutex<Store>) {
+        while let Ok(asked) = self.receiver.recv() {
+            let kind = asked.question.kind();
+            let compared = ask(&asked.shadows, asked.question, asked.now);
+            let skipped = std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|p| p.into_inner()));
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(compared) = compared {
+                store.recorder.shadow(&asked.job, kind, Tally::of(compared));
+            }
+            for ((job, kind), count) in skipped {
+                store.recorder.shadow(&job, kind, Tally { skipped: count, ..Tally::default() });
+            }
+        }
+    }
+}
+
+/// Counts not yet written to a shadow's row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub calls: u64,
+    pub agreed: u64,
+    pub disagreed: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    pub message: Option<String>,
+    pub last_disagreement: Option<ShadowDisagreement>,
+}
+
+impl Tally {
+    fn of(compared: Compared) -> Tally {
+        let mut tally = Tally { calls: 1, ..Tally::default() };
+        match compared {
+            Compared::Agreed => tally.agreed = 1,
+            Compared::Disagreed(last) => (tally.disagreed, tally.last_disagreement) = (1, Some(last)),
+            Compared::Failed(why) => (tally.failed, tally.message) = (1, Some(why)),
+        }
+        tally
+    }
+
+    pub fn add(&mut self, other: Tally) {
+        self.calls += other.calls;
+        self.agreed += other.agreed;
+        self.disagreed += other.disagreed;
+        self.failed += other.failed;
+        self.skipped += other.skipped;
+        self.message = other.message.or(self.message.take());
+        self.last_disagreement = other.last_disagreement.or(self.last_disagreement.take());
+    }
+
+    /// Adds the tally to the shadow's row (none: the shadow was removed since).
+    pub fn write(&self, tx: &rusqlite::Transaction<'_>, job: &str, kind: DecisionKind) -> rusqlite::Result<()> {
+        let last = self.last_disagreement.as_ref().and_then(|d| serde_json::to_string(d).ok());
+        tx.prepare_cached(
+            "UPDATE shadows SET calls = calls + ?3, agreed = agreed + ?4, disagreed = disagreed + ?5,
+                 failed = failed + ?6, skipped = skipped + ?7, message = COALESCE(?8, message),
+                 last_disagreement = COALESCE(?9, last_disagreement)
+             WHERE job = ?1 AND kind = ?2",
+        )?
+        .execute(params![
+            job,
+            kind.as_str(),
+            self.calls as i64,
+            self.agreed as i64,
+            self.disagreed as i64,
+            self.failed as i64,
+            self.skipped as i64,
+            self.message,
+            last
+        ])?;
+        Ok(())
+    }
+}
+
+/// What a job's shadow of a kind is now: loaded (plugin, digest, config digest), refused with
+/// why, or none.
+pub enum Loaded<'a> {
+    Serving { plugin: &'a str, digest: &'a str, config: &'a str },
+    Refused { plugin: &'a str, why: &'a str },
+    None,
+}
+
+/// Records the job's shadow of `kind` (at start, or after a swap): a new one (another digest or
+/// config) starts its counts from zero; the same one keeps them.
+pub fn loaded(store: &mut Store, job: &str, kind: DecisionKind, shadow: Loaded<'_>) -> rusqlite::Result<()> {
+    let conn = store.conn();
+    match shadow {
+        Loaded::Serving { plugin, digest, config } => {
+            conn.execute(
+                "INSERT INTO shadows (job, kind, plugin, digest, config) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (job, kind) DO UPDATE SET plugin = excluded.plugin, digest = excluded.digest,
+                     config = excluded.config, message = NULL,
+                     calls = CASE WHEN shadows.digest = excluded.digest AND shadows.config = excluded.config
+                                  THEN shadows.calls ELSE 0 END,
+                     agreed = CASE WHEN shadows.digest = excluded.digest AND shadows.config = excluded.config
+                                  THEN shadows.agreed ELSE 0 END,
+                     disagreed = CASE WHEN shadows.digest = excluded.digest AND shadows.config = excluded.config
+                                  THEN shadows.disagreed ELSE 0 END,
+                     failed = CASE WHEN shadows.digest = excluded.digest AND shadows.config = excluded.config
+                                  THEN shadows.failed ELSE 0 END,
+                     skipped = CASE WHEN shadows.digest = excluded.digest AND shadows.config = excluded.config
+                                  THEN shadows.skipped ELSE 0 END,
+                     last_disagreement = CASE WHEN shadows.digest = excluded.digest
+                                  AND shadows.config = excluded.config THEN shadows.last_disagreement END",
+                params![job, kind.as_str(), plugin, digest, config],
+            )?;
+        }
+        Loaded::Refused { plugin, why } => {
+            conn.execute(
+                "INSERT INTO shadows (job, kind, plugin, digest, config, message) VALUES (?1, ?2, ?3, '', '', ?4)
+                 ON CONFLICT (job, kind) DO UPDATE SET plugin = excluded.plugin, digest = '', config = '',
+                     message = excluded.message, calls = 0, agreed = 0, disagreed = 0, failed = 0, skipped = 0,
+                     last_disagreement = NULL",
+                params![job, kind.as_str(), plugin, format!("not loaded: {why}")],
+            )?;
+        }
+        Loaded::None => {
+            conn.execute("DELETE FROM shadows WHERE job = ?1 AND kind = ?2", params![job, kind.as_str()])?;
+        }
+    }
+    Ok(())
+}
+
+/// Every job's shadows as their status shows them: (job, kind, status).
+pub fn all(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<(String, String, ShadowStatus)>> {
+    let mut statement = conn.prepare(
+        "SELECT job, kind, plugin, digest, config, calls, agreed, disagreed, failed, skipped, message,
+                last_disagreement
+         FROM shadows ORDER BY job, kind",
+    )?;
+    let rows = statement.query_map([], |r| {
+        let last: Option<String> = r.get(11)?;
+        let count = |i: usize| r.get::<_, i64>(i).map(|n| n.max(0) as u64);
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            ShadowStatus {
+                plugin: r.get(2)?,
+                digest: r.get(3)?,
+                config: r.get(4)?,
+                calls: count(5)?,
+                agreed: count(6)?,
+                disagreed: count(7)?,
+                failed: count(8)?,
+                skipped: count(9)?,
+                message: r.get(10)?,
+                last_disagreement: last.and_then(|text| serde_json::from_str(&text).ok()),
+            },
+        ))
+    })?;
+    rows.collect()
+}
