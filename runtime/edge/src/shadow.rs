@@ -7,6 +7,7 @@
 //! last disagreement (`status.policies.<kind>.shadow`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
@@ -121,44 +122,63 @@ pub fn ask(shadows: &Shadows, question: Question, now: u64) -> Option<Compared> 
     })
 }
 
-/// Questions a shadow may have waiting before the next is skipped.
+/// Questions waiting for the shadows before the next is skipped.
 pub const QUEUE: usize = 64;
+/// Batches waiting for a shadow splitter, in bytes, before the next is skipped.
+pub const QUEUED_BATCH_BYTES: usize = 16 << 20;
 
 struct Asked {
     job: String,
     shadows: Shadows,
     question: Question,
     now: u64,
+    /// The memory its batch holds (a split's).
+    bytes: usize,
+}
+
+/// What the two sides share: questions skipped since the thread last wrote them down (by job
+/// and kind), and the bytes of the batches waiting.
+#[derive(Default)]
+struct Shared {
+    skipped: Mutex<HashMap<(String, DecisionKind), u64>>,
+    queued_bytes: AtomicUsize,
 }
 
 /// The loop's side of the shadows' thread.
 #[derive(Clone)]
 pub struct ShadowQueue {
     sender: SyncSender<Asked>,
-    /// Questions skipped since the thread last wrote them down, by job and kind.
-    skipped: Arc<Mutex<HashMap<(String, DecisionKind), u64>>>,
+    shared: Arc<Shared>,
 }
 
 /// The shadows' thread's side.
 pub struct ShadowWorker {
     receiver: Receiver<Asked>,
-    skipped: Arc<Mutex<HashMap<(String, DecisionKind), u64>>>,
+    shared: Arc<Shared>,
 }
 
 /// A queue and the worker that serves it (run [`ShadowWorker::serve`] on a thread of its own).
 pub fn queue() -> (ShadowQueue, ShadowWorker) {
     let (sender, receiver) = std::sync::mpsc::sync_channel(QUEUE);
-    let skipped = Arc::new(Mutex::new(HashMap::new()));
-    (ShadowQueue { sender, skipped: skipped.clone() }, ShadowWorker { receiver, skipped })
+    let shared = Arc::new(Shared::default());
+    (ShadowQueue { sender, shared: shared.clone() }, ShadowWorker { receiver, shared })
 }
 
 impl ShadowQueue {
-    /// Hands the question to the job's shadow of its kind, if it has one; never waits.
+    /// Hands the question to the job's shadow of its kind, if it has one; never waits. Skipped
+    /// when the queue is full, or the batches waiting hold [`QUEUED_BATCH_BYTES`].
     pub fn ask(&self, job: &str, shadows: &Shadows, question: Question, now: u64) {
         let kind = question.kind();
-        let asked = Asked { job: job.to_owned(), shadows: shadows.clone(), question, now };
-        if let Err(TrySendError::Full(_)) = self.sender.try_send(asked) {
-            let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = match &question {
+            Question::Split { batch, .. } => batch.byte_len(),
+            _ => 0,
+        };
+        let queued = &self.shared.queued_bytes;
+        let fits = bytes == 0 || queued.fetch_add(bytes, Ordering::Relaxed) + bytes <= QUEUED_BATCH_BYTES;
+        let asked = Asked { job: job.to_owned(), shadows: shadows.clone(), question, now, bytes };
+        if !fits || matches!(self.sender.try_send(asked), Err(TrySendError::Full(_))) {
+            queued.fetch_sub(bytes, Ordering::Relaxed);
+            let mut skipped = self.shared.skipped.lock().unwrap_or_else(|p| p.into_inner());
             *skipped.entry((job.to_owned(), kind)).or_default() += 1;
         }
     }
@@ -169,9 +189,10 @@ impl ShadowWorker {
     /// sender is gone.
     pub fn serve(self, store: &Mutex<Store>) {
         while let Ok(asked) = self.receiver.recv() {
+            self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
             let kind = asked.question.kind();
             let compared = ask(&asked.shadows, asked.question, asked.now);
-            let skipped = std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|p| p.into_inner()));
+            let skipped = std::mem::take(&mut *self.shared.skipped.lock().unwrap_or_else(|p| p.into_inner()));
             let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(compared) = compared {
                 store.recorder.shadow(&asked.job, kind, Tally::of(compared));
@@ -317,4 +338,49 @@ pub fn all(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<(String, String,
         ))
     })?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn skipped(queue: &ShadowQueue) -> HashMap<(String, DecisionKind), u64> {
+        queue.shared.skipped.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn the_loop_never_waits_a_full_queue_skips_and_counts() {
+        let (queue, _worker) = queue(); // nobody serves it
+        for pending in 0..QUEUE as u64 + 6 {
+            let stats = TriggerStats { pending_train: pending, ..TriggerStats::default() };
+            queue.ask("ml/a", &Shadows::default(), Question::Trigger { stats, train: false }, 0);
+        }
+        assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Trigger), 6)]));
+    }
+
+    #[test]
+    fn batches_waiting_are_bounded_in_bytes() {
+        let (queue, _worker) = queue();
+        let line = "x".repeat(1 << 20);
+        let batch = SampleBatch::from_lines(0, &[line.as_str(); 6]).unwrap(); // 6 MiB
+        for _ in 0..3 {
+            let question = Question::Split { batch: batch.clone(), assignments: vec![0; 6] };
+            queue.ask("ml/a", &Shadows::default(), question, 0);
+        }
+        // Two fit in 16 MiB; the third is skipped, and its bytes are not counted as waiting.
+        assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Splitter), 1)]));
+        assert_eq!(queue.shared.queued_bytes.load(Ordering::Relaxed), 2 * batch.byte_len());
+    }
+
+    #[test]
+    fn counts_add_up_and_keep_the_latest_fault_and_disagreement() {
+        let mut tally = Tally::of(Compared::Agreed);
+        tally.add(Tally::of(Compared::Failed("timed out after 100 ms".into())));
+        let last = ShadowDisagreement { answer: "wait".into(), shadow_answer: "train".into(), ..Default::default() };
+        tally.add(Tally::of(Compared::Disagreed(last.clone())));
+        tally.add(Tally { skipped: 2, ..Tally::default() });
+        assert_eq!((tally.calls, tally.agreed, tally.failed, tally.disagreed, tally.skipped), (3, 1, 1, 1, 2));
+        assert_eq!(tally.message.as_deref(), Some("timed out after 100 ms"));
+        assert_eq!(tally.last_disagreement, Some(last));
+    }
 }

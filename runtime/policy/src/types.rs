@@ -144,6 +144,11 @@ impl SampleBatch {
         self.first_seq
     }
 
+    /// The memory it holds: its text and its line ends.
+    pub fn byte_len(&self) -> usize {
+        self.data.len() + self.ends.len() * size_of::<u32>()
+    }
+
     /// Sample `index` (valid UTF-8: only `&str` goes in).
     pub fn line(&self, index: usize) -> &str {
         let start = if index == 0 { 0 } else { self.ends[index - 1] as usize };
