@@ -25,7 +25,10 @@ fn killed_mid_round_it_resumes_and_consumes_nothing_twice() {
         // Kill as soon as the job is in (or past) that stage of that round, worker started.
         loop {
             assert!(Instant::now() < deadline, "never reached {stage} of round {round}");
-            assert!(run.try_wait().unwrap().is_none(), "perennial run exited early");
+            if run.try_wait().unwrap().is_some() {
+                let out = wait_exit(&mut run, Duration::from_secs(1));
+                panic!("perennial run exited early ({:?}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+            }
             if let Some(s) = example.live_status() {
                 let at = (s["round"].as_u64().unwrap_or(0), stage_index(s["stage"].as_str().unwrap_or("Train")));
                 let busy = matches!(s["phase"].as_str(), Some("Starting" | "Running"));

@@ -164,6 +164,26 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record of a decision of `kind` by `policy` at `at_ms`, in the job's `round`; its input,
+    /// answer, reason and time to be filled in.
+    pub fn of(kind: DecisionKind, job: &str, at_ms: u64, policy: DecidedBy, round: i64) -> Record {
+        Record {
+            id: 0,
+            job: job.to_owned(),
+            kind,
+            at_ms,
+            last_ms: at_ms,
+            repeats: 1,
+            policy,
+            round,
+            input: serde_json::Value::Null,
+            answer: serde_json::Value::Null,
+            reason: String::new(),
+            assignments: None,
+            micros: 0,
+        }
+    }
+
     /// Its answer in a few words: `train`, `wait`, `deploy N`, `keep`, `train N, eval M, skip K`.
     pub fn short_answer(&self) -> String {
         match self.kind {
@@ -237,19 +257,11 @@ impl Recorder {
         }
         let answer = TriggerAnswer { train: false, recheck_after_secs: decision.recheck_after_secs };
         let record = Record {
-            id: 0,
-            job: job.to_owned(),
-            kind: DecisionKind::Trigger,
-            at_ms,
-            last_ms: at_ms,
-            repeats: 1,
-            policy: policy.clone(),
-            round,
             input: serde_json::to_value(stats).unwrap_or_default(),
             answer: serde_json::to_value(answer).unwrap_or_default(),
             reason: decision.reason.clone(),
-            assignments: None,
             micros,
+            ..Record::of(DecisionKind::Trigger, job, at_ms, policy.clone(), round)
         };
         // The previous run keeps its row; if it was never written, it is written now with the
         // next transaction (it stays in `closed`).

@@ -202,21 +202,14 @@ pub fn ingest(
                 let counts = SplitCounts { train: train as u64, eval: eval as u64, skip: skip as u64 };
                 let native = decided_by.is_none();
                 let now_ms = crate::decisions::now_ms();
+                let by = decided_by.unwrap_or_else(|| DecidedBy::native_split(split.train_prob));
                 Some(Record {
-                    id: 0,
-                    job: job.to_owned(),
-                    kind: DecisionKind::Splitter,
-                    at_ms: now_ms,
-                    last_ms: now_ms,
-                    repeats: 1,
-                    policy: decided_by.unwrap_or_else(|| DecidedBy::native_split(split.train_prob)),
-                    round: state.round,
                     input: serde_json::to_value(&input).unwrap_or_default(),
                     answer: serde_json::to_value(counts).unwrap_or_default(),
-                    reason: String::new(),
                     // Sedna's rule is computed again from the sequence numbers.
                     assignments: (!native).then(|| assignments.as_bytes().to_vec()),
                     micros,
+                    ..Record::of(DecisionKind::Splitter, job, now_ms, by, state.round)
                 })
             }
             _ => None,

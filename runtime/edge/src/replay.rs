@@ -215,22 +215,20 @@ pub fn splits(
             input.start,
             input.end
         );
+        let disagreement = |candidate: String, candidate_reason: String| Disagreement {
+            id: record.id,
+            at_ms: record.at_ms,
+            round: record.round,
+            input: described.clone(),
+            recorded: counts(&recorded),
+            recorded_reason: record.reason.clone(),
+            candidate,
+            candidate_reason,
+        };
         let candidate = match split(samples) {
             Ok(candidate) => candidate,
             Err(err) => {
-                report.disagree(
-                    keep,
-                    Disagreement {
-                        id: record.id,
-                        at_ms: record.at_ms,
-                        round: record.round,
-                        input: described,
-                        recorded: counts(&recorded),
-                        recorded_reason: record.reason.clone(),
-                        candidate: "error".into(),
-                        candidate_reason: err,
-                    },
-                );
+                report.disagree(keep, disagreement("error".into(), err));
                 continue;
             }
         };
@@ -241,19 +239,8 @@ pub fn splits(
             report.agreed += 1;
         } else {
             let changed = recorded.iter().zip(candidate.as_bytes()).filter(|(a, b)| a != b).count();
-            report.disagree(
-                keep,
-                Disagreement {
-                    id: record.id,
-                    at_ms: record.at_ms,
-                    round: record.round,
-                    input: described,
-                    recorded: counts(&recorded),
-                    recorded_reason: record.reason.clone(),
-                    candidate: counts(candidate.as_bytes()),
-                    candidate_reason: format!("{changed} samples assigned otherwise"),
-                },
-            );
+            let reason = format!("{changed} samples assigned otherwise");
+            report.disagree(keep, disagreement(counts(candidate.as_bytes()), reason));
         }
     }
     let names = ["train", "eval", "skip"];

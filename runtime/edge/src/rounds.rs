@@ -281,19 +281,11 @@ pub fn train_waiting(
     }
     let answer = TriggerAnswer { train: true, recheck_after_secs: decision.recheck_after_secs };
     let record = Record {
-        id: 0,
-        job: job.to_owned(),
-        kind: DecisionKind::Trigger,
-        at_ms: clock.now * 1000,
-        last_ms: clock.now * 1000,
-        repeats: 1,
-        policy: by,
-        round: row.round,
         input: serde_json::to_value(&stats).unwrap_or_default(),
         answer: serde_json::to_value(answer).unwrap_or_default(),
         reason: decision.reason.clone(),
-        assignments: None,
         micros,
+        ..Record::of(DecisionKind::Trigger, job, clock.now * 1000, by, row.round)
     };
     let pending: Vec<(i64, Stored)> = {
         let mut statement = store.conn().prepare(
@@ -400,19 +392,11 @@ pub fn deploy_waiting(
         .select(input.deployed.as_ref(), &input.candidates)
         .map_err(|error| RoundError::Policy { kind: "selector", error })?;
     let record = Record {
-        id: 0,
-        job: job.to_owned(),
-        kind: DecisionKind::Selector,
-        at_ms: clock.now * 1000,
-        last_ms: clock.now * 1000,
-        repeats: 1,
-        policy: DecidedBy::of(selector),
-        round,
         input: serde_json::to_value(&input).unwrap_or_default(),
         answer: serde_json::to_value(SelectAnswer { deploy: choice.deploy }).unwrap_or_default(),
         reason: choice.reason.clone(),
-        assignments: None,
         micros: started.elapsed().as_micros() as u64,
+        ..Record::of(DecisionKind::Selector, job, clock.now * 1000, DecidedBy::of(selector), round)
     };
     if let Some(shadow) = shadow {
         shadow(Question::Select { input, deploy: choice.deploy });
