@@ -105,7 +105,7 @@ pub struct BatchInput {
     pub train_prob: Option<f64>,
 }
 
-/// A split's answer in short (the assignments themselves are kept beside it).
+/// A split's answer in short (the assignments themselves are the batch's, in `batches`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SplitCounts {
     pub train: u64,
@@ -156,7 +156,8 @@ pub struct Record {
     /// Its answer (JSON): [`TriggerAnswer`], [`SplitCounts`] or [`SelectAnswer`].
     pub answer: serde_json::Value,
     pub reason: String,
-    /// A split's assignments, one byte per sample (0 train, 1 eval, 2 skip).
+    /// A split's assignments, one byte per sample (0 train, 1 eval, 2 skip): read from its
+    /// batch's row (not written twice), while the job still has it.
     #[serde(skip)]
     pub assignments: Option<Vec<u8>>,
     /// How long the call took, in microseconds.
@@ -352,8 +353,8 @@ fn write(tx: &Transaction<'_>, written: &mut HashMap<String, (u32, u32)>, record
     let body = |value: &serde_json::Value| value.to_string();
     let mut insert = tx.prepare_cached(
         "INSERT INTO decisions (job, kind, at_ms, last_ms, repeats, plugin, digest, config, round, input, answer,
-                                reason, assignments, micros)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                                reason, micros)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?;
     insert.execute(params![
         record.job,
@@ -368,7 +369,6 @@ fn write(tx: &Transaction<'_>, written: &mut HashMap<String, (u32, u32)>, record
         body(&record.input),
         body(&record.answer),
         record.reason,
-        record.assignments,
         record.micros as i64,
     ])?;
     Ok(tx.last_insert_rowid())
@@ -419,10 +419,12 @@ pub struct Query {
 /// The job's records, oldest first.
 pub fn read(conn: &rusqlite::Connection, job: &str, query: &Query) -> rusqlite::Result<Vec<Record>> {
     let mut statement = conn.prepare(
-        "SELECT id, job, kind, at_ms, last_ms, repeats, plugin, digest, config, round, input, answer, reason,
-                assignments, micros
-         FROM decisions WHERE job = ?1 AND (?2 IS NULL OR kind = ?2) AND last_ms >= ?3
-         ORDER BY id DESC LIMIT ?4",
+        "SELECT d.id, d.job, d.kind, d.at_ms, d.last_ms, d.repeats, d.plugin, d.digest, d.config, d.round, d.input,
+                d.answer, d.reason, b.assignments, d.micros
+         FROM decisions d LEFT JOIN batches b
+             ON d.kind = 'splitter' AND b.job = d.job AND b.batch = json_extract(d.input, '$.batch')
+         WHERE d.job = ?1 AND (?2 IS NULL OR d.kind = ?2) AND d.last_ms >= ?3
+         ORDER BY d.id DESC LIMIT ?4",
     )?;
     let limit = query.limit.map_or(-1, |n| n as i64);
     let since = query.since_ms.unwrap_or(0) as i64;

@@ -200,14 +200,11 @@ pub fn ingest(
                     train_prob: decided_by.is_none().then_some(split.train_prob),
                 };
                 let counts = SplitCounts { train: train as u64, eval: eval as u64, skip: skip as u64 };
-                let native = decided_by.is_none();
                 let now_ms = crate::decisions::now_ms();
                 let by = decided_by.unwrap_or_else(|| DecidedBy::native_split(split.train_prob));
                 Some(Record {
                     input: serde_json::to_value(&input).unwrap_or_default(),
                     answer: serde_json::to_value(counts).unwrap_or_default(),
-                    // Sedna's rule is computed again from the sequence numbers.
-                    assignments: (!native).then(|| assignments.as_bytes().to_vec()),
                     micros,
                     ..Record::of(DecisionKind::Splitter, job, now_ms, by, state.round)
                 })

@@ -173,8 +173,8 @@ fn trigger_input(stats: &TriggerStats) -> String {
 }
 
 /// Replays split records: `batch` reads a batch's samples back from the dataset (or says why
-/// it cannot), `split` asks the candidate. A record of Sedna's rule (no assignments kept) is
-/// computed again from its sequence numbers and `trainProb`.
+/// it cannot), `split` asks the candidate. The recorded assignments are the batch's; for Sedna's
+/// rule they are computed again from the sequence numbers and `trainProb`.
 pub fn splits(
     records: &[Record],
     keep: usize,
@@ -190,12 +190,14 @@ pub fn splits(
             continue;
         };
         let recorded: Vec<u8> = match (&record.assignments, input.train_prob) {
-            (Some(bytes), _) => bytes.clone(),
-            (None, Some(train_prob)) => {
+            (_, Some(train_prob)) => {
                 Assignments::sedna_ratio(train_prob, input.first_seq, input.count as usize).as_bytes().to_vec()
             }
+            (Some(bytes), None) => bytes.clone(),
             (None, None) => {
-                report.skipped.push(format!("batch {}: its assignments were not kept", input.batch));
+                report
+                    .skipped
+                    .push(format!("batch {}: the job no longer has it (its index was replaced)", input.batch));
                 continue;
             }
         };

@@ -138,7 +138,7 @@ const MIGRATIONS: &[&str] = &[
     // and replay candidates on.
     r#"
     CREATE TABLE decisions (
-        id          INTEGER PRIMARY KEY AUTOINCREMENT,
+        id          INTEGER PRIMARY KEY,                 -- only the oldest are deleted: ids grow
         job         TEXT NOT NULL,
         kind        TEXT NOT NULL,                       -- 'trigger', 'splitter', 'selector'
         at_ms       INTEGER NOT NULL,
@@ -151,8 +151,7 @@ const MIGRATIONS: &[&str] = &[
         input       TEXT NOT NULL,                       -- JSON
         answer      TEXT NOT NULL,                       -- JSON
         reason      TEXT NOT NULL,
-        assignments BLOB,                                -- a split's, one byte per sample
-        micros      INTEGER NOT NULL
+        micros      INTEGER NOT NULL                     -- a split's assignments: its batch's row
     );
     CREATE INDEX decisions_by_job ON decisions (job, id);
     CREATE TABLE shadows (
