@@ -2,7 +2,8 @@
 //!
 //! - `trigger/{decide,decide+record}`: a threshold-trigger call alone, and with its record
 //!   (each wait a new run of its own, inserted with every 100th in a transaction the loop makes
-//!   anyway: the costliest case; a run of identical waits only counts).
+//!   anyway: the costliest case); `decide+record-same`: an idle job's wait, the same but the
+//!   clock, which only counts in its run.
 //! - `trigger/decide+shadow`: the call with a shadow trigger beside it: what the serving side
 //!   pays is handing the question to the shadow's thread (which answers meanwhile).
 //! - `trigger/record-train`: the record of a decision that started a round, inserted in the
@@ -76,6 +77,14 @@ fn trigger(c: &mut Criterion) {
             if calls.is_multiple_of(100) {
                 recorder.flush(&tx);
             }
+        })
+    });
+    // An idle job: the same stats but the clock, the same answer: one run, counted in memory.
+    group.bench_function("decide+record-same", |b| {
+        b.iter(|| {
+            stats.wall_clock_secs += 1;
+            let decision: Decision = policy.decide(black_box(&stats)).unwrap();
+            recorder.wait(JOB, 0, &stats, &decision, &by, stats.wall_clock_secs * 1000, 1);
         })
     });
     drop(tx);
