@@ -93,8 +93,13 @@ pub fn router(store: Arc<Mutex<Store>>, on_report: OnReport) -> axum::Router {
 async fn receive(
     State(ApiState { store, on_report }): State<ApiState>,
     UrlPath(name): UrlPath<String>,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Answer {
+    // A body over the limit (2 MB) or cut short: said in Sedna's reply, as every other refusal.
+    let body = match body {
+        Ok(body) => body,
+        Err(rejected) => return answer(rejected.status(), format!("body: {}", rejected.body_text())),
+    };
     let report: WorkerReport = match serde_json::from_slice(&body) {
         Ok(report) => report,
         Err(err) => return answer(StatusCode::BAD_REQUEST, format!("body: {err}")),
@@ -144,6 +149,12 @@ fn check_shape(path_name: &str, report: WorkerReport) -> Result<Accepted, String
         let model: Model = serde_json::from_value(result).map_err(|err| format!("results[{i}]: {err}"))?;
         if model.url.is_empty() {
             return Err(format!("results[{i}].url: empty"));
+        }
+        if model.url.contains('\0') {
+            return Err(format!("results[{i}].url: contains a NUL character"));
+        }
+        if let Some(metrics) = model.metrics.as_ref().filter(|m| !m.is_null() && !m.is_object()) {
+            return Err(format!("results[{i}].metrics: {metrics} is not an object of named metrics"));
         }
         models.push(model);
     }

@@ -148,6 +148,27 @@ async fn forged_unknown_malformed_and_traversing_reports_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_url_other_metrics_and_an_oversized_body_get_sednas_reply() {
+    let api = start().await;
+    let worker = api.issue(1, "train");
+    let mut body = sedna_body(&worker, "train", "/output/train/1/index.pkl\u{0}.x");
+    let (status, reply) = api.post(&worker, body.clone()).await;
+    assert_eq!((status, reply.status), (400, 400));
+    assert_eq!(reply.message, "results[0].url: contains a NUL character");
+    body["results"][0]["url"] = json!("/output/train/1/index.pkl");
+    body["results"][0]["metrics"] = json!([0.9, 0.8]);
+    let (status, reply) = api.post(&worker, body.clone()).await;
+    assert_eq!(status, 400);
+    assert_eq!(reply.message, "results[0].metrics: [0.9,0.8] is not an object of named metrics");
+    // Over the 2 MB body limit: 413, in Sedna's JSON like any refusal.
+    body["results"][0]["metrics"] = json!({"note": "x".repeat(3 << 20)});
+    let (status, reply) = api.post(&worker, body).await;
+    assert_eq!((status, reply.status), (413, 413), "{reply:?}");
+    assert!(reply.message.starts_with("body: "), "{reply:?}");
+    assert!(api.outbox().is_empty(), "nothing refused is stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_report_is_relayed_as_failed() {
     let api = start().await;
     let worker = api.issue(2, "eval");
