@@ -73,7 +73,8 @@ impl JobPolicies {
         if let Some(selector) = &self.fallback_selector {
             selector.reset();
         }
-        self.shadows.release();
+        // Not the shadows: one may be in a call on its own thread, and the loop never waits
+        // for it; that thread releases them when it is idle.
     }
 }
 
@@ -526,22 +527,11 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
             Ok(digest) => {
                 let config = perennial_types::config_digest(reference.config.as_ref());
                 tracing::info!(job, "the {kind} policy is now {plugin} (sha256 {digest}, config {config})");
-                // The serving reference; its shadow is the one that loaded (above).
-                let keep_shadow = |serving: &PolicyRef, shadow: Option<perennial_types::ShadowRef>| PolicyRef {
-                    shadow,
-                    ..serving_ref(serving)
-                };
+                // Its shadow is `next`'s too: loaded above when it differed.
                 match kind {
-                    "trigger" => {
-                        runner.job.trigger = keep_shadow(&next.trigger, runner.job.trigger.shadow.take());
-                    }
-                    "selector" => {
-                        runner.job.selector = keep_shadow(&next.selector, runner.job.selector.shadow.take());
-                    }
-                    _ => {
-                        let shadow = runner.job.splitter.as_mut().and_then(|s| s.shadow.take());
-                        runner.job.splitter = next.splitter.as_ref().map(|next| keep_shadow(next, shadow));
-                    }
+                    "trigger" => runner.job.trigger = next.trigger.clone(),
+                    "selector" => runner.job.selector = next.selector.clone(),
+                    _ => runner.job.splitter = next.splitter.clone(),
                 }
                 health::swapped(&mut store, &job, kind, health::Serving { plugin, digest, config: &config }, now())
             }
@@ -577,12 +567,10 @@ fn put<K: Kind>(
 
 /// Records the job's shadows: loaded, refused with why, or none.
 fn record_shadows(store: &mut Store, job: &JobConfig, shadows: &Shadows, refused: &[RefusedShadow]) {
-    let identity = |policy: Option<(&str, &str)>| policy.map(|(digest, config)| (digest.to_owned(), config.to_owned()));
-    let loaded = [
-        identity(shadows.trigger.as_ref().map(|p| (p.info().digest.as_str(), p.config_digest()))),
-        identity(shadows.splitter.as_ref().map(|p| (p.info().digest.as_str(), p.config_digest()))),
-        identity(shadows.selector.as_ref().map(|p| (p.info().digest.as_str(), p.config_digest()))),
-    ];
+    fn identity<K: perennial_policy::Kind>(policy: &Option<Arc<Policy<K>>>) -> Option<(String, String)> {
+        policy.as_ref().map(|p| (p.info().digest.clone(), p.config_digest().to_owned()))
+    }
+    let loaded = [identity(&shadows.trigger), identity(&shadows.splitter), identity(&shadows.selector)];
     for ((kind, reference), loaded) in DecisionKind::ALL.into_iter().zip(shadow_refs(job)).zip(loaded) {
         let state = match (refused.iter().find(|(k, ..)| *k == kind), reference, &loaded) {
             (Some((_, plugin, why)), ..) => shadow::Loaded::Refused { plugin, why },

@@ -27,6 +27,20 @@ pub struct Shadows {
 }
 
 impl Shadows {
+    /// Whether both hold the very same policies.
+    fn same(&self, other: &Shadows) -> bool {
+        fn one<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            }
+        }
+        one(&self.trigger, &other.trigger)
+            && one(&self.splitter, &other.splitter)
+            && one(&self.selector, &other.selector)
+    }
+
+    /// Drops their live instances (the shadows' thread does, when it is idle).
     pub fn release(&self) {
         if let Some(policy) = &self.trigger {
             policy.reset();
@@ -68,9 +82,9 @@ pub enum Compared {
 /// Asks `shadows`' policy of the question's kind, and compares its answer with the serving one.
 /// `None` when the job has no shadow of that kind.
 pub fn ask(shadows: &Shadows, question: Question, now: u64) -> Option<Compared> {
-    let time = jiff::Timestamp::from_second(now as i64).map(|t| t.to_string()).unwrap_or_default();
     let differs = |input: String, answer: String, shadow_answer: String, reason: String| {
-        Compared::Disagreed(ShadowDisagreement { input, answer, shadow_answer, reason, time: time.clone() })
+        let time = jiff::Timestamp::from_second(now as i64).map(|t| t.to_string()).unwrap_or_default();
+        Compared::Disagreed(ShadowDisagreement { input, answer, shadow_answer, reason, time })
     };
     let word = |train: bool| if train { "train" } else { "wait" }.to_owned();
     Some(match question {
@@ -188,7 +202,24 @@ impl ShadowWorker {
     /// Asks each shadow its questions and writes down how it compared, until the queue's last
     /// sender is gone.
     pub fn serve(self, store: &Mutex<Store>) {
-        while let Ok(asked) = self.receiver.recv() {
+        // The shadows asked since the queue was last empty: their instances are dropped then
+        // (here, never by the loop, which would wait for a call in progress).
+        let mut used: Vec<Shadows> = Vec::new();
+        loop {
+            let asked = match self.receiver.try_recv() {
+                Ok(asked) => asked,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    used.drain(..).for_each(|shadows| shadows.release());
+                    match self.receiver.recv() {
+                        Ok(asked) => asked,
+                        Err(_) => return,
+                    }
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+            };
+            if !used.iter().any(|shadows| shadows.same(&asked.shadows)) {
+                used.push(asked.shadows.clone());
+            }
             self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
             let kind = asked.question.kind();
             let compared = ask(&asked.shadows, asked.question, asked.now);
