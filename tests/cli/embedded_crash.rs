@@ -198,3 +198,93 @@ fn running(pid: i32) -> bool {
     let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
     state.is_some_and(|state| state != 'Z' && state != 'X')
 }
+
+/// A small tmpfs of its own, unmounted when dropped: a disk that can be filled.
+struct SmallDisk {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// Mounts one (this needs root: CI runs as root). `PERENNIAL_TEST_NO_TMPFS=1` skips the test
+    /// where no tmpfs can be mounted, saying so; otherwise a failed mount fails the test.
+    fn mount(megabytes: u64) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        std::fs::create_dir(&path).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={megabytes}m"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("run mount");
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                std::env::var_os("PERENNIAL_TEST_NO_TMPFS").is_some(),
+                "cannot mount a tmpfs for the disk-full test ({why}); run as root, or set PERENNIAL_TEST_NO_TMPFS=1 to skip it"
+            );
+            eprintln!("skipped: no tmpfs ({why})");
+            return None;
+        }
+        Some(SmallDisk { path, _dir: dir })
+    }
+
+    /// Writes a file until the disk is full.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        while file.write_all(&chunk).is_ok() {}
+        while file.write_all(&chunk[..4096]).is_ok() {}
+        let _ = file.write_all(&chunk[..1]);
+        filler
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// kill -9 at random moments while the state dir's disk is full and after it is freed, 50
+/// times: the job always resumes, completes its rounds, and consumes nothing twice.
+#[test]
+fn killed_while_the_disk_is_full_it_resumes_and_completes_its_rounds() {
+    let Some(disk) = SmallDisk::mount(64) else { return };
+    let mut example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
+    example.state = disk.path.join("state");
+    // A seeded sequence of moments, different on each run of the test, printed for a replay.
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("disk-full cycles: seed {seed}");
+    let mut state = seed | 1;
+    let mut random = |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    for _ in 0..50 {
+        let mut run = example.start(&[]);
+        std::thread::sleep(Duration::from_millis(100 + random(900)));
+        let filler = disk.fill();
+        std::thread::sleep(Duration::from_millis(random(600)));
+        let _ = run.kill(); // SIGKILL (it may have stopped by itself on a full disk)
+        run.wait().unwrap();
+        std::fs::remove_file(filler).unwrap();
+    }
+    let rounds = example.live_status().and_then(|s| s["roundsCompleted"].as_u64()).unwrap_or(0) + 2;
+    let mut run = example.start(&["--rounds", &rounds.to_string()]);
+    let out = wait_exit(&mut run, Duration::from_secs(240));
+    assert!(out.status.success(), "after the disk-full kills: {}", String::from_utf8_lossy(&out.stderr));
+    let s = &example.status()[0]["status"];
+    assert_eq!(s["roundsCompleted"], rounds, "{s}");
+    let mut seen = HashSet::new();
+    for round in 1..=rounds {
+        for row in example.rows(&format!("data/train/{round}/data.csv")) {
+            assert!(seen.insert(row.clone()), "sample {row} was consumed twice (again in round {round})");
+        }
+        assert!(example.output().join(format!("eval/{round}/model.json")).exists(), "round {round} not evaluated");
+    }
+}

@@ -10,6 +10,7 @@ mod edge_link;
 mod embedded_crash;
 mod embedded_run;
 mod fetch;
+mod hostile;
 mod plugin;
 mod plugin_authors;
 mod plugin_swap;

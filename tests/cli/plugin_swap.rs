@@ -138,7 +138,8 @@ fn a_component_that_does_not_compile_is_refused_with_the_compilers_words() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let expected = format!(
-        "job default/bad: loading the policy failed at step `compile`: {} is not a valid WebAssembly component: failed to parse WebAssembly module",
+        "bad.yaml (document 2): LifelongLearningJob default/bad: spec.trainSpec.trigger.policy: loading the policy \
+         failed at step `compile`: {} is not a valid WebAssembly component: failed to parse WebAssembly module",
         bad.display()
     );
     assert!(stderr.contains(&expected), "{stderr}");

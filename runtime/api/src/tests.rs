@@ -1654,3 +1654,172 @@ spec:
     assert_eq!(spec.node_name.as_deref(), Some("edge-node"));
     assert_eq!(args(&spec.containers[0]), ["sh", "-c", "echo sample >> /data/trainData.csv"]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile and careless manifests: each refused at once, naming the document and the field.
+
+/// The message of a one-document parse that must fail.
+fn refused(text: &str) -> String {
+    match manifest::parse(text, Path::new("bad.yaml")) {
+        Err(ManifestError::Document { path, document, message }) => {
+            assert_eq!((path.as_str(), document), ("bad.yaml", 1), "{message}");
+            message
+        }
+        other => panic!("expected a document error, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_unknown_field_is_refused_with_the_field_it_resembles() {
+    let text = job_text("{name: d, trainProb: 0.5}", "").replace("trigger: {", "trigger: {checkPeriodSecond: 5, ");
+    assert_eq!(
+        refused(&text),
+        "spec.trainSpec.trigger.checkPeriodSecond: unknown field; did you mean \"checkPeriodSeconds\"?"
+    );
+    // In a Pod template too.
+    let text = job_text("{name: d, trainProb: 0.5}", "").replace("{name: t, image: i}", "{name: t, imag: i}");
+    assert_eq!(
+        refused(&text),
+        "spec.trainSpec.template.spec.containers[0].imag: unknown field; did you mean \"image\"?"
+    );
+    // Nothing near enough to guess.
+    let text = job_text("{name: d, trainProb: 0.5}", "").replace("outputDir:", "colour: red\n  outputDir:");
+    assert_eq!(refused(&text), "spec.colour: unknown field");
+    let text = DATASET.replace("format: csv", "format: csv, nodename: x");
+    assert_eq!(refused(&text), "spec.nodename: unknown field; did you mean \"nodeName\"?");
+    // A policy's config is the plugin's to judge: anything goes there.
+    let text =
+        job_text("{name: d, trainProb: 0.5, splitPolicy: {plugin: builtin:ratio-split, config: {anything: 1}}}", "");
+    manifest::parse(&text, Path::new("ok.yaml")).unwrap();
+}
+
+#[test]
+fn a_key_given_twice_is_refused() {
+    let message = refused(&format!("{DATASET}metadata: {{name: other}}\n"));
+    assert!(message.contains("duplicate entry with key \"metadata\""), "{message}");
+    let message = refused(&DATASET.replace("format: csv", "format: csv, format: txt"));
+    assert!(message.contains("duplicate entry with key \"format\""), "{message}");
+}
+
+#[test]
+fn the_same_object_twice_is_refused_naming_both_documents() {
+    let text = format!("{DATASET}---\n{DATASET}");
+    let manifests = manifest::parse(&text, Path::new("twice.yaml")).unwrap();
+    let err = manifest::refuse_duplicates(&manifests).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "twice.yaml (document 2): Dataset default/lifelong-dataset is also in twice.yaml (document 1); give each \
+         object once"
+    );
+}
+
+#[test]
+fn nan_and_infinities_are_refused_as_such() {
+    for value in [".nan", ".inf", "-.inf"] {
+        let message = refused(&job_text(&format!("{{name: d, trainProb: {value}}}"), ""));
+        assert!(message.starts_with("spec.dataset.trainProb: "), "{message}");
+        assert!(message.contains("NaN and infinities are refused"), "{message}");
+    }
+}
+
+#[test]
+fn tags_and_keys_json_cannot_hold_are_refused() {
+    let message = refused(&DATASET.replace("url: /data/trainData.csv", "url: !secret x"));
+    assert_eq!(message, "spec.url: the YAML tag !secret is not supported");
+    let message = refused(&DATASET.replace("format: csv", "format: csv, [a]: b"));
+    assert_eq!(message, "spec: a key that is not a string, number or boolean");
+}
+
+/// Deep nesting is refused in a bounded time, however deep (the issue saw 44 s for 200 KB).
+#[test]
+fn deep_nesting_is_refused_quickly() {
+    for depth in [70, 100_000] {
+        let text = format!("{DATASET}x: {}{}\n", "[".repeat(depth), "]".repeat(depth));
+        let started = std::time::Instant::now();
+        let message = refused(&text);
+        assert!(message.contains("nested deeper than") || message.contains("recursion limit"), "{message}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{depth}: {:?}", started.elapsed());
+    }
+    let nested_maps =
+        format!("{DATASET}x:\n{}", (0..100).map(|i| format!("{}a:\n", " ".repeat(i + 1))).collect::<String>());
+    let message = refused(&nested_maps);
+    assert!(message.contains("nested deeper than"), "{message}");
+}
+
+#[test]
+fn a_huge_file_or_one_that_is_not_a_regular_file_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yaml");
+    let file = std::fs::File::create(&big).unwrap();
+    file.set_len(manifest::MAX_FILE_BYTES + 1).unwrap();
+    let err = manifest::load(std::slice::from_ref(&big)).unwrap_err().to_string();
+    assert!(err.starts_with(&format!("{}: ", big.display())), "{err}");
+    assert!(err.contains("a manifest file may hold at most 3145728"), "{err}");
+
+    let fifo = dir.path().join("fifo.yaml");
+    let path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo(3) with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let started = std::time::Instant::now();
+    let err = manifest::load_file(&fifo).unwrap_err().to_string();
+    assert!(err.ends_with("not a regular file"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+}
+
+#[test]
+fn namespaces_pod_names_and_locations_are_checked() {
+    for namespace in ["a/b", "..", "Upper", "a.b"] {
+        let text = job_text("{name: d, trainProb: 0.5}", "")
+            .replace("{name: demo}", &format!("{{name: demo, namespace: {namespace:?}}}"));
+        let manifests = manifest::parse(&text, Path::new("x.yaml")).unwrap();
+        let err = validate_job(job(&manifests[0]), &|_: &str| true).unwrap_err().to_string();
+        assert!(err.contains(&format!("metadata.namespace: {namespace:?} is not a DNS-1123 label")), "{err}");
+    }
+    let text = job_text("{name: d, trainProb: 0.5}", "").replace("outputDir: /output", "outputDir: \"/out\\0put\"");
+    let manifests = manifest::parse(&text, Path::new("x.yaml")).unwrap();
+    let err = validate_job(job(&manifests[0]), &|_: &str| true).unwrap_err().to_string();
+    assert!(err.contains("spec.outputDir: \"/out\\0put\" contains the control character '\\0'"), "{err}");
+
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: Gen_1}\nspec: {containers: []}\n";
+    let manifests = manifest::parse(pod, Path::new("pod.yaml")).unwrap();
+    let Object::Pod(pod) = &manifests[0].object else { panic!() };
+    let err = validate_pod(pod).unwrap_err().to_string();
+    assert!(err.starts_with("Pod default/Gen_1: metadata.name: \"Gen_1\" is not a DNS-1123 name"), "{err}");
+    assert!(err.contains("spec.containers: a Pod needs at least one container"), "{err}");
+}
+
+// A bounded fuzz of the loader: any text, and the sample job with bytes inserted, deleted or
+// replaced anywhere, parses or is refused without a panic, in bounded time.
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn parses_in_bounded_time(text: &str) {
+        let started = std::time::Instant::now();
+        let _ = manifest::parse(text, Path::new("fuzz.yaml"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?} for {text:?}", started.elapsed());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_text(text in "[\\[\\]{}:,'\"#&*!|>\\-?. \\n\\ta-z0-9]{0,400}") {
+            parses_in_bounded_time(&text);
+        }
+
+        #[test]
+        fn an_edited_job(edits in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..3, any::<u8>()), 1..8)) {
+            let mut bytes = job_text("{name: d, trainProb: 0.5}", "").into_bytes();
+            for (at, how, byte) in edits {
+                let at = at.index(bytes.len());
+                match how {
+                    0 => bytes.insert(at, byte),
+                    1 => { bytes.remove(at); }
+                    _ => bytes[at] = byte,
+                }
+            }
+            parses_in_bounded_time(&String::from_utf8_lossy(&bytes));
+        }
+    }
+}

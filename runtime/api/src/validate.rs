@@ -87,6 +87,16 @@ pub fn validate_job(job: &LifelongLearningJob, dataset_exists: &dyn Fn(&str) -> 
     done(format!("LifelongLearningJob {}", key(&job.metadata)), errors)
 }
 
+/// Checks a Pod that the embedded mode runs beside the jobs (e.g. a data generator).
+pub fn validate_pod(pod: &k8s_openapi::api::core::v1::Pod) -> Result<(), FieldErrors> {
+    let mut errors = Vec::new();
+    check_name(&pod.metadata, &mut errors);
+    if pod.spec.as_ref().is_none_or(|spec| spec.containers.is_empty()) {
+        errors.push("spec.containers: a Pod needs at least one container".into());
+    }
+    done(format!("Pod {}", key(&pod.metadata)), errors)
+}
+
 fn check_trigger(spec: &super::LifelongLearningJobSpec, errors: &mut Vec<String>) {
     let Some(trigger) = &spec.train_spec.trigger else {
         errors.push("spec.trainSpec.trigger: missing; give Sedna's condition or a policy".into());
@@ -156,8 +166,12 @@ fn minutes(time: &str) -> Option<u32> {
     (m < 60 && h <= 24 && (h < 24 || m == 0)).then_some(h * 60 + m)
 }
 
-/// A path (no scheme) or `s3://bucket/...`, as Sedna's `CheckURL`.
+/// A path (no scheme) or `s3://bucket/...`, as Sedna's `CheckURL`, without control characters
+/// (a NUL would cut the path short where the system reads it).
 fn check_location(url: &str) -> Result<(), String> {
+    if let Some(c) = url.chars().find(|c| c.is_control()) {
+        return Err(format!("{url:?} contains the control character {c:?}"));
+    }
     match url.split_once("://") {
         None => Ok(()),
         Some(("s3", rest)) if rest.split('/').next().is_some_and(|bucket| !bucket.is_empty()) => Ok(()),
@@ -173,6 +187,15 @@ fn check_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
             "metadata.name: {name:?} is not a DNS-1123 name (lower-case letters, digits and '-', at most 63)"
         )),
         Some(_) => {}
+    }
+    // A namespace names folders and keys (`namespace/name`): a `/` or `..` in it would reach
+    // outside them.
+    if let Some(namespace) = meta.namespace.as_deref()
+        && (namespace.contains('.') || !is_dns_label(namespace))
+    {
+        errors.push(format!(
+            "metadata.namespace: {namespace:?} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)"
+        ));
     }
 }
 

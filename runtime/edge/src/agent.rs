@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use notify::{RecursiveMode, Watcher};
 
 use super::decisions::DecisionKind;
+use super::faults::{Faults, Say, Site};
 use super::health;
 use super::index_file::IndexFile;
 use super::ingest::IngestError;
@@ -156,6 +157,31 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
     })
 }
 
+/// Loads each policy the job names (fetch, verify, compile, configure) as a start or a swap
+/// would, and drops it: whether the job can serve, and if not, which kind (`trigger`,
+/// `selector`, `splitter`) fails and why. Shadows are left out: they never act, and one that
+/// cannot load is reported on the job's status instead.
+pub async fn check_policies(host: &PolicyHost, job: &JobConfig) -> Result<(), (&'static str, String)> {
+    let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: job.name.clone() });
+    if let Some(reference) = &job.splitter {
+        host.load::<perennial_policy::SplitterKind>(reference, events.clone())
+            .await
+            .map_err(|err| ("splitter", err.to_string()))?;
+    }
+    host.load::<perennial_policy::TriggerKind>(&job.trigger, events.clone())
+        .await
+        .map_err(|err| ("trigger", err.to_string()))?;
+    if let Some(reference) = job.fallback_trigger.as_ref().filter(|_| job.trigger.on_error == OnError::Fallback) {
+        host.load::<perennial_policy::TriggerKind>(reference, events.clone())
+            .await
+            .map_err(|err| ("trigger", format!("its fallback: {err}")))?;
+    }
+    host.load::<perennial_policy::SelectorKind>(&job.selector, events)
+        .await
+        .map_err(|err| ("selector", err.to_string()))?;
+    Ok(())
+}
+
 fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -215,7 +241,7 @@ fn run_loop(
         watch.add(i, runner.index.as_ref());
     }
     let mut due = vec![Instant::now(); jobs.len()];
-    let mut missing_said = vec![false; jobs.len()];
+    let mut faults: Vec<Faults> = jobs.iter().map(|_| Faults::default()).collect();
     let mut removed = vec![false; jobs.len()];
     // Each job's latest swap, by number: a load that finishes after a newer one was asked for
     // is dropped (the newer one brings what it should).
@@ -227,7 +253,7 @@ fn run_loop(
             if due[i] > Instant::now() || stop.load(Ordering::Relaxed) || removed[i] {
                 continue;
             }
-            let (recheck, more, report) = turn(store, runner, &mut missing_said[i], shadows);
+            let (recheck, more, report) = turn(store, runner, &mut faults[i], shadows);
             if report {
                 reported();
             }
@@ -271,7 +297,7 @@ fn run_loop(
                     plugin_files.push(PluginFiles::of(&runner.job));
                     jobs.push(*runner);
                     due.push(Instant::now());
-                    missing_said.push(false);
+                    faults.push(Faults::default());
                     removed.push(false);
                     swaps_asked.push(0);
                 }
@@ -645,12 +671,21 @@ impl Wakes {
     }
 }
 
+/// Logs what [`Faults::note`] says: a repeating error once, then with its count now and then.
+fn say(job: &str, said: Say) {
+    match said {
+        Say::First(message) | Say::Still(message) => tracing::error!(job, "{message}"),
+        Say::Ended(message) => tracing::info!(job, "{message}"),
+        Say::Nothing => {}
+    }
+}
+
 /// One turn of a job: ingest one batch, then the edge's step for the job's stage. Returns when
 /// to come back, whether a backlog remains, and whether a report was queued.
 fn turn(
     store: &Mutex<Store>,
     runner: &mut JobRunner,
-    missing_said: &mut bool,
+    faults: &mut Faults,
     shadows: &ShadowQueue,
 ) -> (Duration, bool, bool) {
     let JobRunner { job, policies, index, output, read_model, settings } = runner;
@@ -665,15 +700,16 @@ fn turn(
     let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob, shadow: splitter_shadow };
     let mut more = false;
+    let mut ingest_fault = None;
     match ingest(&mut store, &job.name, index.as_mut(), csv, &split, limits) {
         Ok(done) => {
             more = done.batches > 0;
-            match (&done.state, *missing_said) {
+            match (&done.state, faults.missing_said) {
                 (FileState::Missing, false) => {
                     tracing::warn!(job = job.name, "waiting for the dataset index {}", index.name());
-                    *missing_said = true;
+                    faults.missing_said = true;
                 }
-                (FileState::Present, _) => *missing_said = false,
+                (FileState::Present, _) => faults.missing_said = false,
                 _ => {}
             }
             for refused in &done.refused {
@@ -691,11 +727,13 @@ fn turn(
             }
         }
         Err(IngestError::Held(err)) => {
-            tracing::error!(job = job.name, "splitter failed, the job holds (onError: hold): {err}");
+            let held = format!("splitter failed, the job holds (onError: hold): {err}");
             note(&mut store, &job.name, "splitter", Some(&format!("{err}; the job holds (onError: hold)")));
+            ingest_fault = Some(held);
         }
-        Err(err) => tracing::error!(job = job.name, "ingest: {err}"),
+        Err(err) => ingest_fault = Some(format!("ingest: {err}")),
     }
+    say(&job.name, faults.note(Site::Ingest, ingest_fault.as_deref(), now()));
     let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
     let mut index = Index { file: index.as_mut(), csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
     let out = OutputDir { url: &job.spec.output_dir, op: output };
@@ -748,11 +786,19 @@ fn turn(
         }
         _ => Ok(Outcome::NotDue { reason: "no edge step in this stage".into() }),
     };
+    let step_fault = outcome.as_ref().err().map(|err| err.to_string());
+    say(&job.name, faults.note(Site::Step, step_fault.as_deref(), now()));
     let why = match &outcome {
         Ok(Outcome::Reported(_)) => Some(None),
         Ok(Outcome::Waiting { reason, .. }) => Some(Some(reason.clone())),
-        Err(err) => Some(Some(err.to_string())),
+        Err(_) => Some(None),
         Ok(Outcome::NotDue { .. }) => None,
+    };
+    // A fault that repeats is why the job waits, with its count, first.
+    let why = match (why, faults.summary()) {
+        (Some(Some(reason)), Some(fault)) => Some(Some(format!("{fault}; {reason}"))),
+        (_, Some(fault)) => Some(Some(fault)),
+        (why, None) => why,
     };
     if let Some(why) = why
         && let Err(err) = rounds::set_waiting(&mut store, &job.name, why.as_deref())
@@ -769,8 +815,7 @@ fn turn(
             // At least a second: a trigger that asks for 0 must not spin the loop.
             recheck = recheck.min(Duration::from_secs(secs.max(1)));
         }
-        Ok(Outcome::Waiting { .. } | Outcome::NotDue { .. }) => {}
-        Err(err) => tracing::error!(job = job.name, "{err}"),
+        Ok(Outcome::Waiting { .. } | Outcome::NotDue { .. }) | Err(_) => {}
     }
     (recheck, more, reported)
 }
@@ -886,7 +931,10 @@ impl IndexWatch {
     fn make_watcher(&self) -> Option<notify::RecommendedWatcher> {
         let (indexes, wake) = (self.indexes.clone(), self.wake.clone());
         let made = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let Ok(event) = event else { return };
+            // An open or a read is no change, and our own reads would wake the job again.
+            let Ok(event) = event.map_err(drop).and_then(|e| if e.kind.is_access() { Err(()) } else { Ok(e) }) else {
+                return;
+            };
             for (job, index) in indexes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
                 if event.paths.iter().any(|path| {
                     path == index || path.file_name() == index.file_name() && path.parent() == index.parent()

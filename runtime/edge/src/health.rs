@@ -106,6 +106,13 @@ pub fn rejected(store: &mut Store, job: &str, kind: &str, reason: &str, now: u64
     Ok(())
 }
 
+/// Forgets the job's rejected policies: its manifest as now accepted is what serves or is being
+/// swapped in.
+pub fn clear_rejected(store: &mut Store, job: &str) -> rusqlite::Result<()> {
+    store.conn().execute("UPDATE policy_health SET rejected = NULL WHERE job = ?1", [job])?;
+    Ok(())
+}
+
 /// Folds a recorded health into the job's status entry for its kind (plugin and digest after a
 /// swap, the rejection or the failure as the message). Both control planes show it so.
 pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, found: &Health) {

@@ -44,6 +44,12 @@ impl LocalFile {
 impl IndexFile for LocalFile {
     fn stat(&mut self) -> std::io::Result<Option<FileStat>> {
         match std::fs::metadata(&self.path) {
+            // A folder or a FIFO where the index was: never opened (a FIFO would block the job).
+            Ok(meta) if !meta.is_file() => Err(std::io::Error::other(if meta.is_dir() {
+                "not a regular file (a folder)"
+            } else {
+                "not a regular file (a FIFO, socket or device)"
+            })),
             Ok(meta) => Ok(Some(FileStat { len: meta.len(), id: file_id(&meta) })),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(err) => Err(err),

@@ -6,7 +6,10 @@
 //! Shrunk or replaced index (one rule): when the file is shorter than what was consumed, or is
 //! another file at the same path, the job forgets the batches read from the old file (their
 //! byte ranges no longer hold those lines), reads the new file from its beginning, and says so.
-//! Sequence numbers go on counting, so no two samples share one.
+//! Sequence numbers go on counting, so no two samples share one. Unless it is the same data: a
+//! file at least as long as what was consumed that holds the last batch read byte for byte where
+//! it was read (a state dir moved or copied, a file rewritten with the same lines first) is read
+//! on from the cursor, so that no sample is counted twice.
 
 use rusqlite::{OptionalExtension, params};
 
@@ -138,9 +141,22 @@ pub fn ingest(
             return Ok(out);
         };
         if let Some(reason) = replaced(&state, &stat) {
-            restart(store, job, &stat)?;
-            out.restarted = Some(format!("{name}: {reason}; reading it again from the start"));
-            state = load(store, job)?;
+            if stat.len >= state.cursor.offset && holds_last_batch(store, job, file)? {
+                // The same data under another identity: the state dir moved or copied, or the
+                // file rewritten with the same lines first. Re-reading it would count each
+                // sample twice.
+                store.conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
+                state.file_id = Some(stat.id.clone());
+                out.restarted = Some(format!(
+                    "{name}: {reason}, but it holds the samples already read where they were read: reading on \
+                     from byte {}",
+                    state.cursor.offset
+                ));
+            } else {
+                restart(store, job, &stat)?;
+                out.restarted = Some(format!("{name}: {reason}; reading it again from the start"));
+                state = load(store, job)?;
+            }
         } else if state.file_id.is_none() {
             store.conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
             state.file_id = Some(stat.id.clone());
@@ -283,6 +299,19 @@ fn replaced(state: &JobFile, stat: &FileStat) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// Whether `file` holds the job's last batch byte for byte where it was read (its checksum).
+fn holds_last_batch(store: &Store, job: &str, file: &mut dyn IndexFile) -> Result<bool, IngestError> {
+    let last: Option<(i64, i64, Option<Vec<u8>>)> = store
+        .conn()
+        .query_row("SELECT start, end, checksum FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT 1", [job], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?;
+    let Some((start, end, Some(checksum))) = last else { return Ok(false) };
+    let Ok(bytes) = file.read_at(start as u64, (end - start) as usize) else { return Ok(false) };
+    Ok(bytes.len() == (end - start) as usize && batch_checksum(&bytes) == checksum)
 }
 
 /// The shrunk-or-replaced rule, in one transaction.

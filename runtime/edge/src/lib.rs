@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod decisions;
+pub mod faults;
 pub mod health;
 pub mod index_file;
 pub mod ingest;

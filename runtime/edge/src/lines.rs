@@ -70,7 +70,9 @@ pub fn scan<'a>(buf: &'a [u8], cursor: Cursor, max_line: usize, csv: bool) -> Sc
         let number = out.cursor.lines + 1;
         let start = cursor.offset + pos as u64;
         if let Some(from) = out.cursor.skipping_from.take() {
-            let length = start + newline as u64 - from;
+            // Without its `\r`, which is always in the same read as its `\n` (below).
+            let cr = u64::from(line_end > pos && buf[line_end - 1] == b'\r');
+            let length = start + newline as u64 - from - cr;
             out.refused.push(Refused::TooLong { number, length });
         } else {
             let mut content = &buf[pos..line_end];
@@ -101,12 +103,15 @@ pub fn scan<'a>(buf: &'a [u8], cursor: Cursor, max_line: usize, csv: bool) -> Sc
         pos = line_end + 1;
     }
     let rest = buf.len() - pos;
+    // A last `\r` of a line being skipped waits for its `\n`, so that its length is the same
+    // however the file was read.
+    let last_cr = usize::from(buf.last() == Some(&b'\r')).min(rest);
     if out.cursor.skipping_from.is_some() {
-        pos = buf.len();
+        pos = buf.len() - last_cr;
     } else if rest > max_line + 1 {
         // Too long already (the +1 leaves room for a `\r`): skip it until its end arrives.
         out.cursor.skipping_from = Some(cursor.offset + pos as u64);
-        pos = buf.len();
+        pos = buf.len() - last_cr;
     }
     out.cursor.offset = cursor.offset + pos as u64;
     out
@@ -210,6 +215,47 @@ mod tests {
             assert_eq!(got, expected, "cut at {cut}");
             assert_eq!(refused.len(), 1, "cut at {cut}: the long line is refused once");
             assert_eq!(second.cursor, whole.cursor, "cut at {cut}");
+        }
+    }
+
+    // A bounded fuzz: any bytes, read whole or in two reads cut anywhere (the second from the
+    // cursor the first returned), give the same samples and refusals: a sample is never
+    // counted twice or lost however the file grows. No panic, whatever the bytes.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn lines(scan: &Scan<'_>) -> Vec<(u64, u64, u64, u64, String)> {
+            scan.samples.iter().map(|l| (l.seq, l.number, l.start, l.end, l.text.to_owned())).collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn whole_or_in_two_reads_the_same(
+                bytes in proptest::collection::vec(prop_oneof![Just(b'\n'), Just(b'\r'), Just(b','), Just(0xff), any::<u8>(), b'a'..b'e'], 0..300),
+                cut in any::<prop::sample::Index>(),
+                max_line in 1usize..40,
+                csv in any::<bool>(),
+            ) {
+                let whole = scan(&bytes, Cursor::default(), max_line, csv);
+                let cut = cut.index(bytes.len() + 1);
+                let first = scan(&bytes[..cut], Cursor::default(), max_line, csv);
+                prop_assert!(first.cursor.offset as usize <= cut);
+                let second = scan(&bytes[first.cursor.offset as usize..], first.cursor, max_line, csv);
+                let mut both = lines(&first);
+                both.extend(lines(&second));
+                prop_assert_eq!(lines(&whole), both);
+                let mut refused = first.refused.clone();
+                refused.extend(second.refused.clone());
+                prop_assert_eq!(&whole.refused, &refused);
+                prop_assert_eq!(whole.cursor, second.cursor);
+                for line in &whole.samples {
+                    prop_assert!(!line.text.contains('\n') && line.text.len() <= max_line);
+                    prop_assert_eq!(&bytes[line.start as usize..line.end as usize], line.text.as_bytes());
+                }
+            }
         }
     }
 }

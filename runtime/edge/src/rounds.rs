@@ -577,6 +577,7 @@ fn write_samples<'r>(
     if let (true, Some(header)) = (index.csv, header) {
         writer.write(format!("{header}\n")).map_err(write_error)?;
     }
+    let (mut kept, mut left_out) = (0usize, None);
     for Stored { start, end, assignments, checksum } in batches {
         let (start, end) = (*start, *end);
         // The range ends at the last sample's text; its line end follows (at most "\r\n").
@@ -585,20 +586,27 @@ fn write_samples<'r>(
             .read_at(start, (end - start) as usize + 2)
             .map_err(|err| RoundError::Index { file: name.clone(), message: err.to_string() })?;
         let range = &bytes[..((end - start) as usize).min(bytes.len())];
-        if checksum.as_ref().is_some_and(|sum| *sum != super::ingest::batch_checksum(range)) {
-            return Err(RoundError::Index {
-                file: name.clone(),
-                message: format!(
-                    "bytes {start}..{end} changed since they were read (was the index overwritten in place?)"
-                ),
-            });
-        }
+        let changed = if checksum.as_ref().is_some_and(|sum| *sum != super::ingest::batch_checksum(range)) {
+            Some(format!("bytes {start}..{end} changed since they were read (was the index overwritten in place?)"))
+        } else {
+            None
+        };
         let scan = lines::scan(&bytes, Cursor { offset: start, ..Cursor::default() }, index.max_line, false);
-        if scan.samples.len() != assignments.len() {
-            return Err(RoundError::Index {
-                file: name.clone(),
-                message: format!("bytes {start}..{end} no longer hold the {} samples read there", assignments.len()),
-            });
+        let changed = changed.or_else(|| {
+            (scan.samples.len() != assignments.len())
+                .then(|| format!("bytes {start}..{end} no longer hold the {} samples read there", assignments.len()))
+        });
+        match changed {
+            // The eval set is the recent samples: one batch fewer still makes one, and waiting
+            // would hold the job until that batch leaves the window.
+            Some(why) if wanted == EVAL => {
+                tracing::warn!("{name}: {why}: its samples are left out of {path}");
+                left_out = Some(why);
+                continue;
+            }
+            // A round's train samples are exactly the new ones: none is silently dropped.
+            Some(why) => return Err(RoundError::Index { file: name.clone(), message: why }),
+            None => {}
         }
         let mut chunk = String::new();
         for (line, assignment) in scan.samples.iter().zip(assignments) {
@@ -613,7 +621,12 @@ fn write_samples<'r>(
                 }
             }
         }
+        kept += 1;
         writer.write(chunk).map_err(write_error)?;
+    }
+    if let (0, Some(why)) = (kept, left_out) {
+        // Nothing left to evaluate on.
+        return Err(RoundError::Index { file: name.clone(), message: why });
     }
     writer.close().map_err(write_error)?;
     if !remote_txt {

@@ -100,11 +100,7 @@ async fn receive(
         Ok(body) => body,
         Err(rejected) => return answer(rejected.status(), format!("body: {}", rejected.body_text())),
     };
-    let report: WorkerReport = match serde_json::from_slice(&body) {
-        Ok(report) => report,
-        Err(err) => return answer(StatusCode::BAD_REQUEST, format!("body: {err}")),
-    };
-    let accepted = match check_shape(&name, report) {
+    let accepted = match read_report(&name, &body) {
         Ok(accepted) => accepted,
         Err(message) => return answer(StatusCode::BAD_REQUEST, message),
     };
@@ -122,6 +118,12 @@ async fn receive(
         Ok(Err((status, message))) => answer(status, message),
         Err(join) => answer(StatusCode::INTERNAL_SERVER_ERROR, format!("the report was not stored: {join}")),
     }
+}
+
+/// A report's body read and checked as far as the request alone allows.
+fn read_report(path_name: &str, body: &[u8]) -> Result<Accepted, String> {
+    let report: WorkerReport = serde_json::from_slice(body).map_err(|err| format!("body: {err}"))?;
+    check_shape(path_name, report)
 }
 
 /// The checks that need nothing but the request; the error names the field.
@@ -262,7 +264,45 @@ fn normalize(url: &str) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_model_url;
+    use super::{check_model_url, read_report};
+    use proptest::prelude::*;
+
+    const REPORT: &str = r#"{"name":"w","namespace":"default","ownerName":"j","ownerKind":"LifelongLearningJob","kind":"train","status":"completed","results":[{"format":"pkl","url":"/output/train/1/m.pkl","metrics":{"accuracy":0.9}}]}"#;
+
+    // A bounded fuzz of the report body: any bytes, and Sedna's report with bytes inserted,
+    // deleted or replaced anywhere, are read or refused without a panic, in bounded time.
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_body(body in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = read_report("w", &body);
+        }
+
+        #[test]
+        fn an_edited_report(edits in proptest::collection::vec((any::<prop::sample::Index>(), 0u8..3, any::<u8>()), 1..8)) {
+            let mut body = REPORT.as_bytes().to_vec();
+            for (at, how, byte) in edits {
+                let at = at.index(body.len());
+                match how {
+                    0 => body.insert(at, byte),
+                    1 => { body.remove(at); }
+                    _ => body[at] = byte,
+                }
+            }
+            let started = std::time::Instant::now();
+            let _ = read_report("w", &body);
+            prop_assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        }
+    }
+
+    #[test]
+    fn sednas_report_reads() {
+        assert!(read_report("w", REPORT.as_bytes()).is_ok());
+        // Deep nesting is refused at once, not a stack overflow.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(read_report("w", deep.as_bytes()).is_err());
+    }
 
     #[test]
     fn model_urls_must_stay_inside_the_roots() {

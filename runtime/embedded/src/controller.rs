@@ -172,7 +172,7 @@ impl Controller {
         }
         let now = Timestamp::now();
         let mut recheck: Option<Duration> = None;
-        let mut changed = Vec::new();
+        let mut planned = Vec::new();
         for i in 0..self.jobs.len() {
             let job = &self.jobs[i];
             if job.deleted {
@@ -201,16 +201,15 @@ impl Controller {
             if step.status == job.status && step.actions.is_empty() {
                 continue;
             }
-            for action in &step.actions {
-                self.act(i, action, &step.status, workers);
-            }
-            let before = std::mem::replace(&mut self.jobs[i].status, step.status);
-            self.progress.changed(&self.jobs[i], &before);
-            changed.push(i);
+            planned.push((i, step));
         }
-        if !changed.is_empty() || last_seq > applied || !datasets.is_empty() {
+        // The new statuses are committed before anything acts on them: a commit that fails (a
+        // full disk) leaves the edge, the workers and the store as they were, and a crash after
+        // it is made good at the next start (the edge is told every waiting stage again, a
+        // missing worker is started).
+        if !planned.is_empty() || last_seq > applied || !datasets.is_empty() {
             let statuses: Vec<(&str, &LifelongLearningJobStatus)> =
-                changed.iter().map(|&i| (self.jobs[i].key.as_str(), &self.jobs[i].status)).collect();
+                planned.iter().map(|(i, step)| (self.jobs[*i].key.as_str(), &step.status)).collect();
             let now_secs = now.as_second();
             super::state::save(&mut self.control, &statuses, last_seq, &datasets, now_secs)?;
             let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -220,6 +219,13 @@ impl Controller {
             for (dataset, samples) in &datasets {
                 report::dataset_reported(&mut edge, dataset, *samples)?;
             }
+        }
+        for (i, step) in planned {
+            for action in &step.actions {
+                self.act(i, action, &step.status, workers);
+            }
+            let before = std::mem::replace(&mut self.jobs[i].status, step.status);
+            self.progress.changed(&self.jobs[i], &before);
         }
         Ok(recheck)
     }
@@ -233,6 +239,9 @@ impl Controller {
             let Some((_, stored)) = stored.iter().find(|(key, _)| *key == job.key) else { continue };
             match super::prepare_job(&self.state_dir, &job.key, stored, &datasets) {
                 Ok(prepared) => {
+                    if let Err(err) = prepared.make_dataset_folder() {
+                        tracing::warn!(job = job.key, "the dataset's folder: {err}");
+                    }
                     job.commands = prepared.commands;
                     let next = super::job_config(&job.key, stored, prepared.edge_spec);
                     if next != job.config {

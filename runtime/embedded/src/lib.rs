@@ -5,6 +5,7 @@
 //! acknowledged by the control plane). Relative paths in Dataset and job manifests are under
 //! the state dir; a template's relative `workingDir` is under its manifest's folder.
 
+pub mod admit;
 pub mod controller;
 pub mod progress;
 pub mod state;
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use self::controller::{ControlledJob, Controller, LocalPod};
 use self::state::Stored;
-use perennial_api::manifest::{self, Object};
+use perennial_api::manifest;
 use perennial_api::{self as resources, Dataset, LifelongLearningJob};
 use perennial_edge::agent::{self, JobConfig, JobRunner, LoopSettings, Wakes};
 use perennial_edge::sqlite::Store;
@@ -71,6 +72,12 @@ pub enum RunError {
     Manifest(#[from] manifest::ManifestError),
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<resources::FieldErrors>),
+    /// Manifests refused for what this machine would meet running them, a line each.
+    #[error("{}", .0.join("\n"))]
+    Refused(Vec<String>),
+    /// A job whose policy of `kind` cannot serve: fetched, compiled or configured, it failed.
+    #[error("{origin}: LifelongLearningJob {job}: {}: {reason}", policy_field(kind))]
+    Policy { origin: String, job: String, kind: &'static str, reason: String },
     #[error("{0}")]
     Job(String),
     #[error("nothing to run: give manifest files or folders (no job is stored in {0})")]
@@ -87,6 +94,15 @@ pub enum RunError {
     Lock(#[from] perennial_edge::state_lock::LockError),
 }
 
+/// Where a job's manifest names its policy of `kind`.
+fn policy_field(kind: &str) -> &'static str {
+    match kind {
+        "splitter" => "spec.dataset.splitPolicy",
+        "selector" => "spec.deploySpec.selectPolicy",
+        _ => "spec.trainSpec.trigger.policy",
+    }
+}
+
 /// Runs the jobs until the rounds are done or `stop` is set.
 pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, RunError> {
     let state_error = |source| RunError::StateDir { path: options.state_dir.display().to_string(), source };
@@ -94,7 +110,17 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let state_dir = options.state_dir.canonicalize().map_err(state_error)?;
     let _lock = perennial_edge::state_lock::lock(&state_dir, "perennial run")?;
     let mut control = state::open(&state_dir)?;
-    let (job_keys, pod_keys) = apply_manifests(&mut control, &options.paths)?;
+    let host =
+        PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
+    if let Some(exe) = &options.compiler {
+        host.compile_in_child_process(exe.clone());
+    }
+    let admitted = if options.paths.is_empty() {
+        admit::Admitted::default()
+    } else {
+        admit::admit(&mut control, &state_dir, &options.paths, &host).await?
+    };
+    let (job_keys, pod_keys) = (admitted.jobs, admitted.pods);
     let datasets = state::datasets(&control)?;
     let mut jobs_in_store = state::jobs(&control)?;
     if !options.paths.is_empty() {
@@ -110,21 +136,18 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         .collect::<Result<_, _>>()?;
 
     let mut edge_store = Store::open(&state_dir.join("edge.db"))?;
-    let host =
-        PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
-    if let Some(exe) = &options.compiler {
-        host.compile_in_child_process(exe.clone());
-    }
     let s3 = S3Credentials::from_env();
     let mut controlled = Vec::new();
     let mut runners = Vec::new();
     for (index, (key, stored)) in jobs_in_store.into_iter().enumerate() {
         let job = prepare_job(&state_dir, &key, &stored, &datasets)?;
+        job.make_dataset_folder()?;
         edge::register_job(&mut edge_store, &key, &stored.uid, &job.edge_spec)?;
         let config = job_config(&key, &stored, job.edge_spec.clone());
         let policies =
             agent::load_policies(&host, &config).await.map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
         policies.release();
+        edge::output::clear_temporary(&job.edge_spec.output_dir);
         let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
             .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
         let output = opendal::blocking::Operator::new(output).map_err(|err| RunError::Job(err.to_string()))?;
@@ -194,7 +217,13 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let _manifest_watch = if options.paths.is_empty() {
         None
     } else {
-        watch_manifests(&options.paths, &state_dir, reload_control, wake_control.clone())
+        let admission = Admission {
+            state_dir: state_dir.clone(),
+            host: host.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            edge: edge_store.clone(),
+        };
+        watch_manifests(&options.paths, admission, reload_control, wake_control.clone())
     };
     let edge_thread = {
         let (store, stop, on_report) = (edge_store.clone(), edge_stop.clone(), on_report.clone());
@@ -248,57 +277,6 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     }
 }
 
-/// Reads, checks and stores the manifests; returns the keys of the jobs and pods they hold.
-/// Nothing is stored unless every manifest is valid.
-fn apply_manifests(control: &mut Store, paths: &[PathBuf]) -> Result<(Vec<String>, Vec<String>), RunError> {
-    if paths.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let manifests = manifest::load(paths)?;
-    let stored_datasets: Vec<String> = state::datasets(control)?.into_iter().map(|(key, _)| key).collect();
-    let given_datasets: Vec<String> = manifests
-        .iter()
-        .filter_map(|m| match &m.object {
-            Object::Dataset(d) => Some(resources::key(&d.metadata)),
-            _ => None,
-        })
-        .collect();
-    let exists = |key: &str| given_datasets.iter().chain(&stored_datasets).any(|k| k == key);
-    let mut errors = Vec::new();
-    for m in &manifests {
-        let checked = match &m.object {
-            Object::Dataset(d) => resources::validate_dataset(d),
-            Object::Job(j) => resources::validate_job(j, &exists),
-            Object::Pod(_) => Ok(()),
-        };
-        if let Err(mut err) = checked {
-            err.object = format!("{}: {}", m.origin(), err.object);
-            errors.push(err);
-        }
-    }
-    if !errors.is_empty() {
-        return Err(RunError::Invalid(errors));
-    }
-    let (mut jobs, mut pods) = (Vec::new(), Vec::new());
-    for m in &manifests {
-        let dir = m.file.parent().map(Path::to_owned).unwrap_or_default();
-        let dir = dir.canonicalize().unwrap_or(dir);
-        let (kind, key, body) = match &m.object {
-            Object::Dataset(d) => ("Dataset", resources::key(&d.metadata), serde_json::to_value(d)),
-            Object::Job(j) => ("LifelongLearningJob", resources::key(&j.metadata), serde_json::to_value(j)),
-            Object::Pod(p) => ("Pod", resources::key(&p.metadata), serde_json::to_value(p)),
-        };
-        let body = body.map_err(|err| RunError::Job(format!("{}: {err}", m.origin())))?;
-        state::apply(control, kind, &key, &body, &dir)?;
-        match kind {
-            "LifelongLearningJob" => jobs.push(key),
-            "Pod" => pods.push(key),
-            _ => {}
-        }
-    }
-    Ok((jobs, pods))
-}
-
 /// What the edge runs a job with.
 pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: JobSpec) -> JobConfig {
     JobConfig {
@@ -316,6 +294,16 @@ pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: 
 pub(crate) struct PreparedJob {
     pub edge_spec: JobSpec,
     pub commands: [LocalCommand; 3],
+    /// The folder of a dataset under the state dir.
+    dataset_folder: Option<PathBuf>,
+}
+
+impl PreparedJob {
+    /// Makes the folder of a dataset under the state dir, so that it is watched from the start
+    /// (not polled) even before its generator writes the first line.
+    pub fn make_dataset_folder(&self) -> std::io::Result<()> {
+        self.dataset_folder.as_ref().map_or(Ok(()), std::fs::create_dir_all)
+    }
 }
 
 pub(crate) fn prepare_job(
@@ -327,19 +315,12 @@ pub(crate) fn prepare_job(
     let spec = &stored.object.spec;
     let namespace = key.split_once('/').map_or("default", |(n, _)| n);
     let dataset_key = format!("{namespace}/{}", spec.dataset.name);
-    let dataset = datasets
-        .iter()
-        .find(|(k, _)| *k == dataset_key)
-        .map(|(_, d)| &d.object)
-        .ok_or_else(|| RunError::Job(format!("job {key}: spec.dataset.name: no Dataset {dataset_key}")))?;
-    // A dataset under the state dir gets its folder now, so that it is watched from the start
-    // (not polled) even before its generator writes the first line.
-    if !dataset.spec.url.contains("://") && Path::new(&dataset.spec.url).is_relative() {
-        let index = PathBuf::from(resolve(state_dir, &dataset.spec.url));
-        if let Some(folder) = index.parent() {
-            std::fs::create_dir_all(folder)?;
-        }
-    }
+    let dataset = datasets.iter().find(|(k, _)| *k == dataset_key).map(|(_, d)| &d.object).ok_or_else(|| {
+        RunError::Job(format!("LifelongLearningJob {key}: spec.dataset.name: no Dataset {dataset_key}"))
+    })?;
+    let dataset_folder = (!dataset.spec.url.contains("://") && Path::new(&dataset.spec.url).is_relative())
+        .then(|| PathBuf::from(resolve(state_dir, &dataset.spec.url)).parent().map(Path::to_owned))
+        .flatten();
     let edge_spec = JobSpec {
         dataset: dataset_key,
         dataset_url: resolve(state_dir, &dataset.spec.url),
@@ -350,17 +331,21 @@ pub(crate) fn prepare_job(
         decision_records: spec.decision_records,
     };
     let command = |template, field: &str, restart| {
-        local_command(template, field, &stored.dir, restart).map_err(|err| RunError::Job(format!("job {key}: {err}")))
+        local_command(template, field, &stored.dir, restart)
+            .map_err(|err| RunError::Job(format!("LifelongLearningJob {key}: {err}")))
     };
     let commands = [
         command(&spec.train_spec.template, "spec.trainSpec.template", RestartPolicy::OnFailure)?,
         command(&spec.eval_spec.template, "spec.evalSpec.template", RestartPolicy::OnFailure)?,
         command(&spec.deploy_spec.template, "spec.deploySpec.template", RestartPolicy::Always)?,
     ];
-    Ok(PreparedJob { edge_spec, commands })
+    Ok(PreparedJob { edge_spec, commands, dataset_folder })
 }
 
-fn pod_command(key: &str, stored: &Stored<k8s_openapi::api::core::v1::Pod>) -> Result<LocalCommand, RunError> {
+pub(crate) fn pod_command(
+    key: &str,
+    stored: &Stored<k8s_openapi::api::core::v1::Pod>,
+) -> Result<LocalCommand, RunError> {
     let template = k8s_openapi::api::core::v1::PodTemplateSpec {
         metadata: Some(stored.object.metadata.clone()),
         spec: stored.object.spec.clone(),
@@ -378,11 +363,42 @@ pub fn resolve(state_dir: &Path, url: &str) -> String {
     }
 }
 
+/// What a live edit is admitted with.
+struct Admission {
+    state_dir: PathBuf,
+    host: PolicyHost,
+    runtime: tokio::runtime::Handle,
+    /// Where a refused policy is recorded, for the job's status.
+    edge: Arc<Mutex<Store>>,
+}
+
+impl Admission {
+    /// Admits the edited manifests, as at the start: all or nothing. A policy refused is shown
+    /// on its job's status (the previous one serves on); an accepted job's earlier refusals go.
+    fn admit(&self, paths: &[PathBuf]) -> Result<admit::Admitted, RunError> {
+        let mut control = state::open(&self.state_dir)?;
+        let outcome = self.runtime.block_on(admit::admit(&mut control, &self.state_dir, paths, &self.host));
+        let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let recorded = match &outcome {
+            Ok(admitted) => admitted.jobs.iter().try_for_each(|job| edge::health::clear_rejected(&mut edge, job)),
+            Err(RunError::Policy { job, kind, reason, .. }) => {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                edge::health::rejected(&mut edge, job, kind, reason, now)
+            }
+            Err(_) => Ok(()),
+        };
+        if let Err(err) = recorded {
+            tracing::warn!("the edge state: {err}");
+        }
+        outcome
+    }
+}
+
 /// Watches the manifest files and folders of the run: an edited manifest is checked and applied
 /// again (a bad one is refused, said, and changes nothing), then the control plane takes it.
 fn watch_manifests(
     paths: &[PathBuf],
-    state_dir: &Path,
+    admission: Admission,
     reload: mpsc::Sender<()>,
     wake: mpsc::Sender<()>,
 ) -> Option<notify::RecommendedWatcher> {
@@ -403,7 +419,7 @@ fn watch_manifests(
             tracing::warn!("cannot watch {} for edits: {err}", folder.display());
         }
     }
-    let (paths, state_dir) = (paths.to_vec(), state_dir.to_owned());
+    let paths = paths.to_vec();
     std::thread::Builder::new()
         .name("manifests".into())
         .spawn(move || {
@@ -411,16 +427,14 @@ fn watch_manifests(
                 // An editor's save is several events: take them as one.
                 std::thread::sleep(Duration::from_millis(50));
                 while events.try_recv().is_ok() {}
-                let applied = state::open(&state_dir)
-                    .map_err(RunError::from)
-                    .and_then(|mut control| apply_manifests(&mut control, &paths));
-                match applied {
+                match admission.admit(&paths) {
                     Ok(_) => {
                         let _ = reload.send(());
-                        let _ = wake.send(());
                     }
                     Err(err) => tracing::warn!("the edited manifests were not applied: {err}"),
                 }
+                // Either way the status changes: the edit, or its refusal.
+                let _ = wake.send(());
             }
         })
         .ok()?;

@@ -47,30 +47,35 @@ pub struct Stored<T> {
     pub dir: PathBuf,
 }
 
-/// Stores an object (create or update, as `kubectl apply`): a new one gets a uid, an updated
-/// one keeps its uid and status. Returns the uid.
-pub fn apply(
-    store: &mut Store,
-    kind: &str,
-    key: &str,
-    body: &serde_json::Value,
-    dir: &Path,
-) -> rusqlite::Result<String> {
+/// One object to store: its kind, `namespace/name`, the manifest as JSON and its folder.
+pub struct Applied<'a> {
+    pub kind: &'a str,
+    pub key: &'a str,
+    pub body: &'a serde_json::Value,
+    pub dir: &'a Path,
+}
+
+/// Stores objects (create or update, as `kubectl apply`) in one transaction: all or none. A new
+/// one gets a uid, an updated one keeps its uid and status.
+pub fn apply_all(store: &mut Store, objects: &[Applied<'_>]) -> rusqlite::Result<()> {
     let tx = store.write()?;
-    let known: Option<String> = tx
-        .query_row("SELECT uid FROM objects WHERE kind = ?1 AND key = ?2", params![kind, key], |r| r.get(0))
-        .optional()?;
-    let uid = match known {
-        Some(uid) => uid,
-        None => new_uid().map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?,
-    };
-    tx.execute(
-        "INSERT INTO objects (kind, key, uid, body, dir) VALUES (?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT (kind, key) DO UPDATE SET body = excluded.body, dir = excluded.dir",
-        params![kind, key, uid, body.to_string(), dir.display().to_string()],
-    )?;
-    tx.commit()?;
-    Ok(uid)
+    for object in objects {
+        let known: Option<String> = tx
+            .query_row("SELECT uid FROM objects WHERE kind = ?1 AND key = ?2", params![object.kind, object.key], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let uid = match known {
+            Some(uid) => uid,
+            None => new_uid().map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?,
+        };
+        tx.execute(
+            "INSERT INTO objects (kind, key, uid, body, dir) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (kind, key) DO UPDATE SET body = excluded.body, dir = excluded.dir",
+            params![object.kind, object.key, uid, object.body.to_string(), object.dir.display().to_string()],
+        )?;
+    }
+    tx.commit()
 }
 
 fn new_uid() -> Result<String, getrandom::Error> {

@@ -166,6 +166,34 @@ fn a_shrunk_or_replaced_index_starts_over_and_says_so() {
     assert_eq!(replaced.samples, 40);
 }
 
+/// The same data under another identity (a state dir copied, so every file has a new inode; a
+/// file rewritten with the same lines first) is read on from the cursor: nothing is counted
+/// twice, and what is new after it is read once.
+#[test]
+fn a_copied_or_rewritten_index_with_the_same_samples_is_not_read_again() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    f.append(&lines(30, 0));
+    assert_eq!(f.ingest(&policy, false).unwrap().samples, 30);
+
+    // Copied over itself (a new inode), with 5 new lines after the ones read.
+    let copy = f.dir.path().join("copy.txt");
+    std::fs::write(&copy, lines(35, 0)).unwrap();
+    std::fs::rename(&copy, f.index()).unwrap();
+    let moved = f.ingest(&policy, false).unwrap();
+    assert!(moved.restarted.as_deref().unwrap().contains("holds the samples already read"), "{moved:?}");
+    assert_eq!(moved.samples, 5, "only the new lines");
+    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (0..35).collect::<Vec<_>>());
+
+    // Replaced by a file with other lines where the last batch was: another file, read anew.
+    std::fs::write(&copy, lines(40, 500)).unwrap();
+    std::fs::rename(&copy, f.index()).unwrap();
+    let other = f.ingest(&policy, false).unwrap();
+    assert!(other.restarted.as_deref().unwrap().contains("reading it again from the start"), "{other:?}");
+    assert_eq!(other.samples, 40);
+}
+
 #[test]
 fn a_failing_splitter_falls_back_to_sednas_rule_or_holds() {
     let hostile = builtin::built_plugin_path("hostile-splitter").unwrap();
