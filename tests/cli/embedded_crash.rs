@@ -287,4 +287,7 @@ fn killed_while_the_disk_is_full_it_resumes_and_completes_its_rounds() {
         }
         assert!(example.output().join(format!("eval/{round}/model.json")).exists(), "round {round} not evaluated");
     }
+    // What interrupted writes left was cleared when the job started again.
+    let left: Vec<_> = std::fs::read_dir(example.output().join(".perennial-tmp")).unwrap().flatten().collect();
+    assert!(left.is_empty(), "temporary files left behind: {left:?}");
 }

@@ -211,8 +211,11 @@ fn a_broken_index_is_said_once_and_shown_in_the_status_without_a_hot_loop() {
     let errors: Vec<&str> = logged.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 1, "{errors:#?}");
     assert!(errors[0].contains("ingest: "), "{}", errors[0]);
-    let message = example.live_status().unwrap()["message"].as_str().unwrap_or_default().to_owned();
+    let status = example.live_status().unwrap();
+    let message = status["message"].as_str().unwrap_or_default();
     assert!(message.starts_with("ingest: ") && message.contains("not a regular file (a folder) (since "), "{message}");
+    let fault = status["fault"].as_str().unwrap_or_default();
+    assert!(fault.starts_with("ingest: ") && fault.contains("not a regular file (a folder) (since "), "{status}");
 
     // Back: said once, and the status no longer shows it.
     std::fs::remove_dir(&index).unwrap();
@@ -221,7 +224,9 @@ fn a_broken_index_is_said_once_and_shown_in_the_status_without_a_hot_loop() {
         assert!(Instant::now() < deadline, "the recovery was never said");
         std::thread::sleep(Duration::from_millis(50));
     }
-    while example.live_status().unwrap()["message"].as_str().is_some_and(|m| m.starts_with("ingest: ")) {
+    while example.live_status().unwrap()["message"].as_str().is_some_and(|m| m.starts_with("ingest: "))
+        || example.live_status().unwrap().get("fault").is_some()
+    {
         assert!(Instant::now() < deadline, "the status still shows the fault");
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -160,6 +160,23 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
     assert_eq!((plugin.as_str(), health.as_str()), ("builtin:threshold-trigger", "Serving"), "{}", job["status"]);
     assert_eq!(digest.len(), 64, "a sha256 digest: {digest}");
 
+    // An index the edge cannot read: its error reaches the job's status on the API server, with
+    // when it began, and leaves it when the index is back.
+    let kept = world.index.with_extension("kept");
+    std::fs::rename(&world.index, &kept).expect("move the index away");
+    std::fs::create_dir(&world.index).expect("a folder in its place");
+    until("the edge's fault in the job's status", Duration::from_secs(30), || async {
+        let fault = world.job().await?["status"]["fault"].as_str()?.to_owned();
+        fault.contains("ingest: ").then_some(()).filter(|_| fault.contains("not a regular file (a folder) (since "))
+    })
+    .await;
+    std::fs::remove_dir(&world.index).expect("the folder");
+    std::fs::rename(&kept, &world.index).expect("the index back");
+    until("the fault gone from the job's status", Duration::from_secs(30), || async {
+        world.job().await?["status"].get("fault").is_none_or(Value::is_null).then_some(())
+    })
+    .await;
+
     // A hot swap by `kubectl patch`: the example count-or-age trigger, from its file.
     let path = perennial_policy::builtin::built_plugin_path("count-or-age-trigger").expect("the example plugin");
     // With Sedna's rule beside it as its shadow, counted in status and never acting.

@@ -125,6 +125,10 @@ pub struct LifelongLearningJobStatus {
     /// Why the job is where it is (the last decision, refusal or failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// An error the edge meets again and again (reading the index, a stage's files), with how
+    /// many times and since when; gone when it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -794,8 +794,12 @@ fn turn(
         Err(_) => Some(None),
         Ok(Outcome::NotDue { .. }) => None,
     };
+    let fault = faults.summary();
+    if let Err(err) = rounds::set_fault(&mut store, &job.name, fault.as_deref()) {
+        tracing::warn!(job = job.name, "recording the job's fault: {err}");
+    }
     // A fault that repeats is why the job waits, with its count, first.
-    let why = match (why, faults.summary()) {
+    let why = match (why, fault) {
         (Some(Some(reason)), Some(fault)) => Some(Some(format!("{fault}; {reason}"))),
         (_, Some(fault)) => Some(Some(fault)),
         (why, None) => why,

@@ -9,7 +9,8 @@
 //! Sequence numbers go on counting, so no two samples share one. Unless it is the same data: a
 //! file at least as long as what was consumed that holds the last batch read byte for byte where
 //! it was read (a state dir moved or copied, a file rewritten with the same lines first) is read
-//! on from the cursor, so that no sample is counted twice.
+//! on from the cursor; a file cut short that still begins with the first batch read is read on
+//! from its new end (the batches cut off are forgotten): either way no sample is counted twice.
 
 use rusqlite::{OptionalExtension, params};
 
@@ -141,7 +142,7 @@ pub fn ingest(
             return Ok(out);
         };
         if let Some(reason) = replaced(&state, &stat) {
-            if stat.len >= state.cursor.offset && holds_last_batch(store, job, file)? {
+            if stat.len >= state.cursor.offset && holds_batch(store, job, file, Which::Last)? {
                 // The same data under another identity: the state dir moved or copied, or the
                 // file rewritten with the same lines first. Re-reading it would count each
                 // sample twice.
@@ -152,6 +153,15 @@ pub fn ingest(
                      from byte {}",
                     state.cursor.offset
                 ));
+            } else if stat.len < state.cursor.offset && holds_batch(store, job, file, Which::First)? {
+                // Cut short, its beginning as it was read: what is left was read already.
+                cut(store, job, &stat)?;
+                out.restarted = Some(format!(
+                    "{name}: {reason}, but it begins with the samples already read: reading on from byte {} \
+                     (the samples cut off are forgotten)",
+                    stat.len
+                ));
+                state = load(store, job)?;
             } else {
                 restart(store, job, &stat)?;
                 out.restarted = Some(format!("{name}: {reason}; reading it again from the start"));
@@ -301,17 +311,43 @@ fn replaced(state: &JobFile, stat: &FileStat) -> Option<String> {
     }
 }
 
-/// Whether `file` holds the job's last batch byte for byte where it was read (its checksum).
-fn holds_last_batch(store: &Store, job: &str, file: &mut dyn IndexFile) -> Result<bool, IngestError> {
-    let last: Option<(i64, i64, Option<Vec<u8>>)> = store
+/// A batch of the job's, by age.
+#[derive(Clone, Copy)]
+enum Which {
+    First,
+    Last,
+}
+
+/// Whether `file` holds the job's first or last batch byte for byte where it was read (its
+/// checksum).
+fn holds_batch(store: &Store, job: &str, file: &mut dyn IndexFile, which: Which) -> Result<bool, IngestError> {
+    let order = match which {
+        Which::First => "ASC",
+        Which::Last => "DESC",
+    };
+    let batch: Option<(i64, i64, Option<Vec<u8>>)> = store
         .conn()
-        .query_row("SELECT start, end, checksum FROM batches WHERE job = ?1 ORDER BY batch DESC LIMIT 1", [job], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
+        .query_row(
+            &format!("SELECT start, end, checksum FROM batches WHERE job = ?1 ORDER BY batch {order} LIMIT 1"),
+            [job],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
         .optional()?;
-    let Some((start, end, Some(checksum))) = last else { return Ok(false) };
+    let Some((start, end, Some(checksum))) = batch else { return Ok(false) };
     let Ok(bytes) = file.read_at(start as u64, (end - start) as usize) else { return Ok(false) };
     Ok(bytes.len() == (end - start) as usize && batch_checksum(&bytes) == checksum)
+}
+
+/// A file cut short that begins as it was read: reading goes on from its end, and the batches
+/// whose bytes were cut off are forgotten (their samples are gone), in one transaction.
+fn cut(store: &mut Store, job: &str, stat: &FileStat) -> Result<(), rusqlite::Error> {
+    let tx = store.write()?;
+    tx.execute("DELETE FROM batches WHERE job = ?1 AND end > ?2", params![job, stat.len as i64])?;
+    tx.execute(
+        "UPDATE jobs SET cursor_offset = ?3, cursor_skipping = NULL, file_id = ?2, file_len = ?3 WHERE name = ?1",
+        params![job, stat.id, stat.len as i64],
+    )?;
+    tx.commit()
 }
 
 /// The shrunk-or-replaced rule, in one transaction.

@@ -195,6 +195,20 @@ pub fn set_waiting(store: &mut Store, job: &str, why: Option<&str>) -> Result<()
     Ok(())
 }
 
+/// Records the job's repeating error as its status shows it (`None` when there is none); writes
+/// only when it changes.
+pub fn set_fault(store: &mut Store, job: &str, fault: Option<&str>) -> Result<(), rusqlite::Error> {
+    store.conn().execute("UPDATE jobs SET fault = ?2 WHERE name = ?1 AND fault IS NOT ?2", params![job, fault])?;
+    Ok(())
+}
+
+/// Each job's repeating error, for the jobs that have one.
+pub fn faults(conn: &rusqlite::Connection) -> Result<Vec<(String, String)>, rusqlite::Error> {
+    let mut statement = conn.prepare_cached("SELECT name, fault FROM jobs WHERE fault IS NOT NULL")?;
+    let rows = statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
 /// Why each job waits on the edge, for the jobs that do.
 pub fn waiting_reasons(store: &Store) -> Result<Vec<(String, String)>, rusqlite::Error> {
     let mut statement = store.conn().prepare_cached("SELECT name, waiting FROM jobs WHERE waiting IS NOT NULL")?;

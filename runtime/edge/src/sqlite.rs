@@ -170,6 +170,8 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (job, kind)
     ) WITHOUT ROWID;
     "#,
+    // 12: an error that repeats, with its count and first time (faults.rs), for the status.
+    "ALTER TABLE jobs ADD COLUMN fault TEXT;",
 ];
 
 #[derive(Debug, thiserror::Error)]

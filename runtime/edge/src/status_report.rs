@@ -12,9 +12,9 @@ use super::health;
 use crate::sqlite::Store;
 use perennial_types::PolicyStatus;
 
-/// The policies last queued per job, so that only a change is sent (after a restart each job's
-/// are sent once again).
-pub type SentPolicies = HashMap<String, BTreeMap<String, PolicyStatus>>;
+/// The policies and the repeating error last queued per job, so that only a change is sent
+/// (after a restart each job's are sent once again).
+pub type SentPolicies = HashMap<String, (BTreeMap<String, PolicyStatus>, Option<String>)>;
 
 /// Queues what changed, in one transaction; returns how many reports were queued.
 pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Result<usize, rusqlite::Error> {
@@ -38,16 +38,22 @@ pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Re
         )?;
         queued += 1;
     }
+    let faults: HashMap<String, String> = crate::rounds::faults(&tx)?.into_iter().collect();
     let mut next = SentPolicies::new();
     for (job, uid) in jobs {
         let mut policies = BTreeMap::new();
         health::apply_job(&mut policies, &healths, &job);
-        if sent.get(&job) != Some(&policies) && !policies.is_empty() {
-            let body = json!({"job": job, "jobUid": uid, "policies": policies}).to_string();
+        let fault = faults.get(&job).cloned();
+        let now_sent = (policies, fault);
+        let last_fault = sent.get(&job).and_then(|(_, fault)| fault.as_ref());
+        let worth = !now_sent.0.is_empty() || now_sent.1.as_ref() != last_fault;
+        if sent.get(&job) != Some(&now_sent) && worth {
+            let (policies, fault) = &now_sent;
+            let body = json!({"job": job, "jobUid": uid, "policies": policies, "fault": fault}).to_string();
             tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![job, body, now as i64])?;
             queued += 1;
         }
-        next.insert(job, policies);
+        next.insert(job, now_sent);
     }
     tx.commit()?;
     *sent = next;
@@ -85,7 +91,7 @@ mod tests {
         assert_eq!(queued[0], json!({"dataset": "ml/d", "numberOfSamples": 120}));
         assert_eq!(
             queued[1],
-            json!({"job": "ml/a", "jobUid": "uid-a", "policies": {"trigger": {
+            json!({"job": "ml/a", "jobUid": "uid-a", "fault": null, "policies": {"trigger": {
                 "plugin": "builtin:threshold-trigger", "digest": "abc", "config": "44136fa355b3", "health": "Serving"}}})
         );
         // A decision that acted travels too, with the policy's reason.
@@ -105,5 +111,14 @@ mod tests {
         assert_eq!(queue_changes(&mut store, &mut sent, 8).unwrap(), 1);
         let policies = &outbox(&store)[3]["policies"]["trigger"];
         assert_eq!((policies["digest"].as_str(), policies["health"].as_str()), (Some("abc"), Some("LoadFailed")));
+        // A repeating error travels with them, once while it lasts, and its end.
+        let fault = "ingest: index.txt: not a regular file (a folder) (since 1970-01-01T00:00:09Z)";
+        crate::rounds::set_fault(&mut store, "ml/a", Some(fault)).unwrap();
+        assert_eq!(queue_changes(&mut store, &mut sent, 9).unwrap(), 1);
+        assert_eq!(outbox(&store)[4]["fault"], fault);
+        assert_eq!(queue_changes(&mut store, &mut sent, 10).unwrap(), 0);
+        crate::rounds::set_fault(&mut store, "ml/a", None).unwrap();
+        assert_eq!(queue_changes(&mut store, &mut sent, 11).unwrap(), 1);
+        assert!(outbox(&store)[5]["fault"].is_null());
     }
 }

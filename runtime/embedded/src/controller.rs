@@ -159,10 +159,11 @@ impl Controller {
             self.reload_jobs()?;
         }
         let applied = super::state::applied_seq(&self.control)?;
-        let (pending, datasets, healths, waiting) = {
+        let (pending, datasets, healths, waiting, faults) = {
             let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let pending = report::pending(&edge, 1000)?;
-            (pending, report::dataset_updates(&edge)?, health::all(&edge)?, rounds::waiting_reasons(&edge)?)
+            let (datasets, healths) = (report::dataset_updates(&edge)?, health::all(&edge)?);
+            (pending, datasets, healths, rounds::waiting_reasons(&edge)?, rounds::faults(edge.conn())?)
         };
         let last_seq = pending.last().map_or(applied, |(seq, _)| *seq);
         for (dataset, samples) in &datasets {
@@ -194,6 +195,7 @@ impl Controller {
             {
                 status.message = Some(why.clone());
             }
+            status.fault = faults.iter().find(|(name, _)| *name == job.key).map(|(_, fault)| fault.clone());
             let step = lifecycle::step(&job.view, &status, &observed, now, &self.settings);
             if let Some(after) = step.recheck_after {
                 recheck = Some(recheck.map_or(after, |r: Duration| r.min(after)));

@@ -158,7 +158,9 @@ impl OperatorSide {
             policies.insert(kind.to_owned(), reported.get(kind).cloned().unwrap_or(Value::Null));
         }
         let jobs: Api<LifelongLearningJob> = Api::namespaced(self.client.clone(), namespace);
-        let patch = serde_json::json!({"status": {"policies": policies}});
+        // The edge's repeating error, if any (null clears it).
+        let fault = body.get("fault").cloned().unwrap_or(Value::Null);
+        let patch = serde_json::json!({"status": {"policies": policies, "fault": fault}});
         match jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Applied::Applied,
             Err(kube::Error::Api(status)) if status.code == 404 => Applied::Rejected(format!("job {key} is gone")),

@@ -125,6 +125,8 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let mut runners = Vec::new();
     let mut running = Running::default();
     for job in configs {
+        // Before any of its writes: what an interrupted one left (a kill, a full disk).
+        edge::output::clear_temporary(&settings.host_path(&job.spec.output_dir));
         match runner(&host, job.clone(), &settings).await {
             Ok(runner) => {
                 agent::record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);

@@ -38,10 +38,10 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let jobs = state::jobs(&control)?;
     // Why each job waits, as the edge says it now (the status may predate its last look).
     let edge = args.state_dir.join("edge.db");
-    let (waiting, healths) = match edge.exists() {
+    let (waiting, healths, faults) = match edge.exists() {
         true => {
             let edge = Store::open(&edge)?;
-            (rounds::waiting_reasons(&edge)?, health::all(&edge)?)
+            (rounds::waiting_reasons(&edge)?, health::all(&edge)?, rounds::faults(edge.conn())?)
         }
         false => Default::default(),
     };
@@ -55,6 +55,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
         {
             status.message = Some(why.clone());
         }
+        status.fault = faults.iter().find(|(job, _)| job == key).map(|(_, fault)| fault.clone());
         let dataset =
             format!("{}/{}", key.split_once('/').map_or("default", |(n, _)| n), stored.object.spec.dataset.name);
         let samples = state::dataset_samples(&control, &dataset)?;
@@ -109,6 +110,9 @@ fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
         }
         if s.retries > 0 {
             println!("  retries: {} in a row", s.retries);
+        }
+        if let Some(fault) = &s.fault {
+            println!("  failing: {fault}");
         }
         if let Some(message) = &s.message {
             let label = if s.phase == Some(Phase::Waiting) { "waiting" } else { "last" };

@@ -194,6 +194,30 @@ fn a_copied_or_rewritten_index_with_the_same_samples_is_not_read_again() {
     assert_eq!(other.samples, 40);
 }
 
+/// An index cut short that still begins with what was read (its last lines removed) is read on
+/// from its new end: the samples left were counted already, and the ones cut off are forgotten.
+#[test]
+fn an_index_cut_short_is_not_read_again() {
+    let mut f = Fixture::new();
+    let policy = sedna_split();
+    for from in [0, 10, 20] {
+        f.append(&lines(10, from));
+        assert_eq!(f.ingest(&policy, false).unwrap().samples, 10);
+    }
+    let text = std::fs::read_to_string(f.index()).unwrap();
+    let fifteen: usize = text.lines().take(15).map(|l| l.len() + 1).sum();
+    std::fs::OpenOptions::new().write(true).open(f.index()).unwrap().set_len(fifteen as u64).unwrap();
+    let cut = f.ingest(&policy, false).unwrap();
+    assert!(cut.restarted.as_deref().unwrap().contains("begins with the samples already read"), "{cut:?}");
+    assert_eq!(cut.samples, 0, "nothing read again");
+    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (0..10).collect::<Vec<_>>(), "the batches cut into are forgotten");
+    f.append(&lines(5, 100));
+    assert_eq!(f.ingest(&policy, false).unwrap().samples, 5, "what comes after is read once");
+    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs[10..], [30, 31, 32, 33, 34]);
+}
+
 #[test]
 fn a_failing_splitter_falls_back_to_sednas_rule_or_holds() {
     let hostile = builtin::built_plugin_path("hostile-splitter").unwrap();
