@@ -17,6 +17,22 @@ fn stored_objects(state: &Path) -> Vec<(String, String, String)> {
     statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect()
 }
 
+/// `perennial run <copy> --state-dir <state>`, its log in a file (read while it runs).
+fn start_logged(example: &Example) -> (std::process::Child, PathBuf) {
+    let log = example.root.path().join("run.log");
+    let run = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .arg("run")
+        .arg(&example.manifests)
+        .arg("--state-dir")
+        .arg(&example.state)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    (run, log)
+}
+
 /// The example's job, as a second job of its own (name and output folder), then `edit`ed.
 fn second_job(example: &Example, edit: impl Fn(String) -> String) -> String {
     let text = std::fs::read_to_string(example.manifests.join("job.yaml")).unwrap();
@@ -122,17 +138,7 @@ fn refused_manifests_store_nothing_and_the_accepted_job_runs_on() {
 #[test]
 fn a_refused_live_edit_stores_nothing_and_the_job_goes_on() {
     let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
-    let log = example.root.path().join("run.log");
-    let mut run = Command::new(env!("CARGO_BIN_EXE_perennial"))
-        .arg("run")
-        .arg(&example.manifests)
-        .arg("--state-dir")
-        .arg(&example.state)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut run, log) = start_logged(&example);
     let deadline = Instant::now() + Duration::from_secs(120);
     let rounds = || example.live_status().and_then(|s| s["roundsCompleted"].as_u64()).unwrap_or(0);
     while rounds() < 1 {
@@ -181,17 +187,7 @@ fn a_broken_index_is_said_once_and_shown_in_the_status_without_a_hot_loop() {
         let text = text.replace("threshold: 200", "threshold: 150");
         if name == "generator.yaml" { text.replace("value: \"0\"", "value: \"400\"") } else { text }
     });
-    let log = example.root.path().join("run.log");
-    let mut run = Command::new(env!("CARGO_BIN_EXE_perennial"))
-        .arg("run")
-        .arg(&example.manifests)
-        .arg("--state-dir")
-        .arg(&example.state)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut run, log) = start_logged(&example);
     let deadline = Instant::now() + Duration::from_secs(120);
     let waiting =
         || example.live_status().is_some_and(|s| s["roundsCompleted"].as_u64() >= Some(1) && s["phase"] == "Waiting");
