@@ -158,9 +158,12 @@ impl OperatorSide {
             policies.insert(kind.to_owned(), reported.get(kind).cloned().unwrap_or(Value::Null));
         }
         let jobs: Api<LifelongLearningJob> = Api::namespaced(self.client.clone(), namespace);
-        // The edge's repeating error, if any (null clears it).
-        let fault = body.get("fault").cloned().unwrap_or(Value::Null);
-        let patch = serde_json::json!({"status": {"policies": policies, "fault": fault}});
+        let mut status = serde_json::json!({"policies": policies});
+        // The edge's repeating error (null clears it); an edge that never sends one leaves it.
+        if let Some(fault) = body.get("fault") {
+            status["fault"] = fault.clone();
+        }
+        let patch = serde_json::json!({"status": status});
         match jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => Applied::Applied,
             Err(kube::Error::Api(status)) if status.code == 404 => Applied::Rejected(format!("job {key} is gone")),

@@ -728,6 +728,23 @@ mod link {
         );
         patch.ok(job_json(Value::Null));
         assert_eq!(applying.await.expect("join"), Applied::Applied);
+
+        // The edge's repeating error goes with them, and its end clears it.
+        let side = self::side(&ctx, &inbox);
+        let fault = "ingest: index.csv: not a regular file (a folder) (since 2026-12-02T04:24:53Z)";
+        let body = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger}, "fault": fault});
+        let applying = tokio::spawn(async move { side.apply("edge-1", 4, body).await });
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(patch.body["status"]["fault"], fault);
+        patch.ok(job_json(Value::Null));
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+        let side = self::side(&ctx, &inbox);
+        let body = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger}, "fault": null});
+        let applying = tokio::spawn(async move { side.apply("edge-1", 5, body).await });
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert!(patch.body["status"].get("fault").is_some_and(Value::is_null), "{}", patch.body);
+        patch.ok(job_json(Value::Null));
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
     }
 
     #[tokio::test]
