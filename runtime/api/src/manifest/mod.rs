@@ -146,12 +146,12 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Manifest>, ManifestError> {
         let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default().to_owned();
         let object = match (api_version.as_str(), kind.as_str()) {
             ("sedna.io/v1alpha1", "Dataset") => {
-                Object::Dataset(Box::new(typed(value, fields::dataset()).map_err(error)?))
+                Object::Dataset(Box::new(typed(value, fields::dataset).map_err(error)?))
             }
             ("sedna.io/v1alpha1", "LifelongLearningJob") => {
-                Object::Job(Box::new(typed(value, fields::job()).map_err(error)?))
+                Object::Job(Box::new(typed(value, fields::job).map_err(error)?))
             }
-            ("v1", "Pod") => Object::Pod(Box::new(typed(value, None).map_err(error)?)),
+            ("v1", "Pod") => Object::Pod(Box::new(typed(value, || None).map_err(error)?)),
             ("", _) => return Err(error("apiVersion: missing".into())),
             (_, "") => return Err(error("kind: missing".into())),
             (api_version, kind) => {
@@ -230,8 +230,11 @@ pub fn refuse_duplicates(manifests: &[Manifest]) -> Result<(), ManifestError> {
 
 /// Deserializes with the path of a bad field in the error (`spec.dataset.trainProb: invalid
 /// type`); a field the type does not have is refused, with the known field it most resembles
-/// when `schema` (the resource's OpenAPI schema) has one.
-fn typed<T: DeserializeOwned>(value: serde_json::Value, schema: Option<&serde_json::Value>) -> Result<T, String> {
+/// when `schema` (the resource's OpenAPI schema, made only then: it takes a while) has one.
+fn typed<T: DeserializeOwned>(
+    value: serde_json::Value,
+    schema: fn() -> Option<&'static serde_json::Value>,
+) -> Result<T, String> {
     let mut unknown: Option<Vec<fields::Segment>> = None;
     let mut on_unknown = |path: serde_ignored::Path<'_>| {
         let path = fields::segments(&path);
@@ -248,6 +251,6 @@ fn typed<T: DeserializeOwned>(value: serde_json::Value, schema: Option<&serde_js
     })?;
     match unknown {
         None => Ok(typed),
-        Some(path) => Err(fields::unknown_field(&path, schema)),
+        Some(path) => Err(fields::unknown_field(&path, schema())),
     }
 }
