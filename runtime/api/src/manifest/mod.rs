@@ -119,13 +119,13 @@ pub fn load_file(path: &Path) -> Result<Vec<Manifest>, ManifestError> {
 /// Parses the documents of `text`, read from `file`. Refused: duplicate keys, fields the resource does not have (with the likely intended one), NaN and infinities,
 /// nesting deeper than [`MAX_DEPTH`].
 pub fn parse(text: &str, file: &Path) -> Result<Vec<Manifest>, ManifestError> {
-    if let Some((line, depth)) = too_deep_flow(text) {
+    if let Some((line, why)) = too_deep_flow(text) {
         // Before the YAML parser, which takes time quadratic in a flow's depth (minutes for
         // 200 KB of `[`).
         return Err(ManifestError::Document {
             path: file.display().to_string(),
             document: 1 + text.lines().take(line - 1).filter(|l| l.starts_with("---")).count(),
-            message: format!("line {line}: brackets nested deeper than {depth} levels"),
+            message: format!("line {line}: {why}"),
         });
     }
     let mut out = Vec::new();
@@ -166,14 +166,25 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Manifest>, ManifestError> {
     Ok(out)
 }
 
+/// More `[` and `{` than this in one file are refused whatever quotes seem to hide them: a
+/// bound on any flow's depth that no slip of [`too_deep_flow`]'s reading of quotes can pass.
+pub const MAX_BRACKETS: usize = 10_000;
+
 /// The line where `[` and `{` (outside quotes and comments) first nest deeper than
-/// [`MAX_DEPTH`], if they do: an upper bound on a flow's depth, read in one pass.
-fn too_deep_flow(text: &str) -> Option<(usize, usize)> {
-    let (mut depth, mut line) = (0usize, 1);
+/// [`MAX_DEPTH`], or where the file's [`MAX_BRACKETS`]th one is, and what was exceeded: an
+/// upper bound on a flow's depth, read in one pass.
+fn too_deep_flow(text: &str) -> Option<(usize, String)> {
+    let (mut depth, mut opened, mut line) = (0usize, 0usize, 1);
     let mut quote: Option<u8> = None;
     let mut previous = b'\n';
     let mut bytes = text.bytes();
     while let Some(b) = bytes.next() {
+        if b == b'[' || b == b'{' {
+            opened += 1;
+            if opened > MAX_BRACKETS {
+                return Some((line, format!("more than {MAX_BRACKETS} brackets in one file")));
+            }
+        }
         match (quote, b) {
             (_, b'\n') => {
                 line += 1;
@@ -182,16 +193,20 @@ fn too_deep_flow(text: &str) -> Option<(usize, usize)> {
                 }
             }
             (Some(b'"'), b'\\') => {
-                bytes.next(); // an escaped character, a quote included
+                // An escaped character, a quote included.
+                if bytes.next() == Some(b'\n') {
+                    line += 1;
+                }
             }
             (Some(q), _) if q == b && q != b'#' => quote = None,
             (Some(_), _) => {}
-            (None, b'"' | b'\'') => quote = Some(b),
+            // A quoted scalar starts a value; a quote inside a plain one (`don't`) is a letter.
+            (None, b'"' | b'\'') if previous.is_ascii_whitespace() || b"[{,".contains(&previous) => quote = Some(b),
             (None, b'#') if previous.is_ascii_whitespace() => quote = Some(b'#'),
             (None, b'[' | b'{') => {
                 depth += 1;
                 if depth > MAX_DEPTH {
-                    return Some((line, MAX_DEPTH));
+                    return Some((line, format!("brackets nested deeper than {MAX_DEPTH} levels")));
                 }
             }
             (None, b']' | b'}') => depth = depth.saturating_sub(1),
