@@ -1740,6 +1740,12 @@ fn deep_nesting_is_refused_quickly() {
         assert!(message.contains("nested deeper than") || message.contains("recursion limit"), "{message}");
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "{depth}: {:?}", started.elapsed());
     }
+    // A quote inside a plain scalar is a letter, not the start of a string hiding what follows.
+    let message = refused(&format!("{DATASET}note: don't\nx: {}{}\n", "[".repeat(100), "]".repeat(100)));
+    assert!(message.contains("nested deeper than 64 levels"), "{message}");
+    // Whatever quotes seem to hide, a file holds at most so many brackets.
+    let message = refused(&format!("{DATASET}note: a \"b\nx: {}{}\n", "[".repeat(20_000), "]".repeat(20_000)));
+    assert!(message.contains("more than 10000 brackets in one file"), "{message}");
     let nested_maps =
         format!("{DATASET}x:\n{}", (0..100).map(|i| format!("{}a:\n", " ".repeat(i + 1))).collect::<String>());
     let message = refused(&nested_maps);
