@@ -128,7 +128,7 @@ impl EdgeState for Store {
                 // A name already known keeps what it reported.
                 tx.execute(
                     "INSERT OR IGNORE INTO workers (name, job, round, stage) VALUES (?1, ?2, ?3, ?4)",
-                    params![worker.name, key, worker.round, worker.stage],
+                    params![worker.name, key, worker.round, worker.stage.report_kind()],
                 )
                 .map_err(sql)?;
             }

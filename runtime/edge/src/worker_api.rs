@@ -28,8 +28,18 @@ use perennial_types::{Phase, Stage};
 /// Issues a worker name for a job's stage and round: Sedna's shape (`train-worker-…`) with an
 /// unguessable token, remembered so that only this worker may report for that round.
 pub fn issue_worker_name(store: &mut Store, job: &str, round: i64, stage: &str) -> Result<String, rusqlite::Error> {
+    issue_worker_name_in(store.conn(), job, round, stage)
+}
+
+/// [`issue_worker_name`] in the caller's transaction (many workers, one commit).
+pub fn issue_worker_name_in(
+    conn: &rusqlite::Connection,
+    job: &str,
+    round: i64,
+    stage: &str,
+) -> Result<String, rusqlite::Error> {
     let name = new_worker_name(stage).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
-    store.conn().execute(
+    conn.execute(
         "INSERT INTO workers (name, job, round, stage) VALUES (?1, ?2, ?3, ?4)",
         params![name, job, round, stage],
     )?;

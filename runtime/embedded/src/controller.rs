@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
@@ -73,6 +73,27 @@ pub struct Controller {
 
 /// How often the controller looks at its processes when nothing wakes it.
 const POLL: Duration = Duration::from_millis(50);
+/// How often the controller sweeps its jobs when nothing wakes it.
+const SWEEP_ANYWAY: Duration = Duration::from_secs(1);
+/// How often while a stopped worker is ending: its successor waits for it.
+const POLL_STOPPING: Duration = Duration::from_millis(5);
+
+/// What an action needed written to the edge store first.
+enum Recorded {
+    /// A new worker's name.
+    Name(Result<String, String>),
+    /// A stage notice (whether it applied).
+    Notice(Result<bool, String>),
+    Nothing,
+}
+
+/// What a sweep found.
+struct Swept {
+    /// When a stage's timer is due, if one is.
+    recheck: Option<Duration>,
+    /// Whether it changed anything (the next sweep may have more to do).
+    changed: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -97,15 +118,20 @@ impl Controller {
         }
         // The full desired state to the edge, as on a (re)connect: a crash may have come between
         // a status commit and its notice.
-        for job in &self.jobs {
+        let mut notices = Vec::new();
+        for (i, job) in self.jobs.iter().enumerate() {
             if job.status.phase == Some(Phase::Waiting) {
                 let notice = StageNotice {
                     stage: job.status.stage.unwrap_or(Stage::Train),
                     round: job.status.round,
                     failed: after_failure(&job.status),
                 };
-                self.notify_edge(job, &notice);
+                notices.push((i, Action::Edge(notice)));
             }
+        }
+        let notices: Vec<(usize, &Action)> = notices.iter().map(|(i, action)| (*i, action)).collect();
+        for ((i, action), recorded) in notices.iter().zip(self.record(&notices)) {
+            self.act(*i, action, &self.jobs[*i].status, &mut workers, recorded);
         }
         // The deployed model's inference worker, unless a deploy is under way: on a cluster its
         // pod outlives the operator; here it stopped with the last run.
@@ -126,33 +152,55 @@ impl Controller {
                     },
                     previous_model: None,
                 };
-                self.act(i, &Action::StartWorker(spec), &job.status, &mut workers);
+                let start = Action::StartWorker(spec);
+                let recorded = self.record(&[(i, &start)]).pop().unwrap_or(Recorded::Nothing);
+                self.act(i, &start, &job.status, &mut workers, recorded);
             }
         }
         let mut done = false;
+        // A sweep runs when something may have changed: a report or an edit woke it, a worker
+        // changed, the last sweep changed something (its actions may have more to follow), a
+        // stage's timer is due; and every SWEEP_ANYWAY for what changes without a wake (the
+        // edge's waiting reasons, health and faults).
+        let mut sweep_due = Instant::now();
+        let mut last_sweep: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
-            workers.poll();
-            let recheck = self.sweep(&mut workers)?;
-            self.progress.tick(&self.jobs);
-            if let Some(target) = self.rounds
-                && self.jobs.iter().all(|job| job.deleted || job.status.rounds_completed >= target)
-            {
-                done = true;
-                break;
+            let changed = !workers.poll().is_empty();
+            let now = Instant::now();
+            if changed || now >= sweep_due || last_sweep.is_none_or(|at| now >= at + SWEEP_ANYWAY) {
+                let swept = self.sweep(&mut workers)?;
+                last_sweep = Some(now);
+                sweep_due = if swept.changed { now } else { now + swept.recheck.unwrap_or(SWEEP_ANYWAY) };
+                self.progress.tick(&self.jobs);
+                if let Some(target) = self.rounds
+                    && self.jobs.iter().all(|job| job.deleted || job.status.rounds_completed >= target)
+                {
+                    done = true;
+                    break;
+                }
             }
-            let wait = recheck.unwrap_or(POLL).min(POLL);
-            match self.wake.recv_timeout(wait) {
-                Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+            // Processes are looked at often (cheap); a stopping one more often, as its successor
+            // waits for it.
+            let poll = if workers.any_stopping() { POLL_STOPPING } else { POLL };
+            let wait = sweep_due.saturating_duration_since(Instant::now()).min(poll);
+            let woken = match self.wake.recv_timeout(wait) {
+                Ok(()) => true,
+                Err(RecvTimeoutError::Timeout) => false,
+                Err(RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(wait);
+                    false
+                }
+            };
+            if woken || self.wake.try_iter().count() > 0 {
+                sweep_due = Instant::now();
             }
-            while self.wake.try_recv().is_ok() {}
         }
         workers.stop_all();
         Ok(done)
     }
 
     /// One pass over every job: apply new reports, follow the workers, act, commit, acknowledge.
-    fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Option<Duration>, ControlError> {
+    fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Swept, ControlError> {
         self.drop_deleted(workers)?;
         if self.reload.try_recv().is_ok() {
             while self.reload.try_recv().is_ok() {}
@@ -209,7 +257,8 @@ impl Controller {
         // full disk) leaves the edge, the workers and the store as they were, and a crash after
         // it is made good at the next start (the edge is told every waiting stage again, a
         // missing worker is started).
-        if !planned.is_empty() || last_seq > applied || !datasets.is_empty() {
+        let changed = !planned.is_empty() || last_seq > applied || !datasets.is_empty();
+        if changed {
             let statuses: Vec<(&str, &LifelongLearningJobStatus)> =
                 planned.iter().map(|(i, step)| (self.jobs[*i].key.as_str(), &step.status)).collect();
             let now_secs = now.as_second();
@@ -222,14 +271,18 @@ impl Controller {
                 report::dataset_reported(&mut edge, dataset, *samples)?;
             }
         }
+        let actions: Vec<(usize, &Action)> =
+            planned.iter().flat_map(|(i, step)| step.actions.iter().map(move |action| (*i, action))).collect();
+        let mut recorded = self.record(&actions).into_iter();
+        drop(actions);
         for (i, step) in planned {
             for action in &step.actions {
-                self.act(i, action, &step.status, workers);
+                self.act(i, action, &step.status, workers, recorded.next().unwrap_or(Recorded::Nothing));
             }
             let before = std::mem::replace(&mut self.jobs[i].status, step.status);
             self.progress.changed(&self.jobs[i], &before);
         }
-        Ok(recheck)
+        Ok(Swept { recheck, changed })
     }
 
     /// Takes the jobs' edited manifests: their templates for the next workers, and their policy
@@ -275,57 +328,92 @@ impl Controller {
         Ok(())
     }
 
-    fn act(&self, i: usize, action: &Action, status: &LifelongLearningJobStatus, workers: &mut LocalWorkers) {
+    /// Writes to the edge store what `actions` need there, in one transaction: each new worker's
+    /// name, each stage notice. A failed commit fails them all (none is acted on).
+    fn record(&self, actions: &[(usize, &Action)]) -> Vec<Recorded> {
+        if !actions.iter().any(|(_, action)| matches!(action, Action::StartWorker(_) | Action::Edge(_))) {
+            return actions.iter().map(|_| Recorded::Nothing).collect();
+        }
+        let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let written = edge.write().and_then(|tx| {
+            let recorded: Vec<Recorded> = actions.iter().map(|(i, action)| self.record_one(&tx, *i, action)).collect();
+            tx.commit().map(|()| recorded)
+        });
+        written.unwrap_or_else(|err| {
+            actions
+                .iter()
+                .map(|(_, action)| match action {
+                    Action::StartWorker(_) => Recorded::Name(Err(err.to_string())),
+                    Action::Edge(_) => Recorded::Notice(Err(err.to_string())),
+                    _ => Recorded::Nothing,
+                })
+                .collect()
+        })
+    }
+
+    fn record_one(&self, tx: &rusqlite::Transaction<'_>, i: usize, action: &Action) -> Recorded {
         let job = &self.jobs[i];
         match action {
-            Action::StartWorker(spec) => match self.worker_process(job, spec) {
-                Ok(process) => {
-                    tracing::info!(
-                        job = job.key,
-                        round = spec.round,
-                        worker = process.name,
-                        "starting the {} worker",
-                        spec.stage
-                    );
-                    workers.start(process);
-                }
-                Err(err) => tracing::error!(job = job.key, "cannot start the {} worker: {err}", spec.stage),
-            },
-            Action::StopWorkers { stage } => workers.stop(&job.key, Some(*stage)),
-            Action::Edge(notice) => self.notify_edge(job, notice),
-            Action::Event { warning: true, reason, message } => {
-                tracing::warn!(job = job.key, round = status.round, reason, "{message}")
+            Action::StartWorker(spec) => {
+                let round = i64::try_from(spec.round).unwrap_or(i64::MAX);
+                let name = worker_api::issue_worker_name_in(tx, &job.key, round, spec.stage.report_kind());
+                Recorded::Name(name.map_err(|err| err.to_string()))
             }
-            Action::Event { reason, message, .. } => tracing::info!(job = job.key, reason, "{message}"),
+            Action::Edge(notice) => {
+                Recorded::Notice(rounds::apply_notice_in(tx, &job.key, notice).map_err(|err| err.to_string()))
+            }
+            _ => Recorded::Nothing,
         }
     }
 
-    fn notify_edge(&self, job: &ControlledJob, notice: &StageNotice) {
-        let stage = notice.stage;
-        let applied = {
-            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            rounds::apply_notice(&mut edge, &job.key, notice)
-        };
-        match applied {
-            Ok(_) => {
+    fn act(
+        &self,
+        i: usize,
+        action: &Action,
+        status: &LifelongLearningJobStatus,
+        workers: &mut LocalWorkers,
+        recorded: Recorded,
+    ) {
+        let job = &self.jobs[i];
+        match (action, recorded) {
+            (Action::StartWorker(spec), Recorded::Name(Ok(name))) => {
+                let process = self.worker_process(job, spec, name);
+                tracing::info!(
+                    job = job.key,
+                    round = spec.round,
+                    worker = process.name,
+                    "starting the {} worker",
+                    spec.stage
+                );
+                workers.start(process);
+            }
+            (Action::StartWorker(spec), recorded) => {
+                let err = match recorded {
+                    Recorded::Name(Err(err)) => err,
+                    _ => "no worker name".to_owned(),
+                };
+                tracing::error!(job = job.key, "cannot start the {} worker: {err}", spec.stage)
+            }
+            (Action::StopWorkers { stage }, _) => workers.stop(&job.key, Some(*stage)),
+            (Action::Edge(_), Recorded::Notice(Ok(_))) => {
                 let _ = self.edge_wake.send(Wake::Job(job.edge_index));
             }
-            Err(err) => tracing::error!(job = job.key, "telling the edge {stage}/Waiting: {err}"),
+            (Action::Edge(notice), recorded) => {
+                let err = match recorded {
+                    Recorded::Notice(Err(err)) => err,
+                    _ => "not recorded".to_owned(),
+                };
+                tracing::error!(job = job.key, "telling the edge {}/Waiting: {err}", notice.stage)
+            }
+            (Action::Event { warning: true, reason, message }, _) => {
+                tracing::warn!(job = job.key, round = status.round, reason, "{message}")
+            }
+            (Action::Event { reason, message, .. }, _) => tracing::info!(job = job.key, reason, "{message}"),
         }
     }
 
     /// The process for a stage's worker: the template's command, its env, then Sedna's.
-    fn worker_process(&self, job: &ControlledJob, spec: &WorkerSpec) -> Result<ProcessSpec, String> {
-        let kind = match spec.stage {
-            Stage::Train => "train",
-            Stage::Eval => "eval",
-            Stage::Deploy => "deploy",
-        };
-        let round = i64::try_from(spec.round).unwrap_or(i64::MAX);
-        let name = {
-            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            worker_api::issue_worker_name(&mut edge, &job.key, round, kind).map_err(|err| err.to_string())?
-        };
+    fn worker_process(&self, job: &ControlledJob, spec: &WorkerSpec, name: String) -> ProcessSpec {
         let ctx = WorkerContext {
             namespace: &job.namespace,
             job_name: &job.name,
@@ -354,7 +442,7 @@ impl Controller {
         // Readiness matters where the stage machine asks for it: the inference worker (a train
         // or eval worker runs until it reports, as its pod does).
         let readiness = if spec.stage == Stage::Deploy { command.readiness.clone() } else { None };
-        Ok(process(job.key.clone(), Some(spec.stage), spec.round, name, command, injected, log, readiness))
+        process(job.key.clone(), Some(spec.stage), spec.round, name, command, injected, log, readiness)
     }
 
     fn pod_process(&self, pod: &LocalPod) -> ProcessSpec {

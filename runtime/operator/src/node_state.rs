@@ -224,12 +224,12 @@ pub fn worker_of_pod(pod: &Pod) -> Option<NodeWorker> {
     let name = pod.annotations().get(WORKER_NAME_ANNOTATION)?.clone();
     let round = pod.labels().get(ROUND_LABEL)?.parse().ok()?;
     let stage = match pod.labels().get(WORKER_TYPE_LABEL)?.as_str() {
-        "train" => "train",
-        "eval" => "eval",
-        "inference" => "deploy",
+        "train" => Stage::Train,
+        "eval" => Stage::Eval,
+        "inference" => Stage::Deploy,
         _ => return None,
     };
-    Some(NodeWorker { name, round, stage: stage.to_owned() })
+    Some(NodeWorker { name, round, stage })
 }
 
 #[cfg(test)]
@@ -310,7 +310,7 @@ mod tests {
         assert_eq!(a.config.spec.output_dir, "/output/thermal");
         assert_eq!(a.config.trigger.plugin, "builtin:threshold-trigger", "Sedna's trigger, as the edge runs it");
         let workers: Vec<(&str, i64, &str)> =
-            a.workers.iter().map(|w| (w.name.as_str(), w.round, w.stage.as_str())).collect();
+            a.workers.iter().map(|w| (w.name.as_str(), w.round, w.stage.report_kind())).collect();
         assert_eq!(workers, [("inferworker-0", 0, "deploy"), ("train-worker-1", 1, "train")]);
         assert_eq!(a.notice, None, "no status yet: the edge starts in Train itself");
     }
@@ -370,7 +370,7 @@ mod tests {
         ];
         for (pod, expected) in cases {
             let found = worker_of_pod(&pod);
-            let found = found.as_ref().map(|w| (w.name.as_str(), w.round, w.stage.as_str()));
+            let found = found.as_ref().map(|w| (w.name.as_str(), w.round, w.stage.report_kind()));
             assert_eq!(found, expected, "{:?}", pod.metadata.labels);
         }
     }

@@ -98,8 +98,25 @@ pub struct NodeJob {
 pub struct NodeWorker {
     pub name: String,
     pub round: i64,
-    /// `train`, `eval` or `deploy`.
-    pub stage: String,
+    /// On the wire as Sedna's report `kind`: `train`, `eval` or `deploy`.
+    #[serde(with = "report_kind")]
+    pub stage: Stage,
+}
+
+/// A stage as Sedna's lower-case report `kind`.
+mod report_kind {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    use crate::stage::Stage;
+
+    pub fn serialize<S: Serializer>(stage: &Stage, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(stage.report_kind())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Stage, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Stage::parse(&text).ok_or_else(|| D::Error::custom(format!("stage {text:?} is not train, eval or deploy")))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -164,4 +181,20 @@ pub fn new_worker_name(stage: &str) -> Result<String, getrandom::Error> {
     let prefix =
         if stage == "deploy" || stage == "inference" { "inferworker".to_owned() } else { format!("{stage}-worker") };
     Ok(format!("{prefix}-{}", hex::encode(token)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workers_stage_travels_as_sednas_report_kind() {
+        let worker = NodeWorker { name: "inferworker-0".into(), round: 2, stage: Stage::Deploy };
+        let wire = serde_json::to_value(&worker).unwrap();
+        assert_eq!(wire, serde_json::json!({"name": "inferworker-0", "round": 2, "stage": "deploy"}));
+        assert_eq!(serde_json::from_value::<NodeWorker>(wire).unwrap(), worker);
+        let bad = serde_json::json!({"name": "w", "round": 1, "stage": "warmup"});
+        let err = serde_json::from_value::<NodeWorker>(bad).unwrap_err().to_string();
+        assert!(err.contains("stage \"warmup\" is not train, eval or deploy"), "{err}");
+    }
 }

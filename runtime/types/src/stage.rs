@@ -30,6 +30,15 @@ impl Stage {
         }
     }
 
+    /// Sedna's report `kind` (`deploy` for the inference worker): how worker records name it.
+    pub fn report_kind(self) -> &'static str {
+        match self {
+            Stage::Train => "train",
+            Stage::Eval => "eval",
+            Stage::Deploy => "deploy",
+        }
+    }
+
     pub fn parse(text: &str) -> Option<Stage> {
         match text.to_ascii_lowercase().as_str() {
             "train" => Some(Stage::Train),

@@ -1,10 +1,13 @@
 //! The embedded mode's workers: local processes, as a kubelet would run the pods. Each runs in
 //! its own process group with its output appended to a log file; it is restarted by its
 //! restart policy with a growing delay (counted, so that the stage machine sees a crash loop);
-//! it dies with Perennial (`PR_SET_PDEATHSIG`), so a killed `perennial run` leaves no orphan that
-//! could report twice; and it is stopped with SIGTERM, then SIGKILL after a grace period.
+//! it dies with Perennial (killed by the reaper, or by the kernel with `PR_SET_PDEATHSIG` when
+//! there is no reaper), so a killed `perennial run` leaves no orphan that could report twice; and it is stopped with SIGTERM, then SIGKILL after a grace period. A stop
+//! never waits: the stopping processes are followed by `poll`, so that a worker slow to end holds
+//! up no other job (a new worker of the same owner and stage waits for its predecessor to end,
+//! as its port or files may still be held).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -56,6 +59,16 @@ struct Process {
     probe: Option<ProbeState>,
     /// How it ended, when it will not be restarted.
     ended: Option<(WorkerPhase, String, Timestamp)>,
+    /// Not started yet: a stopping process of the same owner and stage has not ended.
+    after_stop: bool,
+}
+
+/// A process told to end (SIGTERM), killed with its group when it ends or its grace is over.
+struct Stopping {
+    child: Child,
+    owner: String,
+    stage: Option<Stage>,
+    deadline: Instant,
 }
 
 /// First and longest delay before restarting a crashed process (a kubelet's crash-loop backoff,
@@ -69,6 +82,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub struct LocalWorkers {
     processes: Vec<Process>,
+    stopping: Vec<Stopping>,
     /// Told of every worker group, so that none outlives the run.
     reaper: Option<Reaper>,
 }
@@ -80,7 +94,7 @@ impl LocalWorkers {
 
     /// Workers whose groups `reaper` kills if the run ends without stopping them (kill -9).
     pub fn with_reaper(reaper: Option<Reaper>) -> Self {
-        LocalWorkers { processes: Vec::new(), reaper }
+        LocalWorkers { processes: Vec::new(), stopping: Vec::new(), reaper }
     }
 
     /// Starts a process. A process that cannot be started (no such program) is recorded as
@@ -96,16 +110,31 @@ impl LocalWorkers {
             restart_at: None,
             probe: None,
             ended: None,
+            after_stop: false,
         };
-        spawn(&mut process, self.reaper.as_mut());
+        if self.stopping.iter().any(|s| s.owner == process.spec.owner && s.stage == process.spec.stage) {
+            process.after_stop = true;
+        } else {
+            spawn(&mut process, self.reaper.as_mut());
+        }
         self.processes.push(process);
     }
 
     /// Reaps exited processes and restarts them by their policy. Returns the names of those that
     /// changed, for logging.
     pub fn poll(&mut self) -> Vec<String> {
+        self.follow_stopping();
         let mut changed = Vec::new();
         for process in &mut self.processes {
+            if process.after_stop {
+                let (owner, stage) = (&process.spec.owner, process.spec.stage);
+                if !self.stopping.iter().any(|s| &s.owner == owner && s.stage == stage) {
+                    process.after_stop = false;
+                    spawn(process, self.reaper.as_mut());
+                    changed.push(process.spec.name.clone());
+                }
+                continue;
+            }
             if let Some(child) = &mut process.child {
                 let Ok(Some(status)) = child.try_wait() else {
                     if let Some(probe) = &mut process.probe
@@ -173,21 +202,63 @@ impl LocalWorkers {
 
     /// Whether any process of `owner` (e.g. a plain pod) is alive or due to restart.
     pub fn is_running(&self, owner: &str) -> bool {
-        self.processes.iter().any(|p| p.spec.owner == owner && (p.child.is_some() || p.restart_at.is_some()))
+        self.processes
+            .iter()
+            .any(|p| p.spec.owner == owner && (p.child.is_some() || p.restart_at.is_some() || p.after_stop))
     }
 
-    /// Stops the processes of `owner` for `stage` (all of the owner's with `None`).
+    /// Stops the processes of `owner` for `stage` (all of the owner's with `None`): SIGTERM now,
+    /// the rest in `poll`, without waiting.
     pub fn stop(&mut self, owner: &str, stage: Option<Stage>) {
-        let (stopping, kept): (Vec<Process>, Vec<Process>) = std::mem::take(&mut self.processes)
+        let (stopped, kept): (Vec<Process>, Vec<Process>) = std::mem::take(&mut self.processes)
             .into_iter()
             .partition(|p| p.spec.owner == owner && (stage.is_none() || p.spec.stage == stage));
         self.processes = kept;
-        terminate(stopping, self.reaper.as_mut());
+        let deadline = Instant::now() + STOP_GRACE;
+        for process in stopped {
+            if let Some(child) = process.child {
+                signal_group(&child, libc::SIGTERM);
+                let (owner, stage) = (process.spec.owner, process.spec.stage);
+                self.stopping.push(Stopping { child, owner, stage, deadline });
+            }
+        }
     }
 
-    /// Stops everything (shutdown).
+    /// Whether a stopped process is still ending.
+    pub fn any_stopping(&self) -> bool {
+        !self.stopping.is_empty()
+    }
+
+    /// Stops everything and waits for it (shutdown).
     pub fn stop_all(&mut self) {
-        terminate(std::mem::take(&mut self.processes), self.reaper.as_mut());
+        let owners: Vec<String> = self.processes.iter().map(|p| p.spec.owner.clone()).collect();
+        for owner in owners {
+            self.stop(&owner, None);
+        }
+        while !self.stopping.is_empty() {
+            self.follow_stopping();
+            if !self.stopping.is_empty() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
+    /// Kills the group of each stopping process whose main process ended or whose grace is over.
+    fn follow_stopping(&mut self) {
+        let now = Instant::now();
+        let reaper = &mut self.reaper;
+        self.stopping.retain_mut(|stopping| {
+            let ended = !matches!(stopping.child.try_wait(), Ok(None));
+            if !ended && now < stopping.deadline {
+                return true;
+            }
+            signal_group(&stopping.child, libc::SIGKILL);
+            let _ = stopping.child.wait();
+            if let Some(reaper) = reaper {
+                reaper.ended(stopping.child.id());
+            }
+            false
+        });
     }
 }
 
@@ -201,7 +272,8 @@ fn spawn(process: &mut Process, reaper: Option<&mut Reaper>) {
     process.started = Instant::now();
     process.probe = process.spec.readiness.clone().map(|readiness| ProbeState::new(readiness, process.started));
     let spec = &process.spec;
-    match try_spawn(spec) {
+    // With a reaper, it kills what is left if this process dies; without, the kernel does.
+    match try_spawn(spec, reaper.is_none()) {
         Ok(child) => {
             if let Some(reaper) = reaper {
                 reaper.started(child.id());
@@ -216,31 +288,30 @@ fn spawn(process: &mut Process, reaper: Option<&mut Reaper>) {
     }
 }
 
-fn try_spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
+/// Starts the process in a group of its own. Without `die_with_parent`, std starts it with
+/// `posix_spawn` (no copy of this process's address space: a fork of a large process costs
+/// milliseconds, and a hundred jobs start hundreds of workers a round).
+fn try_spawn(spec: &ProcessSpec, die_with_parent: bool) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
     if let Some(dir) = spec.log.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&spec.log)?;
-    let mut command = Command::new(&spec.program);
-    command.args(&spec.args).current_dir(&spec.cwd).env_clear();
-    for name in ["PATH", "HOME", "LANG", "TZ"] {
-        if let Some(value) = std::env::var_os(name) {
-            command.env(name, value);
-        }
-    }
-    command.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    let mut env: Vec<(String, std::ffi::OsString)> = ["PATH", "HOME", "LANG", "TZ"]
+        .into_iter()
+        .filter_map(|name| std::env::var_os(name).map(|value| (name.to_owned(), value)))
+        .collect();
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.into())));
+    let mut command = Command::new(program_path(&spec.program, &env, &spec.cwd)?);
+    command.args(&spec.args).current_dir(&spec.cwd).env_clear().envs(env);
     command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: between fork and exec the closure makes two syscalls (setpgid, prctl), both
-        // async-signal-safe, and touches no memory of the parent.
+    // Its own group, so that stopping it stops what it started too.
+    command.process_group(0);
+    if die_with_parent {
+        // SAFETY: between fork and exec the closure makes one syscall (prctl), async-signal-safe,
+        // and touches no memory of the parent.
         unsafe {
             command.pre_exec(|| {
-                // Its own group, so that stopping it stops what it started too.
-                if libc::setpgid(0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
                 // Die with the thread that started it (the embedded mode's controller thread,
                 // which lives as long as the process).
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -253,35 +324,15 @@ fn try_spawn(spec: &ProcessSpec) -> std::io::Result<Child> {
     command.spawn()
 }
 
-/// SIGTERM to each process group, then SIGKILL to each group once its main process has ended
-/// or the grace period is over (nothing of a stopped worker lives on).
-fn terminate(processes: Vec<Process>, mut reaper: Option<&mut Reaper>) {
-    let mut children: Vec<Child> = processes.into_iter().filter_map(|p| p.child).collect();
-    for child in &children {
-        signal_group(child, libc::SIGTERM);
+/// A program without a `/` is looked up in the worker's own PATH (as a container's command is in
+/// its image's), not this process's.
+fn program_path(program: &str, env: &[(String, std::ffi::OsString)], cwd: &Path) -> std::io::Result<PathBuf> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
     }
-    let deadline = Instant::now() + STOP_GRACE;
-    let mut ended = Vec::new();
-    while !children.is_empty() && Instant::now() < deadline {
-        let mut running = Vec::new();
-        for mut child in children {
-            match child.try_wait() {
-                Ok(None) => running.push(child),
-                _ => ended.push(child),
-            }
-        }
-        children = running;
-        if !children.is_empty() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    for mut child in children.into_iter().chain(ended) {
-        signal_group(&child, libc::SIGKILL);
-        let _ = child.wait();
-        if let Some(reaper) = reaper.as_deref_mut() {
-            reaper.ended(child.id());
-        }
-    }
+    let path = env.iter().rev().find(|(name, _)| name == "PATH").map(|(_, value)| value.clone());
+    which::which_in(program, path, cwd)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::NotFound, format!("no {program:?} in the worker's PATH")))
 }
 
 fn signal_group(child: &Child, signal: libc::c_int) {
@@ -399,6 +450,36 @@ mod tests {
         wait_for(&mut workers, |w| w.observe("default/job", Stage::Train, 1).unwrap().restarts >= 2);
         let seen = workers.observe("default/job", Stage::Train, 1).unwrap();
         assert_ne!(seen.phase, WorkerPhase::Failed, "OnFailure keeps restarting; the machine judges the loop");
+    }
+
+    #[test]
+    fn a_stop_does_not_wait_and_a_successor_waits_for_its_predecessor() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut workers = LocalWorkers::new();
+        // Takes 300 ms to end after SIGTERM, and says when it did.
+        let ended = dir.path().join("ended");
+        let slow = format!(
+            "trap 'sleep 0.3; touch {}; exit 0' TERM; touch started; while :; do sleep 0.02; done",
+            ended.display()
+        );
+        workers.start(spec(dir.path(), "slow", &slow, RestartPolicy::Always));
+        wait_for(&mut workers, |_| dir.path().join("started").exists());
+        let stopped = Instant::now();
+        workers.stop("default/job", Some(Stage::Train));
+        assert!(stopped.elapsed() < Duration::from_millis(100), "the stop waited {:?}", stopped.elapsed());
+        // Its successor (same owner and stage) starts only once it has ended.
+        let successor = format!("test -e {} && touch successor-saw-it; sleep 60", ended.display());
+        workers.start(spec(dir.path(), "next", &successor, RestartPolicy::Always));
+        assert_eq!(workers.observe("default/job", Stage::Train, 1).unwrap().phase, WorkerPhase::Pending);
+        // Another stage is not held by it.
+        let mut eval = spec(dir.path(), "eval", "sleep 60", RestartPolicy::Always);
+        eval.stage = Some(Stage::Eval);
+        workers.start(eval);
+        assert_eq!(workers.observe("default/job", Stage::Eval, 1).unwrap().phase, WorkerPhase::Running);
+        wait_for(&mut workers, |w| w.observe("default/job", Stage::Train, 1).unwrap().phase == WorkerPhase::Running);
+        assert!(!workers.any_stopping());
+        wait_for(&mut workers, |_| dir.path().join("successor-saw-it").exists());
+        workers.stop_all();
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The reaper: whatever a worker started dies with the run, however the run ends.
 //!
-//! Each worker runs in a process group of its own, and its direct child dies with the run
-//! (`PR_SET_PDEATHSIG`); but a process the worker started (`bash -c "python3 train.py; ..."`)
-//! is a grandchild, which the kernel would leave running after a `kill -9` of the run: it
+//! Each worker runs in a process group of its own. Without a reaper, its direct child dies with
+//! the run (`PR_SET_PDEATHSIG`); but a process the worker started (`bash -c "python3 train.py;
+//! ..."`) is a grandchild, which the kernel would leave running after a `kill -9` of the run: it
 //! would go on training and writing the round's files beside the next run. So `perennial run`
 //! starts one small helper, `perennial reap`, in a process group of its own, and tells it over
 //! a pipe each worker group it starts (`+PGID`) and each one that is gone (`-PGID`). The pipe's
 //! write end is the run's alone (close-on-exec): when the run ends, however it ends, the helper
-//! reads end-of-file, kills every group still listed, and exits.
+//! reads end-of-file, kills every group still listed, and exits. With a reaper, workers are
+//! started without `PR_SET_PDEATHSIG` (so with `posix_spawn`, not a fork of the run): the only
+//! moment neither covers is the microseconds between a worker's start and its line here.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
