@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::support::embedded::{Example, wait_exit};
+use crate::support::embedded::{Example, cpu_seconds, wait_exit};
 
 #[test]
 fn two_rounds_of_the_example_train_evaluate_and_deploy() {
@@ -298,4 +298,81 @@ fn a_second_run_on_the_same_state_dir_is_refused_naming_the_first() {
     unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
     let out = wait_exit(&mut first, Duration::from_secs(15));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A hundred jobs waiting for samples: the control plane sweeps when something changes, not on a
+/// clock, so an idle run costs almost nothing (and a sweep that changed something never loops).
+#[test]
+fn a_hundred_idle_jobs_cost_almost_no_cpu() {
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state) = (root.path().join("manifests"), root.path().join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    let container = |name: &str| format!("containers: [{{name: {name}, image: none, command: [sleep, '600']}}]");
+    let mut text = String::new();
+    for i in 0..100 {
+        text.push_str(&format!(
+            "apiVersion: sedna.io/v1alpha1
+kind: Dataset
+metadata: {{name: data-{i}, namespace: default}}
+spec: {{url: data/{i}/index.txt, format: txt, nodeName: local}}
+---
+apiVersion: sedna.io/v1alpha1
+kind: LifelongLearningJob
+metadata: {{name: job-{i}, namespace: default}}
+spec:
+  dataset: {{name: data-{i}, trainProb: 0.8}}
+  outputDir: output/{i}
+  trainSpec:
+    trigger: {{condition: {{operator: '>=', threshold: 8, metric: num_of_samples}}}}
+    template: {{spec: {{{}}}}}
+  evalSpec:
+    template: {{spec: {{{}}}}}
+  deploySpec:
+    template: {{spec: {{{}}}}}
+---
+",
+            container("train"),
+            container("eval"),
+            container("inference")
+        ));
+    }
+    std::fs::write(manifests.join("jobs.yaml"), text).unwrap();
+    let log = root.path().join("run.log");
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .arg("run")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let logged = || std::fs::read_to_string(&log).unwrap_or_default();
+    // Every job waiting on the edge for its first samples.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let waiting = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_perennial"))
+            .args(["status", "--output", "json", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap();
+        let jobs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        jobs.as_array()
+            .is_some_and(|jobs| jobs.len() == 100 && jobs.iter().all(|job| job["status"]["phase"] == "Waiting"))
+    };
+    while !waiting() {
+        assert!(std::time::Instant::now() < deadline, "the jobs did not all come to Waiting:\n{}", logged());
+        assert!(run.try_wait().unwrap().is_none(), "perennial run exited:\n{}", logged());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let before = cpu_seconds(run.id());
+    std::thread::sleep(Duration::from_secs(4));
+    let cpu = cpu_seconds(run.id()) - before;
+    assert!(run.try_wait().unwrap().is_none(), "perennial run exited:\n{}", logged());
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", logged());
+    assert!(cpu < 0.4, "{cpu} s of CPU in 4 s for 100 idle jobs");
 }

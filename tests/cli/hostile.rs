@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::embedded::{Example, wait_exit};
+use crate::support::embedded::{Example, cpu_seconds, wait_exit};
 
 /// Every stored object, as the job store holds it.
 fn stored_objects(state: &Path) -> Vec<(String, String, String)> {
@@ -167,15 +167,6 @@ fn a_refused_live_edit_stores_nothing_and_the_job_goes_on() {
     unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
     let out = wait_exit(&mut run, Duration::from_secs(15));
     assert!(out.status.success());
-}
-
-/// CPU seconds a process has used so far (user and system), from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
-    // utime and stime are fields 14 and 15 of stat(5), in clock ticks (100 a second here).
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    ticks as f64 / 100.0
 }
 
 /// An index replaced by a folder: the error is logged once (not at every turn), the run spends

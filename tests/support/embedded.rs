@@ -150,3 +150,12 @@ fn read_all(child: &mut Child) -> std::process::Output {
     }
     std::process::Output { status, stdout, stderr }
 }
+
+/// CPU seconds a process has used so far (user and system), from /proc.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat(5), in clock ticks (100 a second here).
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks as f64 / 100.0
+}

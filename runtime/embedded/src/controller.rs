@@ -171,7 +171,6 @@ impl Controller {
                 let swept = self.sweep(&mut workers)?;
                 last_sweep = Some(now);
                 sweep_due = if swept.changed { now } else { now + swept.recheck.unwrap_or(SWEEP_ANYWAY) };
-                self.progress.tick(&self.jobs);
                 if let Some(target) = self.rounds
                     && self.jobs.iter().all(|job| job.deleted || job.status.rounds_completed >= target)
                 {
@@ -179,6 +178,7 @@ impl Controller {
                     break;
                 }
             }
+            self.progress.tick(&self.jobs);
             // Processes are looked at often (cheap); a stopping one more often, as its successor
             // waits for it.
             let poll = if workers.any_stopping() { POLL_STOPPING } else { POLL };
