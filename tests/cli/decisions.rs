@@ -136,6 +136,25 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
     let same = replay(state, "builtin:ratio-split", r#"{"trainProb": 0.8}"#, &[]);
     assert_eq!(same.status.code(), Some(0), "{}", text(&same));
     assert!(String::from_utf8_lossy(&same.stdout).contains(&format!("{n} of {n} agree", n = splits.len())));
+    // On a node whose agent sees the host's files under ROOTFS_MOUNT_DIR (a DaemonSet), replay
+    // reads the dataset there too.
+    let index = state.join("data/thermal-comfort/index.csv");
+    let host_root = example.root.path().join("host");
+    let under_root = host_root.join(index.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(under_root.parent().unwrap()).unwrap();
+    std::fs::rename(&index, &under_root).unwrap();
+    let agree = format!("{n} of {n} agree", n = splits.len());
+    let elsewhere = replay(state, "builtin:ratio-split", r#"{"trainProb": 0.8}"#, &[]);
+    assert!(!String::from_utf8_lossy(&elsewhere.stdout).contains(&agree), "{}", text(&elsewhere));
+    let rooted = replay(
+        state,
+        "builtin:ratio-split",
+        r#"{"trainProb": 0.8}"#,
+        &["--rootfs-mount-dir", host_root.to_str().unwrap()],
+    );
+    assert_eq!(rooted.status.code(), Some(0), "{}", text(&rooted));
+    assert!(String::from_utf8_lossy(&rooted.stdout).contains(&agree), "{}", text(&rooted));
+    std::fs::rename(&under_root, &index).unwrap();
     let half = replay(state, "builtin:ratio-split", r#"{"trainProb": 0.5}"#, &[]);
     assert_eq!(half.status.code(), Some(1), "{}", text(&half));
     assert!(String::from_utf8_lossy(&half.stdout).contains("samples would move from train to eval"), "{}", text(&half));

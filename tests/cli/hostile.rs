@@ -69,7 +69,10 @@ fn refused_manifests_store_nothing_and_the_accepted_job_runs_on() {
             second_job(&example, |t| t.replace("value: \"55\"", "valueFrom: {fieldRef: {fieldPath: metadata.name}}")),
             "spec.deploySpec.template.spec.containers[0].env[0] (SEED): valueFrom is not available in embedded mode",
         ),
-        (second_job(&example, with_policy), "LifelongLearningJob default/second: spec.trainSpec.trigger.policy: "),
+        (
+            second_job(&example, with_policy),
+            "LifelongLearningJob default/second: spec.trainSpec.trigger.policy: loading the policy failed at step `configure`: the plugin rejected its config: ",
+        ),
         (
             second_job(&example, |t| t.replace("namespace: default", "namespace: \"a/../b\"")),
             "metadata.namespace: \"a/../b\" is not a DNS-1123 label",
@@ -80,7 +83,7 @@ fn refused_manifests_store_nothing_and_the_accepted_job_runs_on() {
         ),
         (
             second_job(&example, |t| t.replace("outputDir: output/second", "outputDir: output/thermal-comfort/x")),
-            "LifelongLearningJob default/second: spec.outputDir: ",
+            "/output/thermal-comfort/x is also where job default/thermal-comfort writes",
         ),
         (
             second_job(&example, |t| t.replace("checkPeriodSeconds: 5", "checkPeriodSecond: 5")),

@@ -126,60 +126,42 @@ fn serving_ref(reference: &PolicyRef) -> PolicyRef {
 }
 
 /// Loads a job's policies.
-pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPolicies, perennial_policy::LoadError> {
+pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPolicies, PolicyLoadError> {
     let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: job.name.clone() });
+    let failed = |kind: &'static str| move |err| PolicyLoadError { kind, fallback: false, source: err };
     let splitter = match &job.splitter {
-        Some(reference) => Some(host.load(reference, events.clone()).await?),
+        Some(reference) => Some(host.load(reference, events.clone()).await.map_err(failed("splitter"))?),
         None => None,
     };
+    let trigger = host.load(&job.trigger, events.clone()).await.map_err(failed("trigger"))?;
     let fallback_trigger = match &job.fallback_trigger {
         Some(reference) if job.trigger.on_error == OnError::Fallback => {
-            Some(host.load(reference, events.clone()).await?)
+            let fallback = |err| PolicyLoadError { kind: "trigger", fallback: true, source: err };
+            Some(host.load(reference, events.clone()).await.map_err(fallback)?)
         }
         _ => None,
     };
+    let selector = host.load(&job.selector, events.clone()).await.map_err(failed("selector"))?;
     let sedna_selector = PolicyRef::new("builtin:first-select");
     let fallback_selector =
         if job.selector.on_error == OnError::Fallback && job.selector.plugin != sedna_selector.plugin {
-            Some(host.load(&sedna_selector, events.clone()).await?)
+            Some(host.load(&sedna_selector, events.clone()).await.map_err(failed("selector"))?)
         } else {
             None
         };
-    let (shadows, shadows_refused) = load_shadows(host, job, events.clone()).await;
-    Ok(JobPolicies {
-        splitter,
-        trigger: host.load(&job.trigger, events.clone()).await?,
-        selector: host.load(&job.selector, events).await?,
-        fallback_trigger,
-        fallback_selector,
-        shadows,
-        shadows_refused,
-    })
+    // A shadow that cannot load is reported on the job's status; it never stops the job.
+    let (shadows, shadows_refused) = load_shadows(host, job, events).await;
+    Ok(JobPolicies { splitter, trigger, selector, fallback_trigger, fallback_selector, shadows, shadows_refused })
 }
 
-/// Loads each policy the job names (fetch, verify, compile, configure) as a start or a swap
-/// would, and drops it: whether the job can serve, and if not, which kind (`trigger`,
-/// `selector`, `splitter`) fails and why. Shadows are left out: they never act, and one that
-/// cannot load is reported on the job's status instead.
-pub async fn check_policies(host: &PolicyHost, job: &JobConfig) -> Result<(), (&'static str, String)> {
-    let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: job.name.clone() });
-    if let Some(reference) = &job.splitter {
-        host.load::<perennial_policy::SplitterKind>(reference, events.clone())
-            .await
-            .map_err(|err| ("splitter", err.to_string()))?;
-    }
-    host.load::<perennial_policy::TriggerKind>(&job.trigger, events.clone())
-        .await
-        .map_err(|err| ("trigger", err.to_string()))?;
-    if let Some(reference) = job.fallback_trigger.as_ref().filter(|_| job.trigger.on_error == OnError::Fallback) {
-        host.load::<perennial_policy::TriggerKind>(reference, events.clone())
-            .await
-            .map_err(|err| ("trigger", format!("its fallback: {err}")))?;
-    }
-    host.load::<perennial_policy::SelectorKind>(&job.selector, events)
-        .await
-        .map_err(|err| ("selector", err.to_string()))?;
-    Ok(())
+/// A policy of a job that cannot serve: its kind (`splitter`, `trigger`, `selector`) and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{source}", if *.fallback { "its fallback: " } else { "" })]
+pub struct PolicyLoadError {
+    pub kind: &'static str,
+    /// The fallback policy of that kind (Sedna's rule) failed.
+    pub fallback: bool,
+    pub source: perennial_policy::LoadError,
 }
 
 fn now() -> u64 {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use perennial_api::manifest::{self, Manifest, Object};
 use perennial_api::{self as resources, Dataset};
-use perennial_edge::agent;
+use perennial_edge::agent::{self, JobConfig, JobPolicies};
 use perennial_edge::sqlite::Store;
 use perennial_policy::PolicyHost;
 
@@ -17,10 +17,13 @@ use super::RunError;
 use super::state::{self, Applied, Stored};
 
 /// What was stored: the keys of the jobs and of the Pods the manifests hold.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Admitted {
     pub jobs: Vec<String>,
     pub pods: Vec<String>,
+    /// Each admitted job's policies as loaded to check them, with the config they were loaded
+    /// for: a run starts with them rather than load them again.
+    pub policies: Vec<(JobConfig, JobPolicies)>,
 }
 
 /// Reads, checks and stores the manifests at `paths`; nothing is stored unless all pass.
@@ -85,13 +88,23 @@ pub async fn admit(
         return Err(RunError::Refused(errors));
     }
 
+    let mut policies = Vec::new();
     for (m, key, stored, job) in &prepared {
         let config = super::job_config(key, stored, job.edge_spec.clone());
-        if let Err((kind, reason)) = agent::check_policies(host, &config).await {
-            return Err(RunError::Policy { origin: m.origin(), job: (*key).clone(), kind, reason });
+        match agent::load_policies(host, &config).await {
+            Ok(loaded) => {
+                loaded.release();
+                policies.push((config, loaded));
+            }
+            Err(err) => {
+                let (kind, reason) = (err.kind, err.to_string());
+                return Err(RunError::Policy { origin: m.origin(), job: (*key).clone(), kind, reason });
+            }
         }
     }
-    store(control, &manifests)
+    let mut admitted = store(control, &manifests)?;
+    admitted.policies = policies;
+    Ok(admitted)
 }
 
 /// The folder of a manifest file: what relative paths in its templates are under.

@@ -120,7 +120,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     } else {
         admit::admit(&mut control, &state_dir, &options.paths, &host).await?
     };
-    let (job_keys, pod_keys) = (admitted.jobs, admitted.pods);
+    let (job_keys, pod_keys, mut admitted_policies) = (admitted.jobs, admitted.pods, admitted.policies);
     let datasets = state::datasets(&control)?;
     let mut jobs_in_store = state::jobs(&control)?;
     if !options.paths.is_empty() {
@@ -144,9 +144,17 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         job.make_dataset_folder()?;
         edge::register_job(&mut edge_store, &key, &stored.uid, &job.edge_spec)?;
         let config = job_config(&key, &stored, job.edge_spec.clone());
-        let policies =
-            agent::load_policies(&host, &config).await.map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
-        policies.release();
+        // Loaded already to admit the job, unless it was not given now (a resumed run).
+        let policies = match admitted_policies.iter().position(|(admitted, _)| same_policies(admitted, &config)) {
+            Some(at) => admitted_policies.swap_remove(at).1,
+            None => {
+                let loaded = agent::load_policies(&host, &config)
+                    .await
+                    .map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
+                loaded.release();
+                loaded
+            }
+        };
         edge::output::clear_temporary(&job.edge_spec.output_dir);
         let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
             .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
@@ -288,6 +296,13 @@ pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: 
         selector: stored.object.spec.select_policy(),
         fallback_trigger: stored.object.spec.fallback_trigger(),
     }
+}
+
+/// Whether the policies loaded for `a` are the ones `b` runs with: the same job and the same
+/// references (the uid, given only once the job is stored, does not matter to them).
+fn same_policies(a: &JobConfig, b: &JobConfig) -> bool {
+    (&a.name, &a.splitter, &a.trigger, &a.selector, &a.fallback_trigger)
+        == (&b.name, &b.splitter, &b.trigger, &b.selector, &b.fallback_trigger)
 }
 
 /// A job resolved for this machine.
@@ -439,4 +454,35 @@ fn watch_manifests(
         })
         .ok()?;
     Some(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The policies admitted with a job are the ones its run starts with: not loaded twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_policies_admitted_with_a_job_are_the_ones_its_run_uses() {
+        let root = tempfile::tempdir().unwrap();
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/thermal-comfort");
+        for file in ["dataset.yaml", "job.yaml"] {
+            std::fs::copy(example.join(file), root.path().join(file)).unwrap();
+        }
+        let state_dir = root.path().join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let mut control = state::open(&state_dir).unwrap();
+        let host = PolicyHost::new(None, None).unwrap();
+        let admitted = admit::admit(&mut control, &state_dir, &[root.path().to_owned()], &host).await.unwrap();
+        assert_eq!(admitted.jobs, ["default/thermal-comfort"]);
+        // As the run builds it, from the stored job (which has its uid now).
+        let (key, stored) = state::jobs(&control).unwrap().pop().unwrap();
+        assert!(!stored.uid.is_empty());
+        let job = prepare_job(&state_dir, &key, &stored, &state::datasets(&control).unwrap()).unwrap();
+        let config = job_config(&key, &stored, job.edge_spec);
+        let found = admitted.policies.iter().filter(|(admitted, _)| same_policies(admitted, &config)).count();
+        assert_eq!(found, 1);
+        // Another trigger is another policy.
+        let other = JobConfig { trigger: perennial_types::PolicyRef::new("builtin:count-or-age-trigger"), ..config };
+        assert!(!admitted.policies.iter().any(|(admitted, _)| same_policies(admitted, &other)));
+    }
 }

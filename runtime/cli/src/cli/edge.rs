@@ -81,12 +81,15 @@ struct RunnerSettings {
 impl RunnerSettings {
     /// A host path as this process sees it.
     fn host_path(&self, path: &str) -> String {
-        match &self.rootfs {
-            Some(root) if path.starts_with('/') => {
-                format!("{}{path}", root.display().to_string().trim_end_matches('/'))
-            }
-            _ => path.to_owned(),
-        }
+        host_path(self.rootfs.as_deref(), path)
+    }
+}
+
+/// A host path as a process that sees the host's filesystem under `rootfs` sees it.
+pub(crate) fn host_path(rootfs: Option<&Path>, path: &str) -> String {
+    match rootfs {
+        Some(root) if path.starts_with('/') => format!("{}{path}", root.display().to_string().trim_end_matches('/')),
+        _ => path.to_owned(),
     }
 }
 

@@ -65,6 +65,10 @@ pub enum PluginCommand {
         /// The state dir of `perennial run` or `perennial edge`.
         #[arg(long, env = "PERENNIAL_STATE_DIR", default_value = ".perennial")]
         state_dir: PathBuf,
+        /// Where the host's filesystem is mounted, as `perennial edge` was told (a DaemonSet sets
+        /// `ROOTFS_MOUNT_DIR`): a split's batches are read back from the dataset under it.
+        #[arg(long, env = "ROOTFS_MOUNT_DIR")]
+        rootfs_mount_dir: Option<PathBuf>,
         #[command(flatten)]
         filter: decisions::Filter,
         /// Disagreements shown.
@@ -180,8 +184,8 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
-        PluginCommand::Replay { plugin, job, state_dir, filter, show, json } => {
-            replay(&plugin, Replay { job, state_dir, filter, show, json }).await
+        PluginCommand::Replay { plugin, job, state_dir, rootfs_mount_dir, filter, show, json } => {
+            replay(&plugin, Replay { job, state_dir, rootfs: rootfs_mount_dir, filter, show, json }).await
         }
     }
 }
@@ -405,6 +409,7 @@ fn us(d: Duration) -> f64 {
 struct Replay {
     job: String,
     state_dir: PathBuf,
+    rootfs: Option<PathBuf>,
     filter: decisions::Filter,
     show: usize,
     json: bool,
@@ -457,7 +462,8 @@ async fn replay(args: &PluginArgs, replay: Replay) -> anyhow::Result<()> {
                 let mut index: Box<dyn perennial_edge::IndexFile> = if spec.dataset_url.starts_with("s3://") {
                     Box::new(perennial_edge::S3Index::open(&spec.dataset_url, S3Credentials::from_env().as_ref())?)
                 } else {
-                    Box::new(perennial_edge::LocalFile { path: spec.dataset_url.clone().into() })
+                    let path = super::edge::host_path(replay.rootfs.as_deref(), &spec.dataset_url);
+                    Box::new(perennial_edge::LocalFile { path: path.into() })
                 };
                 let max_line = perennial_edge::IngestLimits::default().max_line;
                 replay::splits(
