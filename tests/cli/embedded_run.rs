@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::support::embedded::{Example, cpu_seconds, wait_exit};
+use crate::support::many_jobs;
 
 #[test]
 fn two_rounds_of_the_example_train_evaluate_and_deploy() {
@@ -307,36 +308,7 @@ fn a_hundred_idle_jobs_cost_almost_no_cpu() {
     let root = tempfile::tempdir().unwrap();
     let (manifests, state) = (root.path().join("manifests"), root.path().join("state"));
     std::fs::create_dir_all(&manifests).unwrap();
-    let container = |name: &str| format!("containers: [{{name: {name}, image: none, command: [sleep, '600']}}]");
-    let mut text = String::new();
-    for i in 0..100 {
-        text.push_str(&format!(
-            "apiVersion: sedna.io/v1alpha1
-kind: Dataset
-metadata: {{name: data-{i}, namespace: default}}
-spec: {{url: data/{i}/index.txt, format: txt, nodeName: local}}
----
-apiVersion: sedna.io/v1alpha1
-kind: LifelongLearningJob
-metadata: {{name: job-{i}, namespace: default}}
-spec:
-  dataset: {{name: data-{i}, trainProb: 0.8}}
-  outputDir: output/{i}
-  trainSpec:
-    trigger: {{condition: {{operator: '>=', threshold: 8, metric: num_of_samples}}}}
-    template: {{spec: {{{}}}}}
-  evalSpec:
-    template: {{spec: {{{}}}}}
-  deploySpec:
-    template: {{spec: {{{}}}}}
----
-",
-            container("train"),
-            container("eval"),
-            container("inference")
-        ));
-    }
-    std::fs::write(manifests.join("jobs.yaml"), text).unwrap();
+    std::fs::write(manifests.join("jobs.yaml"), many_jobs::manifests(100, "[sleep, '600']")).unwrap();
     let log = root.path().join("run.log");
     let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_perennial"))
         .arg("run")

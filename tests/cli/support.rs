@@ -6,6 +6,8 @@ pub mod embedded;
 pub mod link;
 #[path = "../support/manifests.rs"]
 pub mod manifests;
+#[path = "../support/many_jobs.rs"]
+pub mod many_jobs;
 #[path = "../support/plugin_projects.rs"]
 pub mod plugin_projects;
 #[path = "../support/s3.rs"]

@@ -23,6 +23,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[path = "../../../tests/support/many_jobs.rs"]
+mod many_jobs;
+
 use perennial_embedded::{self as embedded, RunOptions};
 use perennial_lifecycle::Settings;
 
@@ -38,44 +41,8 @@ fn worker_script(port: u16) -> String {
 }
 
 fn manifests(dir: &Path, jobs: usize, port: u16) {
-    let script = worker_script(port);
-    let container = |name: &str| {
-        format!(
-            "        containers:\n          - name: {name}\n            image: none\n            command: [\"bash\", \"-c\", {script:?}]\n"
-        )
-    };
-    let mut text = String::new();
-    for i in 0..jobs {
-        text.push_str(&format!(
-            "apiVersion: sedna.io/v1alpha1
-kind: Dataset
-metadata: {{name: data-{i}, namespace: default}}
-spec: {{url: data/{i}/index.txt, format: txt, nodeName: local}}
----
-apiVersion: sedna.io/v1alpha1
-kind: LifelongLearningJob
-metadata: {{name: job-{i}, namespace: default}}
-spec:
-  dataset: {{name: data-{i}, trainProb: 0.8}}
-  outputDir: output/{i}
-  trainSpec:
-    trigger: {{condition: {{operator: '>=', threshold: 8, metric: num_of_samples}}}}
-    template:
-      spec:
-{}  evalSpec:
-    template:
-      spec:
-{}  deploySpec:
-    template:
-      spec:
-{}---
-",
-            container("train"),
-            container("eval"),
-            container("inference")
-        ));
-    }
-    std::fs::write(dir.join("jobs.yaml"), text).unwrap();
+    let command = format!("[bash, -c, {:?}]", worker_script(port));
+    std::fs::write(dir.join("jobs.yaml"), many_jobs::manifests(jobs, &command)).unwrap();
 }
 
 /// A worker that said it started, and when the bench heard it.
