@@ -26,13 +26,9 @@ pub use perennial_types::new_worker_name;
 use perennial_types::{Phase, Stage};
 
 /// Issues a worker name for a job's stage and round: Sedna's shape (`train-worker-…`) with an
-/// unguessable token, remembered so that only this worker may report for that round.
-pub fn issue_worker_name(store: &mut Store, job: &str, round: i64, stage: &str) -> Result<String, rusqlite::Error> {
-    issue_worker_name_in(store.conn(), job, round, stage)
-}
-
-/// [`issue_worker_name`] in the caller's transaction (many workers, one commit).
-pub fn issue_worker_name_in(
+/// unguessable token, remembered so that only this worker may report for that round. Takes a
+/// connection or the caller's transaction (many workers, one commit).
+pub fn issue_worker_name(
     conn: &rusqlite::Connection,
     job: &str,
     round: i64,

@@ -163,14 +163,13 @@ impl Controller {
         // stage's timer is due; and every SWEEP_ANYWAY for what changes without a wake (the
         // edge's waiting reasons, health and faults).
         let mut sweep_due = Instant::now();
-        let mut last_sweep: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             let changed = !workers.poll().is_empty();
             let now = Instant::now();
-            if changed || now >= sweep_due || last_sweep.is_none_or(|at| now >= at + SWEEP_ANYWAY) {
+            if changed || now >= sweep_due {
                 let swept = self.sweep(&mut workers)?;
-                last_sweep = Some(now);
-                sweep_due = if swept.changed { now } else { now + swept.recheck.unwrap_or(SWEEP_ANYWAY) };
+                let recheck = swept.recheck.map_or(SWEEP_ANYWAY, |after| after.min(SWEEP_ANYWAY));
+                sweep_due = if swept.changed { now } else { now + recheck };
                 if let Some(target) = self.rounds
                     && self.jobs.iter().all(|job| job.deleted || job.status.rounds_completed >= target)
                 {
@@ -356,7 +355,7 @@ impl Controller {
         match action {
             Action::StartWorker(spec) => {
                 let round = i64::try_from(spec.round).unwrap_or(i64::MAX);
-                let name = worker_api::issue_worker_name_in(tx, &job.key, round, spec.stage.report_kind());
+                let name = worker_api::issue_worker_name(tx, &job.key, round, spec.stage.report_kind());
                 Recorded::Name(name.map_err(|err| err.to_string()))
             }
             Action::Edge(notice) => {

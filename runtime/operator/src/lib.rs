@@ -4,6 +4,7 @@
 //! exhaustively; this module is the thin Kubernetes shell, tested against a mock API server
 //! that checks the sequence of calls.
 
+pub mod events;
 pub mod identity;
 pub mod inbox;
 pub mod leader;
@@ -85,17 +86,6 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     let scope = options.namespace.as_deref();
     let jobs = scoped::<LifelongLearningJob>(&client, scope);
     let (pods, datasets) = (scoped::<Pod>(&client, scope), scoped::<Dataset>(&client, scope));
-    let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
-    let context = Arc::new(Context {
-        client: client.clone(),
-        settings: options.settings,
-        workers: options.workers.clone(),
-        inbox: Arc::new(inbox),
-        recorder: Recorder::new(client.clone(), reporter),
-        metrics: metrics.clone(),
-        failures: Default::default(),
-        written: Default::default(),
-    });
     // One watch per kind, followed by the Controller and the link alike.
     let (link_changes, changes) = match options.link {
         Some(_) => {
@@ -105,6 +95,19 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         None => (None, None),
     };
     let (stores, triggers) = watches::start((jobs, datasets, pods), link_changes);
+    let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        settings: options.settings,
+        workers: options.workers.clone(),
+        inbox: Arc::new(inbox),
+        stores: stores.clone(),
+        events: events::Events::start(Recorder::new(client.clone(), reporter), metrics.clone()),
+        metrics: metrics.clone(),
+        failures: Default::default(),
+        written: Default::default(),
+        written_jobs: Default::default(),
+    });
     let stop_link = match (&options.link, link_tls, changes) {
         (Some(options), Some(tls), Some(changes)) => {
             Some(start_link(&client, options.clone(), tls, &context, stores.clone(), changes))
@@ -117,7 +120,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     let known = stores.jobs.clone();
     // A Dataset created or changed after its jobs (its node, its credential) wakes them.
-    let controller = Controller::for_stream(triggers.jobs, stores.jobs.clone())
+    let reconciles = Controller::for_stream(triggers.jobs, stores.jobs.clone())
         .owns_stream(triggers.pods)
         .watches_stream(triggers.datasets, move |dataset| jobs_of_dataset(&known.state(), &dataset))
         .reconcile_on(reports)
@@ -129,6 +132,13 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
                 Err(err) => tracing::debug!("reconcile: {err}"),
             }
         });
+    // The Controller waits for the jobs' store; a reconcile reads pods and Datasets from theirs,
+    // which must be complete too (a pod not yet listed would be taken for a vanished one).
+    let controller = async {
+        let _ = stores.pods.wait_until_ready().await;
+        let _ = stores.datasets.wait_until_ready().await;
+        reconciles.await;
+    };
     tracing::info!(namespace = options.namespace.as_deref().unwrap_or("all"), "reconciling LifelongLearningJobs");
     match &elector {
         None => controller.await,

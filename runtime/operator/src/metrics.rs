@@ -15,7 +15,8 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// What failed: `patch_status`, `create_pod`, `delete_pods`, `read_job`, `read_dataset`...
+    /// What failed: `patch_status`, `create_pod`, `delete_pods`, `read_job`, `read_dataset`,
+    /// `publish_event`, `events_dropped`...
     pub kind: String,
 }
 

@@ -5,9 +5,9 @@
 //!
 //! Writing the status before acting makes a crash between the two safe: the next reconcile
 //! finds the stage Starting with no pod and starts it again (counted), and a status write that
-//! lost a race never acts at all. Pods are listed from the API server's watch cache, cheap at
-//! any number of pods, with the pods created here that it may not show yet (`written`), so a
-//! pod just created is never taken for a vanished one.
+//! lost a race never acts at all. Pods and Datasets are read from the operator's own watches
+//! (no API call), with the pods created here that they may not show yet (`written`), so a pod
+//! just created is never taken for a vanished one. Events go out off this path (`events`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,14 +16,16 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{self, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::events::Events;
 use super::inbox::Inbox;
 use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
 use super::patch;
+use super::watches::Stores;
 use perennial_api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, WorkerSpec};
 use perennial_workers::pod::{Credential, PodContext, build_pod, endpoint_url};
@@ -54,12 +56,16 @@ pub struct Context {
     pub settings: Settings,
     pub workers: WorkerDefaults,
     pub inbox: Arc<Inbox>,
-    pub recorder: Recorder,
+    /// The jobs, Datasets and pods as the operator's watches have them.
+    pub stores: Stores,
+    pub events: Events,
     pub metrics: Arc<super::metrics::Metrics>,
     /// Failed reconciles in a row, per job (`namespace/name`): the error backoff.
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
-    /// The pods created here that the API server's cache may not show yet.
+    /// The pods created here that the pod store may not show yet.
     pub written: super::written::WrittenPods,
+    /// The jobs' statuses as written here, which the job store may not show yet.
+    pub written_jobs: super::written::WrittenJobs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,33 +143,42 @@ pub fn job_view(job: &LifelongLearningJob) -> JobView {
     JobView { uid: job.metadata.uid.clone().unwrap_or_default(), timeouts }
 }
 
+/// The job's pods (by its uid label) from the pod store, with those created here that it does
+/// not show yet.
+fn job_pods(ctx: &Context, uid: &str) -> Vec<Pod> {
+    let stored = ctx.stores.pods.state();
+    let pods = stored
+        .iter()
+        .filter(|pod| {
+            pod.metadata.labels.as_ref().and_then(|labels| labels.get(UID_LABEL)).map(String::as_str) == Some(uid)
+        })
+        .map(|pod| pod.as_ref().clone())
+        .collect();
+    let seen = ctx.stores.pods_seen.load(std::sync::atomic::Ordering::Acquire);
+    ctx.written.with_created(uid, pods, (seen > 0).then_some(seen))
+}
+
 async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {
     let (namespace, name, key) = (namespace_of(job), job.name_any(), perennial_api::key(&job.metadata));
     let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let view = job_view(job);
     // The CRD's schema refuses most bad input; what it cannot check (policy references, a
     // trigger's window...) waits here for an edit, said once per change on the job.
     if let Err(errors) = perennial_api::validate_job(job, &|_| true) {
         ctx.metrics.error("invalid_spec");
-        publish(ctx, &job.object_ref(&()), true, "InvalidSpec", errors.to_string()).await;
+        ctx.events.publish(&job.object_ref(&()), true, "InvalidSpec", errors.to_string());
         return Ok(Requeue::await_change());
     }
 
     let reports = ctx.inbox.peek(&namespace, &name);
-    // The job comes from the watch's cache. Reports are judged against the status as it is:
-    // one judged stale against an old status would be acknowledged and lost.
-    let mut current = job.clone();
-    if !reports.is_empty() {
-        let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else { return Ok(Requeue::await_change()) };
-        current = fresh;
-    }
-    // From the API server's watch cache (no etcd read of the whole namespace), with the pods
-    // created here that it may not show yet.
-    let selector = format!("{UID_LABEL}={}", view.uid);
-    let listed =
-        pods.list(&ListParams::default().labels(&selector).match_any()).await.map_err(kube_error("list_pods", &key))?;
-    let listed = ctx.written.with_created(&view.uid, listed.items, listed.metadata.resource_version.as_deref());
+    // The job comes from the watch's store (or as last written here, if the store is behind),
+    // which may still lag. A status made from a stale one is refused (the patch carries the
+    // resourceVersion read) and made again from a fresh read; a report that changes nothing
+    // against it is judged again against a fresh read too, as one judged stale against an old
+    // status would be acknowledged and lost.
+    let mut current = ctx.written_jobs.newest(job);
+    let mut read_fresh_once = false;
+    let listed = job_pods(ctx, &view.uid);
 
     let mut tries = 0;
     let (before, step) = loop {
@@ -176,11 +191,25 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         let old = serde_json::to_value(&status).unwrap_or_default();
         let new = serde_json::to_value(&step.status).unwrap_or_default();
         let version = current.metadata.resource_version.clone().unwrap_or_default();
-        let Some(body) = patch::status_patch(&version, &old, &new) else { break (status, step) };
+        let Some(body) = patch::status_patch(&version, &old, &new) else {
+            if reports.is_empty() || read_fresh_once {
+                break (status, step);
+            }
+            read_fresh_once = true;
+            let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else {
+                return Ok(Requeue::await_change()); // deleted meanwhile
+            };
+            current = fresh;
+            continue;
+        };
         match jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
-            Ok(_) => break (status, step),
+            Ok(written) => {
+                ctx.written_jobs.wrote(written);
+                break (status, step);
+            }
             Err(kube::Error::Api(status)) if status.is_conflict() && tries + 1 < STATUS_TRIES => {
                 tries += 1;
+                read_fresh_once = true;
                 tracing::debug!(job = key, "the status changed since it was read; reading it again");
                 let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else {
                     return Ok(Requeue::await_change()); // deleted meanwhile
@@ -202,7 +231,7 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
             None => format!("round {}", step.status.round),
         };
         let warning = condition.type_ == Phase::Failed;
-        publish(ctx, &reference, warning, &format!("{}{}", condition.stage, condition.type_), note).await;
+        ctx.events.publish(&reference, warning, &format!("{}{}", condition.stage, condition.type_), note);
     }
     for action in &step.actions {
         act(job, ctx, &reference, action).await?;
@@ -252,12 +281,12 @@ async fn act(
             Ok(pod) => {
                 ctx.metrics.pod_created(spec.stage.worker_kind());
                 let note = format!("round {}: created the {} pod {pod}", spec.round, spec.stage.worker_kind());
-                publish(ctx, reference, false, "WorkerCreated", note).await;
+                ctx.events.publish(reference, false, "WorkerCreated", note);
             }
             // Said on the job; the next reconcile finds no pod and tries again (counted).
             Err(err) => {
                 ctx.metrics.error(err.kind());
-                publish(ctx, reference, true, "WorkerNotCreated", err.to_string()).await;
+                ctx.events.publish(reference, true, "WorkerNotCreated", err.to_string());
                 return Err(err);
             }
         },
@@ -274,7 +303,7 @@ async fn act(
             tracing::debug!(job = key, round = notice.round, "the edge waits for {}", notice.stage)
         }
         Action::Event { warning, reason, message } => {
-            publish(ctx, reference, *warning, reason, message.clone()).await;
+            ctx.events.publish(reference, *warning, reason, message.clone());
         }
     }
     Ok(())
@@ -283,9 +312,16 @@ async fn act(
 /// Creates the stage's pod from the job's template; returns its name.
 async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpec) -> Result<String, Error> {
     let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
-    let datasets: Api<Dataset> = Api::namespaced(ctx.client.clone(), &namespace);
     let dataset_name = &job.spec.dataset.name;
-    let dataset = datasets.get(dataset_name).await.map_err(kube_error("read_dataset", &key))?;
+    // From the Dataset watch; read from the API server only if the watch has not shown it yet
+    // (applied with the job a moment ago).
+    let dataset = match ctx.stores.datasets.get(&ObjectRef::new(dataset_name).within(&namespace)) {
+        Some(dataset) => dataset.as_ref().clone(),
+        None => {
+            let datasets: Api<Dataset> = Api::namespaced(ctx.client.clone(), &namespace);
+            datasets.get(dataset_name).await.map_err(kube_error("read_dataset", &key))?
+        }
+    };
     let job_credential = credential(ctx, &namespace, job.spec.credential_name.as_deref(), &key).await?;
     let dataset_credential = credential(ctx, &namespace, dataset.spec.credential_name.as_deref(), &key).await?;
     let kind = spec.stage.worker_kind();
@@ -341,43 +377,11 @@ async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Er
         .map_err(kube_error("delete_pods", &key))?;
     ctx.inbox.forget(&namespace, &name);
     ctx.written.forget(&uid);
+    ctx.written_jobs.forget(&uid);
     let note = "the job's pods are deleted and its edge forgets it".to_owned();
-    publish(ctx, &job.object_ref(&()), false, "Deleted", note).await;
+    ctx.events.publish(&job.object_ref(&()), false, "Deleted", note);
     tracing::info!(job = key, "deleted: its pods are removed");
     Ok(Requeue::await_change())
-}
-
-/// Publishes an event on the job; a failure to publish is logged, never fatal.
-async fn publish(
-    ctx: &Context,
-    reference: &k8s_openapi::api::core::v1::ObjectReference,
-    warning: bool,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
-        reason: reason.to_owned(),
-        // Events allow 1 kB of note.
-        note: Some(truncate(note, 1000)),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(err) = ctx.recorder.publish(&event, reference).await {
-        ctx.metrics.error("publish_event");
-        tracing::warn!(reason, "publishing an event: {err}");
-    }
-}
-
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
 }
 
 /// The dataset's sample count as its edge reported it, written to its status (a merge patch of

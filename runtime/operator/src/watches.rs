@@ -5,6 +5,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
@@ -23,6 +24,9 @@ pub struct Stores {
     pub jobs: Store<LifelongLearningJob>,
     pub datasets: Store<Dataset>,
     pub pods: Store<Pod>,
+    /// The highest resourceVersion the pod watch has delivered (its store holds every change up
+    /// to it): a pod created at or below it that the store lacks is gone (see `written`).
+    pub pods_seen: Arc<AtomicU64>,
 }
 
 /// What the link hears: an object that changed (applied or deleted: the store says which), or
@@ -58,23 +62,27 @@ pub fn start(
     (jobs, datasets, pods): (Api<LifelongLearningJob>, Api<Dataset>, Api<Pod>),
     link: Option<UnboundedSender<Seen>>,
 ) -> (Stores, Triggers) {
-    let (job_store, job_triggers) = follow(jobs, watcher::Config::default(), Kind::Jobs, link.clone(), Seen::Job);
+    let (job_store, job_triggers) =
+        follow(jobs, watcher::Config::default(), Kind::Jobs, link.clone(), Seen::Job, Default::default());
     let (dataset_store, dataset_triggers) =
-        follow(datasets, watcher::Config::default(), Kind::Datasets, link.clone(), Seen::Dataset);
-    let (pod_store, pod_triggers) =
-        follow(pods, watcher::Config::default().labels(UID_LABEL), Kind::Pods, link, Seen::Pod);
-    let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store };
+        follow(datasets, watcher::Config::default(), Kind::Datasets, link.clone(), Seen::Dataset, Default::default());
+    let pods_seen = Arc::new(AtomicU64::new(0));
+    let config = watcher::Config::default().labels(UID_LABEL);
+    let (pod_store, pod_triggers) = follow(pods, config, Kind::Pods, link, Seen::Pod, pods_seen.clone());
+    let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
 }
 
 /// One kind's watch, reflected into its store; each touched object sent on to the Controller
-/// and the link. A watch error (RBAC, a missing CRD) is said and retried with backoff.
+/// and the link, its resourceVersion to `version` once the store has it. A watch error (RBAC, a
+/// missing CRD) is said and retried with backoff.
 fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: Kind,
     link: Option<UnboundedSender<Seen>>,
     seen: fn(Arc<K>) -> Seen,
+    version: Arc<AtomicU64>,
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -101,6 +109,10 @@ where
                     continue;
                 }
             };
+            // The reflector stored the object before handing it on.
+            if let Some(number) = object.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()) {
+                version.fetch_max(number, Ordering::Release);
+            }
             if let Some(link) = &link {
                 let _ = link.unbounded_send(seen(Arc::new(object.clone())));
             }

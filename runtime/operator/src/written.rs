@@ -1,14 +1,19 @@
-//! Read-your-writes over the API server's cache. A job's pods are listed from the API server's
-//! watch cache (`resourceVersion=0`: no etcd read, however many pods the namespace holds),
-//! which may not show yet a pod this operator created a moment ago. Each pod it creates is
-//! remembered until a list shows it, and added to the lists that do not, so that the stage
-//! machine never takes a pod still in flight for a vanished one and creates it twice.
+//! Read-your-writes over the watches. Jobs: the API server's answer to each status write is
+//! kept until the job store shows that version, so that the next reconcile starts from what was
+//! written, not from a store a write behind (whose status patch would be refused as a conflict).
+//!
+//! Pods: A job's pods are read from the operator's own pod store
+//! (filled by its one pod watch: no API call), which may not show yet a pod this operator
+//! created a moment ago. Each pod it creates is remembered until the store shows it, and added
+//! to the reads that do not, so that the stage machine never takes a pod still in flight for a
+//! vanished one and creates it twice.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use perennial_api::LifelongLearningJob;
 
 /// How long a created pod is remembered at most: far past any cache lag.
 const REMEMBER: Duration = Duration::from_secs(60);
@@ -26,9 +31,9 @@ impl WrittenPods {
         created.entry(uid.to_owned()).or_default().push((pod, Instant::now()));
     }
 
-    /// `listed` (from the cache, at `version`: the list's resourceVersion) with the pods created
+    /// `listed` (from the store, complete up to resourceVersion `version`) with the pods created
     /// for `uid` that it does not show yet.
-    pub fn with_created(&self, uid: &str, listed: Vec<Pod>, version: Option<&str>) -> Vec<Pod> {
+    pub fn with_created(&self, uid: &str, listed: Vec<Pod>, version: Option<u64>) -> Vec<Pod> {
         let mut created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Some(remembered) = created.get_mut(uid) else { return listed };
         let (pods, still) = merge(listed, version, std::mem::take(remembered), Instant::now());
@@ -46,17 +51,51 @@ impl WrittenPods {
     }
 }
 
+/// The jobs as this operator last wrote them, by uid, until the store shows them.
+#[derive(Default)]
+pub struct WrittenJobs {
+    written: Mutex<HashMap<String, LifelongLearningJob>>,
+}
+
+impl WrittenJobs {
+    /// Remembers `job` (the API server's answer to a status write).
+    pub fn wrote(&self, job: LifelongLearningJob) {
+        let Some(uid) = job.metadata.uid.clone() else { return };
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(uid, job);
+    }
+
+    /// The newer of `stored` (from the job store) and the job as last written; a written one the
+    /// store has caught up with is forgotten.
+    pub fn newest(&self, stored: &LifelongLearningJob) -> LifelongLearningJob {
+        let Some(uid) = stored.metadata.uid.as_deref() else { return stored.clone() };
+        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let version = |job: &LifelongLearningJob| job.metadata.resource_version.as_deref()?.parse::<u64>().ok();
+        match written.get(uid) {
+            Some(job) if version(job) > version(stored) => job.clone(),
+            Some(_) => {
+                written.remove(uid);
+                stored.clone()
+            }
+            None => stored.clone(),
+        }
+    }
+
+    /// Forgets a job (deleted).
+    pub fn forget(&self, uid: &str) {
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(uid);
+    }
+}
+
 /// The listed pods plus the remembered ones they lack; and what stays remembered: not listed
-/// yet, not older than [`REMEMBER`], and created after the list's version (a list at or past a
-/// pod's creation that lacks it says it is gone: deleted since).
+/// yet, not older than [`REMEMBER`], and created after the store's version (a store at or past
+/// a pod's creation that lacks it says it is gone: deleted since).
 fn merge(
     mut listed: Vec<Pod>,
-    version: Option<&str>,
+    list_version: Option<u64>,
     remembered: Vec<(Pod, Instant)>,
     now: Instant,
 ) -> (Vec<Pod>, Vec<(Pod, Instant)>) {
     let number = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
-    let list_version = number(version);
     let mut still = Vec::new();
     for (pod, at) in remembered {
         let shown = listed.iter().any(|p| p.metadata.uid.is_some() && p.metadata.uid == pod.metadata.uid);
@@ -91,10 +130,10 @@ mod tests {
         let written = WrittenPods::default();
         written.created("job", pod("b"));
         // The cache lags (its list predates the creation): the new pod is added.
-        assert_eq!(uids(&written.with_created("job", vec![pod("a")], Some("99"))), ["a", "b"]);
+        assert_eq!(uids(&written.with_created("job", vec![pod("a")], Some(99))), ["a", "b"]);
         // The cache caught up: listed once, and forgotten.
-        assert_eq!(uids(&written.with_created("job", vec![pod("a"), pod("b")], Some("101"))), ["a", "b"]);
-        assert_eq!(uids(&written.with_created("job", vec![pod("a")], Some("102"))), ["a"], "not brought back");
+        assert_eq!(uids(&written.with_created("job", vec![pod("a"), pod("b")], Some(101))), ["a", "b"]);
+        assert_eq!(uids(&written.with_created("job", vec![pod("a")], Some(102))), ["a"], "not brought back");
         assert_eq!(uids(&written.with_created("other", vec![], None)), Vec::<String>::new());
     }
 
@@ -102,8 +141,33 @@ mod tests {
     fn a_list_past_the_creation_that_lacks_the_pod_says_it_is_gone() {
         let written = WrittenPods::default();
         written.created("job", pod("b"));
-        assert_eq!(uids(&written.with_created("job", vec![], Some("100"))), Vec::<String>::new());
-        assert_eq!(uids(&written.with_created("job", vec![], Some("99"))), Vec::<String>::new(), "forgotten");
+        assert_eq!(uids(&written.with_created("job", vec![], Some(100))), Vec::<String>::new());
+        assert_eq!(uids(&written.with_created("job", vec![], Some(99))), Vec::<String>::new(), "forgotten");
+    }
+
+    fn job(version: &str) -> LifelongLearningJob {
+        let value = serde_json::json!({
+            "apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob",
+            "metadata": {"name": "j", "namespace": "ml", "uid": "u", "resourceVersion": version},
+            "spec": {"dataset": {"name": "d", "trainProb": 0.8},
+                     "trainSpec": {"template": {}, "trigger": {}}, "evalSpec": {"template": {}},
+                     "deploySpec": {"template": {}}, "outputDir": "/o"}
+        });
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn a_written_job_is_used_until_the_store_shows_it() {
+        let written = WrittenJobs::default();
+        let version = |job: LifelongLearningJob| job.metadata.resource_version.unwrap();
+        assert_eq!(version(written.newest(&job("5"))), "5", "nothing written");
+        written.wrote(job("7"));
+        assert_eq!(version(written.newest(&job("6"))), "7", "the store is a write behind");
+        assert_eq!(version(written.newest(&job("7"))), "7");
+        assert_eq!(version(written.newest(&job("6"))), "6", "forgotten once the store caught up");
+        written.wrote(job("9"));
+        written.forget("u");
+        assert_eq!(version(written.newest(&job("8"))), "8");
     }
 
     #[test]

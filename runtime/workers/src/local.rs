@@ -2,10 +2,11 @@
 //! its own process group with its output appended to a log file; it is restarted by its
 //! restart policy with a growing delay (counted, so that the stage machine sees a crash loop);
 //! it dies with Perennial (killed by the reaper, or by the kernel with `PR_SET_PDEATHSIG` when
-//! there is no reaper), so a killed `perennial run` leaves no orphan that could report twice; and it is stopped with SIGTERM, then SIGKILL after a grace period. A stop
-//! never waits: the stopping processes are followed by `poll`, so that a worker slow to end holds
-//! up no other job (a new worker of the same owner and stage waits for its predecessor to end,
-//! as its port or files may still be held).
+//! there is no reaper), so a killed `perennial run` leaves no orphan that could report twice;
+//! and it is stopped with SIGTERM, then SIGKILL after a grace period. A stop never waits: the
+//! stopping processes are followed by `poll`, so that a worker slow to end holds up no other job
+//! (a new worker of the same owner and stage waits for its predecessor to end, as its port or
+//! files may still be held).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -210,9 +211,12 @@ impl LocalWorkers {
     /// Stops the processes of `owner` for `stage` (all of the owner's with `None`): SIGTERM now,
     /// the rest in `poll`, without waiting.
     pub fn stop(&mut self, owner: &str, stage: Option<Stage>) {
-        let (stopped, kept): (Vec<Process>, Vec<Process>) = std::mem::take(&mut self.processes)
-            .into_iter()
-            .partition(|p| p.spec.owner == owner && (stage.is_none() || p.spec.stage == stage));
+        self.stop_where(|p| p.spec.owner == owner && (stage.is_none() || p.spec.stage == stage));
+    }
+
+    fn stop_where(&mut self, stops: impl Fn(&Process) -> bool) {
+        let (stopped, kept): (Vec<Process>, Vec<Process>) =
+            std::mem::take(&mut self.processes).into_iter().partition(|p| stops(p));
         self.processes = kept;
         let deadline = Instant::now() + STOP_GRACE;
         for process in stopped {
@@ -231,10 +235,7 @@ impl LocalWorkers {
 
     /// Stops everything and waits for it (shutdown).
     pub fn stop_all(&mut self) {
-        let owners: Vec<String> = self.processes.iter().map(|p| p.spec.owner.clone()).collect();
-        for owner in owners {
-            self.stop(&owner, None);
-        }
+        self.stop_where(|_| true);
         while !self.stopping.is_empty() {
             self.follow_stopping();
             if !self.stopping.is_empty() {

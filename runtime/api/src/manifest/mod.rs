@@ -174,7 +174,7 @@ pub const MAX_BRACKETS: usize = 10_000;
 /// [`MAX_DEPTH`], or where the file's [`MAX_BRACKETS`]th one is, and what was exceeded: an
 /// upper bound on a flow's depth, read in one pass.
 fn too_deep_flow(text: &str) -> Option<(usize, String)> {
-    let (mut depth, mut opened, mut line) = (0usize, 0usize, 1);
+    let (mut depth, mut opened, mut line) = (0usize, 0usize, 1usize);
     let mut quote: Option<u8> = None;
     let mut previous = b'\n';
     let mut bytes = text.bytes();
@@ -192,12 +192,8 @@ fn too_deep_flow(text: &str) -> Option<(usize, String)> {
                     quote = None;
                 }
             }
-            (Some(b'"'), b'\\') => {
-                // An escaped character, a quote included.
-                if bytes.next() == Some(b'\n') {
-                    line += 1;
-                }
-            }
+            // An escaped character, a quote included (a newline still counts as a line).
+            (Some(b'"'), b'\\') => line += usize::from(bytes.next() == Some(b'\n')),
             (Some(q), _) if q == b && q != b'#' => quote = None,
             (Some(_), _) => {}
             // A quoted scalar starts a value; a quote inside a plain one (`don't`) is a letter.

@@ -50,7 +50,7 @@ async fn start_with(limits: Limits) -> Api {
 
 impl Api {
     fn issue(&self, round: i64, stage: &str) -> String {
-        worker_api::issue_worker_name(&mut self.store.lock().unwrap(), JOB, round, stage).unwrap()
+        worker_api::issue_worker_name(self.store.lock().unwrap().conn(), JOB, round, stage).unwrap()
     }
 
     async fn post(&self, worker: &str, body: serde_json::Value) -> (u16, Reply) {

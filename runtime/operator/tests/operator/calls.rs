@@ -3,18 +3,25 @@
 //! and what the reconcile returns. The stage machine under it is tested by tables
 //! (`lifecycle::tests`); this checks the Kubernetes shell around it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
-use perennial_api::{LifelongLearningJob, Phase, Stage};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use perennial_api::{Dataset, LifelongLearningJob, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Settings};
+use perennial_operator::events::Events;
 use perennial_operator::patch::merge_apply;
 use perennial_operator::reconcile::{self, FINALIZER, WORKER_NAME_ANNOTATION};
+use perennial_operator::watches::Stores;
 use perennial_operator::{Context, Inbox, Metrics, WorkerDefaults};
 use serde_json::{Value, json};
 
@@ -75,92 +82,123 @@ fn percent_decode(text: &str) -> String {
 
 struct ApiServer {
     handle: Handle,
+    /// Events that came while another call was awaited: they are published off the reconcile
+    /// path, in the order made but in no fixed order with its other calls. Reason, type, note.
+    events: VecDeque<(String, String, String)>,
+    /// The operator's watches, as the tests fill them.
+    pods: Writer<Pod>,
+    datasets: Writer<Dataset>,
+    pods_seen: Arc<AtomicU64>,
 }
 
 impl ApiServer {
-    /// The next call, which must be `method` on `path`.
-    async fn expect(&mut self, method: &str, path: &str) -> Call {
+    async fn next_call(&mut self, waiting_for: &str) -> Call {
         let next = tokio::time::timeout(Duration::from_secs(5), self.handle.next_request()).await;
         let (request, reply) = next
-            .unwrap_or_else(|_| panic!("expected {method} {path}, but no call came"))
-            .unwrap_or_else(|| panic!("expected {method} {path}, but the client is gone"));
-        let method_seen = request.method().to_string();
+            .unwrap_or_else(|_| panic!("expected {waiting_for}, but no call came"))
+            .unwrap_or_else(|| panic!("expected {waiting_for}, but the client is gone"));
+        let method = request.method().to_string();
         let uri = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
         let bytes = request.into_body().collect_bytes().await.expect("request body");
         let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("a JSON body") };
-        let call = Call { method: method_seen, uri, body, reply };
-        assert_eq!((call.method.as_str(), call.path()), (method, path), "unexpected call {} {}", call.method, call.uri);
-        call
+        Call { method, uri, body, reply }
     }
 
-    /// An event about the job: its reason, answered as created.
-    async fn event(&mut self) -> (String, String, String) {
-        let call = self.expect("POST", EVENTS).await;
-        let seen = (
-            call.body["reason"].as_str().unwrap_or_default().to_owned(),
-            call.body["type"].as_str().unwrap_or_default().to_owned(),
-            call.body["note"].as_str().unwrap_or_default().to_owned(),
-        );
-        assert_eq!(call.body["regarding"]["name"], "thermal");
-        assert_eq!(call.body["regarding"]["kind"], "LifelongLearningJob");
-        let body = call.body.clone();
-        call.respond(StatusCode::CREATED, body);
-        seen
-    }
-
-    /// Events until the next call that is not one; returns their reasons and that call.
-    async fn events_then(&mut self, method: &str, path: &str) -> (Vec<String>, Call) {
-        let mut reasons = Vec::new();
+    /// The next call that is not an event, which must be `method` on `path`.
+    async fn expect(&mut self, method: &str, path: &str) -> Call {
         loop {
-            let next = tokio::time::timeout(Duration::from_secs(5), self.handle.next_request()).await;
-            let (request, reply) = next.expect("a call").expect("a call");
-            let method_seen = request.method().to_string();
-            let uri = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
-            let bytes = request.into_body().collect_bytes().await.expect("body");
-            let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("json") };
-            let call = Call { method: method_seen, uri, body, reply };
+            let call = self.next_call(&format!("{method} {path}")).await;
             if call.method == "POST" && call.path() == EVENTS {
-                reasons.push(call.body["reason"].as_str().unwrap_or_default().to_owned());
-                let body = call.body.clone();
-                call.respond(StatusCode::CREATED, body);
+                self.take_event(call);
                 continue;
             }
-            assert_eq!((call.method.as_str(), call.path()), (method, path), "unexpected call {}", call.uri);
-            return (reasons, call);
+            assert_eq!(
+                (call.method.as_str(), call.path()),
+                (method, path),
+                "unexpected call {} {}",
+                call.method,
+                call.uri
+            );
+            return call;
         }
     }
 
-    /// Events, then the dataset read and the train pod created (answered as `name`).
-    async fn train_pod_after_events(&mut self, name: &str) -> Value {
-        let (_, dataset) = self.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
-        dataset.ok(dataset_json());
+    /// An event about the job, answered as created.
+    fn take_event(&mut self, call: Call) {
+        assert_eq!(call.body["regarding"]["name"], "thermal");
+        assert_eq!(call.body["regarding"]["kind"], "LifelongLearningJob");
+        self.events.push_back((
+            call.body["reason"].as_str().unwrap_or_default().to_owned(),
+            call.body["type"].as_str().unwrap_or_default().to_owned(),
+            call.body["note"].as_str().unwrap_or_default().to_owned(),
+        ));
+        let body = call.body.clone();
+        call.respond(StatusCode::CREATED, body);
+    }
+
+    /// The next event about the job: its reason, type and note.
+    async fn event(&mut self) -> (String, String, String) {
+        if self.events.is_empty() {
+            let call = self.next_call("an event").await;
+            assert_eq!((call.method.as_str(), call.path()), ("POST", EVENTS), "unexpected call {}", call.uri);
+            self.take_event(call);
+        }
+        self.events.pop_front().expect("an event")
+    }
+
+    /// The train pod created (answered as `name`).
+    async fn train_pod(&mut self, name: &str) -> Value {
         let create = self.expect("POST", PODS).await;
         let body = create.body.clone();
         create.respond(StatusCode::CREATED, created(body.clone(), name));
         body
     }
 
-    /// The rest of the calls must be events only; returns their reasons.
+    /// The events not taken yet, and the rest of the calls, which must be events only; returns
+    /// their reasons.
     async fn only_events(&mut self) -> Vec<String> {
-        let mut reasons = Vec::new();
         while let Ok(Some((request, reply))) =
             tokio::time::timeout(Duration::from_millis(300), self.handle.next_request()).await
         {
-            let uri = request.uri().path().to_owned();
-            assert_eq!((request.method().as_str(), uri.as_str()), ("POST", EVENTS), "only events were expected");
+            let method = request.method().to_string();
+            let uri = request.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
             let bytes = request.into_body().collect_bytes().await.expect("body");
             let body: Value = serde_json::from_slice(&bytes).expect("json");
-            reasons.push(body["reason"].as_str().unwrap_or_default().to_owned());
-            reply.send_response(Response::builder().status(201).body(Body::from(bytes.to_vec())).expect("response"));
+            let call = Call { method, uri, body, reply };
+            assert_eq!((call.method.as_str(), call.path()), ("POST", EVENTS), "only events were expected");
+            self.take_event(call);
         }
-        reasons
+        self.events.drain(..).map(|(reason, _, _)| reason).collect()
+    }
+
+    /// What the pod watch holds from now on (listed at resourceVersion 50).
+    fn show_pods(&mut self, pods: Vec<Value>) {
+        self.pods.apply_watcher_event(&watcher::Event::Init);
+        for pod in pods {
+            self.pods.apply_watcher_event(&watcher::Event::InitApply(serde_json::from_value(pod).expect("a pod")));
+        }
+        self.pods.apply_watcher_event(&watcher::Event::InitDone);
+        self.pods_seen.store(50, Ordering::Release);
+    }
+
+    /// The Dataset watch has not shown the job's Dataset yet.
+    fn forget_datasets(&mut self) {
+        self.datasets.apply_watcher_event(&watcher::Event::Init);
+        self.datasets.apply_watcher_event(&watcher::Event::InitDone);
     }
 }
 
-fn context(client: Client) -> (Arc<Context>, Arc<Inbox>) {
+fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
     let (inbox, _woken) = Inbox::new();
     let inbox = Arc::new(inbox);
     let reporter = Reporter { controller: "perennial-operator".into(), instance: Some("test".into()) };
+    let (jobs, _) = reflector::store::<LifelongLearningJob>();
+    let (pods, pods_writer) = reflector::store::<Pod>();
+    let (datasets, datasets_writer) = reflector::store::<Dataset>();
+    let pods_seen = Arc::new(AtomicU64::new(0));
+    let metrics = Arc::new(Metrics::default());
     let context = Context {
         client: client.clone(),
         settings: Settings::default(),
@@ -170,19 +208,21 @@ fn context(client: Client) -> (Arc<Context>, Arc<Inbox>) {
             fetch_image: "perennial:test".into(),
         },
         inbox: inbox.clone(),
-        recorder: Recorder::new(client, reporter),
-        metrics: Arc::new(Metrics::default()),
+        stores: Stores { jobs, datasets, pods, pods_seen: pods_seen.clone() },
+        events: Events::start(Recorder::new(client, reporter), metrics.clone()),
+        metrics,
         failures: Default::default(),
         written: Default::default(),
+        written_jobs: Default::default(),
     };
-    (Arc::new(context), inbox)
-}
-
-fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    let (ctx, inbox) = context(client);
-    (ApiServer { handle }, ctx, inbox)
+    let mut api =
+        ApiServer { handle, events: VecDeque::new(), pods: pods_writer, datasets: datasets_writer, pods_seen };
+    api.show_pods(vec![]);
+    let dataset = serde_json::from_value(dataset_json()).expect("a dataset");
+    api.datasets.apply_watcher_event(&watcher::Event::Init);
+    api.datasets.apply_watcher_event(&watcher::Event::InitApply(dataset));
+    api.datasets.apply_watcher_event(&watcher::Event::InitDone);
+    (api, Arc::new(context), inbox)
 }
 
 fn job_json(status: Value) -> Value {
@@ -221,6 +261,11 @@ fn dataset_json() -> Value {
         "metadata": {"name": "thermal-data", "namespace": "ml", "uid": "d-1"},
         "spec": {"url": "/data/thermal/index.txt", "format": "txt", "nodeName": "edge-1"}
     })
+}
+
+fn conflict() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+           "message": "the object has been modified; please apply your changes to the latest version"})
 }
 
 fn pod_list(pods: Vec<Value>) -> Value {
@@ -308,16 +353,8 @@ async fn a_new_job_gets_the_finalizer_then_its_status_initialised() {
     run.await.expect("join").expect("reconciled");
 
     // The watch brings the job back with its finalizer: the status is initialised.
+    // Its pods come from the pod watch: no call.
     let run = tokio::spawn(reconcile::reconcile(job(Value::Null), ctx));
-    let list = api.expect("GET", PODS).await;
-    // From the API server's watch cache: any resourceVersion.
-    assert_eq!(
-        list.query(),
-        format!(
-            "labelSelector=lifelonglearningjob.sedna.io/uid={UID}&resourceVersion=0&resourceVersionMatch=NotOlderThan"
-        )
-    );
-    list.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["metadata"]["resourceVersion"], "10");
     let status = patch.body["status"].clone();
@@ -338,8 +375,6 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     let waiting = status_after(&[]);
     let receipt = inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
-    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
-    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let status = patch.body["status"].clone();
     assert_eq!((status["phase"].as_str(), status["round"].as_u64()), (Some("Starting"), Some(1)));
@@ -347,11 +382,7 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
         status["conditions"].as_array().expect("conditions").iter().filter_map(|c| c["type"].as_str()).collect();
     assert_eq!(types, ["Waiting", "Ready", "Starting"], "the whole list, under the version read");
     patch.ok(job_json(status));
-    // Events for the two transitions, then the pod from the dataset's facts.
-    let (reasons, dataset) =
-        api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
-    assert_eq!(reasons, ["TrainReady", "TrainStarting"]);
-    dataset.ok(dataset_json());
+    // The pod, from the dataset's facts (the Dataset watch's: no call).
     let create = api.expect("POST", PODS).await;
     let pod = create.body.clone();
     assert_eq!(pod["metadata"]["generateName"], "thermal-train-");
@@ -364,9 +395,11 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     assert_eq!(pod["metadata"]["annotations"][WORKER_NAME_ANNOTATION], worker.as_str());
     assert!(env.contains(&("TRAIN_DATASET_URL".into(), "/home/data/output/thermal/data/train/1/data.txt".into())));
     create.respond(StatusCode::CREATED, created(pod, "thermal-train-x7k2p"));
-    let (reason, _, note) = api.event().await;
-    assert_eq!(reason, "WorkerCreated");
-    assert!(note.contains("thermal-train-x7k2p"), "{note}");
+    // Events for the two transitions and the pod.
+    let events: Vec<_> = [api.event().await, api.event().await, api.event().await].into();
+    let reasons: Vec<&str> = events.iter().map(|(reason, _, _)| reason.as_str()).collect();
+    assert_eq!(reasons, ["TrainReady", "TrainStarting", "WorkerCreated"]);
+    assert!(events[2].2.contains("thermal-train-x7k2p"), "{}", events[2].2);
     run.await.expect("join").expect("reconciled");
     // Written: the report is acknowledged and leaves the inbox.
     tokio::time::timeout(Duration::from_secs(1), receipt).await.expect("acknowledged").expect("applied");
@@ -382,12 +415,10 @@ async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
     let model = json!({"format": "pkl", "url": "/output/thermal/train/1/model.pkl"});
     let completed = report(1, Stage::Train, Phase::Completed, json!({"output": {"models": [model]}}));
     let receipt = inbox.deliver("ml", "thermal", completed);
-    let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx));
-    // Reports are judged against a fresh read, not the watch's cache.
-    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(running));
     let done = json!({"phase": "Succeeded", "containerStatuses": [{"name": "train", "image": "i", "imageID": "",
         "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-12-01T00:01:00Z"}}}]});
-    api.expect("GET", PODS).await.ok(pod_list(vec![pod("train", 1, "thermal-train-x7k2p", done)]));
+    api.show_pods(vec![pod("train", 1, "thermal-train-x7k2p", done)]);
+    let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let status = patch.body["status"].clone();
     assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Eval"), Some("Waiting")));
@@ -410,18 +441,16 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     status["deployed"] = json!({"round": 0, "url": "/output/thermal/deploy/index.pkl", "format": "pkl"});
     let ready = report(1, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}}));
     inbox.deliver("ml", "thermal", ready);
-    let run = tokio::spawn(reconcile::reconcile(job(status.clone()), ctx.clone()));
-    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(status.clone()));
     let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
-    api.expect("GET", PODS).await.ok(pod_list(vec![old]));
+    api.show_pods(vec![old]);
+    let run = tokio::spawn(reconcile::reconcile(job(status.clone()), ctx.clone()));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let mut starting = status;
     merge_apply(&mut starting, &patch.body["status"]);
     assert_eq!((starting["stage"].as_str(), starting["phase"].as_str()), (Some("Deploy"), Some("Starting")));
     patch.ok(job_json(starting.clone()));
     // The old inference pod goes first (Sedna's delete-then-create), then the new one.
-    let (reasons, delete) = api.events_then("DELETE", PODS).await;
-    assert_eq!(reasons, ["DeployReady", "DeployStarting"]);
+    let delete = api.expect("DELETE", PODS).await;
     assert_eq!(
         delete.query(),
         format!(
@@ -429,7 +458,6 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
         )
     );
     delete.ok(pod_list(vec![]));
-    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
     let create = api.expect("POST", PODS).await;
     assert_eq!(create.body["metadata"]["generateName"], "thermal-inference-");
     assert_eq!(create.body["spec"]["restartPolicy"], Value::Null, "the template's (Always by default)");
@@ -437,18 +465,18 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     assert!(env.iter().any(|(k, v)| k == "WORKER_NAME" && v.starts_with("inferworker-")));
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
-    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["DeployReady", "DeployStarting", "WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
 
     // The new pod runs and is Ready: the round is done, the model deployed.
-    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
     let ready_pod = pod(
         "inference",
         1,
         "thermal-inference-new",
         json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
     );
-    api.expect("GET", PODS).await.ok(pod_list(vec![ready_pod]));
+    api.show_pods(vec![ready_pod]);
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let mut done = starting;
     merge_apply(&mut done, &patch.body["status"]);
@@ -468,39 +496,32 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     running["phase"] = json!("Running");
     running["worker"]["name"] = json!("thermal-train-x7k2p");
     let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx.clone()));
-    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
     assert_eq!(patch.body["status"]["phase"], Value::Null, "still Running: no new condition");
     let mut after = running.clone();
     merge_apply(&mut after, &patch.body["status"]);
     patch.ok(job_json(after));
-    let (reasons, dataset) =
-        api.events_then("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await;
-    assert_eq!(reasons, ["WorkerVanished"]);
-    dataset.ok(dataset_json());
     let create = api.expect("POST", PODS).await;
     assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-train-again"));
-    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["WorkerVanished", "WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
 
     // Gone again with the restarts at the limit: the stage fails and backs off.
     running["worker"]["restarts"] = json!(3);
     running["worker"]["recreations"] = json!(3);
     let run = tokio::spawn(reconcile::reconcile(job(running), ctx));
-    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let status = patch.body["status"].clone();
     assert_eq!(status["phase"], "Failed");
     assert_eq!(status["retries"], 1);
     patch.ok(job_json(status));
-    let (reasons, delete) = api.events_then("DELETE", PODS).await;
-    assert_eq!(reasons, ["TrainFailed"]);
+    let delete = api.expect("DELETE", PODS).await;
     assert!(delete.query().contains("worker-type=train"), "{}", delete.query());
     delete.ok(pod_list(vec![]));
-    api.only_events().await;
+    assert_eq!(api.only_events().await, ["TrainFailed", "StageFailed"]);
     let requeue = run.await.expect("join").expect("reconciled");
     assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(10)), "Sedna's first backoff");
 }
@@ -511,15 +532,9 @@ async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_c
     let waiting = status_after(&[]);
     let receipt = inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx));
-    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
-    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let first = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(first.body["metadata"]["resourceVersion"], "10");
-    first.respond(
-        StatusCode::CONFLICT,
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
-               "message": "the object has been modified; please apply your changes to the latest version"}),
-    );
+    first.respond(StatusCode::CONFLICT, conflict());
     // Someone else wrote meanwhile: a condition and a policy's health.
     let mut theirs = waiting.clone();
     let concurrent = json!({"type": "Waiting", "status": "True", "stage": "Train", "reason": "EdgeReconnected",
@@ -538,8 +553,8 @@ async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_c
     assert_eq!(second.body["status"].get("policies"), None, "untouched fields are not in the patch");
     let status = second.body["status"].clone();
     second.ok(job_json(status));
-    api.train_pod_after_events("thermal-train-x7k2p").await;
-    api.only_events().await;
+    api.train_pod("thermal-train-x7k2p").await;
+    assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied once the write succeeded");
 }
@@ -549,8 +564,6 @@ async fn an_unwritten_status_acts_on_nothing_and_keeps_the_report() {
     let (mut api, ctx, inbox) = setup();
     inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(status_after(&[])), ctx));
-    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(status_after(&[])));
-    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     patch.respond(
         StatusCode::FORBIDDEN,
@@ -575,8 +588,6 @@ async fn a_deleted_job_removes_its_pods_then_its_finalizer() {
     assert_eq!(delete.query(), format!("labelSelector=lifelonglearningjob.sedna.io/uid={UID}"));
     assert_eq!(delete.body["propagationPolicy"], "Background");
     delete.ok(pod_list(vec![]));
-    let (reason, _, _) = api.event().await;
-    assert_eq!(reason, "Deleted");
     let unfinalize = api.expect("PATCH", &format!("{JOBS}/thermal")).await;
     assert_eq!(
         unfinalize.body,
@@ -585,6 +596,7 @@ async fn a_deleted_job_removes_its_pods_then_its_finalizer() {
     );
     unfinalize.ok(job_json(Value::Null));
     run.await.expect("join").expect("reconciled");
+    assert_eq!(api.only_events().await, ["Deleted"]);
     assert!(inbox.peek("ml", "thermal").is_empty(), "the edge's reports for it are dropped");
 }
 
@@ -615,18 +627,21 @@ async fn an_invalid_spec_is_said_on_the_job_and_nothing_else_happens() {
 }
 
 #[tokio::test]
-async fn reports_are_judged_against_a_fresh_read_not_the_watch_cache() {
+async fn a_status_made_from_a_stale_cache_is_refused_and_made_again_from_a_fresh_read() {
     let (mut api, ctx, inbox) = setup();
-    // The cache still shows the last round's deploy; the job has moved on to Train/Waiting.
+    // The watch still shows the last round's deploy; the job has moved on to Train/Waiting.
     let mut cached = status_after(&[]);
     cached["stage"] = json!("Deploy");
     cached["phase"] = json!("Starting");
     let receipt = inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(cached), ctx));
+    // Made from the cache (its pod looks vanished) under the cache's version: refused.
+    let stale = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(stale.body["metadata"]["resourceVersion"], "10");
+    stale.respond(StatusCode::CONFLICT, conflict());
     let mut fresh = job_json(status_after(&[]));
     fresh["metadata"]["resourceVersion"] = json!("12");
     api.expect("GET", &format!("{JOBS}/thermal")).await.ok(fresh);
-    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["metadata"]["resourceVersion"], "12");
     assert_eq!(
@@ -635,10 +650,50 @@ async fn reports_are_judged_against_a_fresh_read_not_the_watch_cache() {
     );
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
-    api.train_pod_after_events("thermal-train-x7k2p").await;
-    api.only_events().await;
+    api.train_pod("thermal-train-x7k2p").await;
+    assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"], "nothing from the cache");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied, not dropped as stale");
+}
+
+#[tokio::test]
+async fn a_report_that_changes_nothing_against_the_cache_is_judged_again_against_a_fresh_read() {
+    let (mut api, ctx, inbox) = setup();
+    // The watch still shows the last round's eval waiting; the job has moved on to Train/Waiting.
+    // Against the cache the report is for another stage: stale, no change to write.
+    let mut cached = status_after(&[]);
+    cached["stage"] = json!("Eval");
+    let receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(cached), ctx));
+    let mut fresh = job_json(status_after(&[]));
+    fresh["metadata"]["resourceVersion"] = json!("12");
+    api.expect("GET", &format!("{JOBS}/thermal")).await.ok(fresh);
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["metadata"]["resourceVersion"], "12");
+    assert_eq!(patch.body["status"]["phase"], "Starting");
+    let status = patch.body["status"].clone();
+    patch.ok(job_json(status));
+    api.train_pod("thermal-train-x7k2p").await;
+    assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"], "no StaleReport");
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied, not dropped as stale");
+}
+
+#[tokio::test]
+async fn a_dataset_the_watch_has_not_shown_yet_is_read_from_the_api_server() {
+    let (mut api, ctx, inbox) = setup();
+    api.forget_datasets();
+    inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(status_after(&[])), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let status = patch.body["status"].clone();
+    patch.ok(job_json(status));
+    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
+    let pod = api.train_pod("thermal-train-x7k2p").await;
+    let env = env_of(&pod);
+    assert!(env.contains(&("ORIGINAL_DATASET_URL".into(), "/home/data/data/thermal/index.txt".into())), "{env:?}");
+    api.only_events().await;
+    run.await.expect("join").expect("reconciled");
 }
 
 #[tokio::test]
@@ -650,22 +705,20 @@ async fn a_deploy_restarted_after_a_crash_removes_the_old_inference_pod_first() 
     status["stage"] = json!("Deploy");
     status["data"] = json!({"input": {"models": [model]}});
     status["worker"]["stage"] = json!("Deploy");
-    let run = tokio::spawn(reconcile::reconcile(job(status), ctx));
     let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
-    api.expect("GET", PODS).await.ok(pod_list(vec![old]));
+    api.show_pods(vec![old]);
+    let run = tokio::spawn(reconcile::reconcile(job(status), ctx));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
     patch.ok(job_json(Value::Null));
-    let (reasons, delete) = api.events_then("DELETE", PODS).await;
-    assert_eq!(reasons, ["WorkerVanished"]);
+    let delete = api.expect("DELETE", PODS).await;
     assert!(delete.query().ends_with("worker-type=inference"), "{}", delete.query());
     delete.ok(pod_list(vec![]));
-    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
     let create = api.expect("POST", PODS).await;
     assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
-    assert_eq!(api.only_events().await, ["WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["WorkerVanished", "WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
 }
 
@@ -698,14 +751,12 @@ mod link {
         assert_eq!(side.last_applied_report("edge-1").await, Ok(0));
         let waiting = status_after(&[]);
         let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
-        api.expect("GET", &format!("{JOBS}/thermal")).await.ok(job_json(waiting.clone()));
-        api.expect("GET", PODS).await.ok(pod_list(vec![]));
         let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
         assert_eq!(patch.body["status"]["phase"], "Starting", "the report was applied");
         let status = patch.body["status"].clone();
         patch.ok(job_json(status));
-        api.train_pod_after_events("thermal-train-x7k2p").await;
-        api.event().await;
+        api.train_pod("thermal-train-x7k2p").await;
+        assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"]);
         run.await.expect("join").expect("reconciled");
         let applied = tokio::time::timeout(Duration::from_secs(1), applying).await.expect("answered").expect("join");
         assert_eq!(applied, Applied::Applied);
