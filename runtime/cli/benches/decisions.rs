@@ -1,11 +1,14 @@
 //! Decision records and replay: `cargo bench -p perennial --bench decisions`.
 //!
-//! - `trigger/{decide,decide+record}`: a threshold-trigger call alone, and with its record
-//!   (each wait a new run of its own, inserted with every 100th in a transaction the loop makes
-//!   anyway: the costliest case); `decide+record-same`: an idle job's wait, the same but the
-//!   clock, which only counts in its run.
+//! - `trigger/{decide,decide-timed,decide+record}`: a threshold-trigger call alone, and with its
+//!   record (each wait a new run of its own, written every 100th in a transaction the loop makes
+//!   anyway, whose begin and commit are not timed: the costliest case; `decide-timed` is the call
+//!   timed the same way); `decide+record-same`: an idle job's wait, the same but the clock, which
+//!   only counts in its run.
 //! - `trigger/decide+shadow`: the call with a shadow trigger beside it: what the serving side
-//!   pays is handing the question to the shadow's thread (which answers meanwhile).
+//!   pays is handing the question to the shadow's thread (which answers meanwhile), after the
+//!   answer has acted. `trigger/decide-timed-{alone,beside-shadow}`: the serving call's own latency
+//!   (only the call timed), alone and with the shadow answering the same questions beside it.
 //! - `trigger/record-train`: the record of a decision that started a round, inserted in the
 //!   transaction that acts on it (the transaction itself is the round's).
 //! - `split/10000/{split,record}`: the built-in splitter on 10,000 samples as a Wasm component,
@@ -64,21 +67,32 @@ fn trigger(c: &mut Criterion) {
         })
     });
     // Written with the next transaction, which the loop makes anyway (the ingest of the batch
-    // that changed the stats): one long transaction stands for those here.
-    let mut calls = 0u64;
+    // that changed the stats): a transaction every 100 decisions, its begin and commit not
+    // timed (they are the loop's); the calls, the notes in memory and the writes are. The
+    // same way of timing, without the record, is `decide-timed`.
     let mut recorder = perennial_edge::decisions::Recorder::default();
-    let tx = store.write().unwrap();
-    group.bench_function("decide+record", |b| {
-        b.iter(|| {
+    let mut timed = |record: bool, iters: u64| {
+        let mut spent = std::time::Duration::ZERO;
+        for call in 1..=iters {
+            let started = std::time::Instant::now();
             stats.pending_train += 1;
             let decision: Decision = policy.decide(black_box(&stats)).unwrap();
-            recorder.wait(JOB, 0, &stats, &decision, &by, stats.wall_clock_secs * 1000, 1);
-            calls += 1;
-            if calls.is_multiple_of(100) {
-                recorder.flush(&tx);
+            if record {
+                recorder.wait(JOB, 0, &stats, &decision, &by, stats.wall_clock_secs * 1000, 1);
             }
-        })
-    });
+            spent += started.elapsed();
+            if record && (call.is_multiple_of(100) || call == iters) {
+                let tx = store.write().unwrap();
+                let started = std::time::Instant::now();
+                recorder.flush(&tx);
+                spent += started.elapsed();
+                tx.commit().unwrap();
+            }
+        }
+        spent
+    };
+    group.bench_function("decide-timed", |b| b.iter_custom(|iters| timed(false, iters)));
+    group.bench_function("decide+record", |b| b.iter_custom(|iters| timed(true, iters)));
     // An idle job: the same stats but the clock, the same answer: one run, counted in memory.
     group.bench_function("decide+record-same", |b| {
         b.iter(|| {
@@ -87,11 +101,11 @@ fn trigger(c: &mut Criterion) {
             recorder.wait(JOB, 0, &stats, &decision, &by, stats.wall_clock_secs * 1000, 1);
         })
     });
-    drop(tx);
     // The same with a shadow: the loop hands it the question and goes on; the shadow (here
     // the same trigger) answers on its own thread and its counts go to the store.
     let shadow_store = std::sync::Mutex::new(store);
     let shadows = Shadows {
+        job: JOB.into(),
         trigger: Some(Arc::new(host_load::<TriggerKind>(
             "threshold-trigger",
             serde_json::json!({"condition": {"operator": ">", "threshold": 400}}),
@@ -105,9 +119,26 @@ fn trigger(c: &mut Criterion) {
             b.iter(|| {
                 stats.pending_train += 1;
                 let decision = policy.decide(black_box(&stats)).unwrap();
-                queue.ask(JOB, &shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
+                queue.ask(&shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
             })
         });
+        // The serving decision's own latency, with the shadow answering beside it and without:
+        // only the calls are timed (the same way in both).
+        let mut serve = |with_shadow: bool, iters: u64| {
+            let mut deciding = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                stats.pending_train += 1;
+                let started = std::time::Instant::now();
+                let decision = policy.decide(black_box(&stats)).unwrap();
+                deciding += started.elapsed();
+                if with_shadow {
+                    queue.ask(&shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
+                }
+            }
+            deciding
+        };
+        group.bench_function("decide-timed-alone", |b| b.iter_custom(|iters| serve(false, iters)));
+        group.bench_function("decide-timed-beside-shadow", |b| b.iter_custom(|iters| serve(true, iters)));
         drop(queue);
     });
     let mut store = shadow_store.into_inner().unwrap();

@@ -88,7 +88,7 @@ async fn load_shadows(
     job: &JobConfig,
     events: Arc<dyn PolicyEvents>,
 ) -> (Shadows, Vec<RefusedShadow>) {
-    let mut shadows = Shadows::default();
+    let mut shadows = Shadows { job: job.name.as_str().into(), ..Shadows::default() };
     let mut refused = Vec::new();
     let mut note = |kind: DecisionKind, plugin: &str, err: perennial_policy::LoadError| {
         tracing::warn!(job = job.name, "the {kind} shadow {plugin} was not loaded: {err}");
@@ -672,7 +672,7 @@ fn turn(
 ) -> (Duration, bool, bool) {
     let JobRunner { job, policies, index, output, read_model, settings } = runner;
     // Each kind's shadow, if the job has one, asked through the queue.
-    let ask = |question: Question| shadows.ask(&job.name, &policies.shadows, question, now());
+    let ask = |question: Question| shadows.ask(&policies.shadows, question, now());
     let trigger_shadow: rounds::Shadow<'_> = policies.shadows.trigger.is_some().then_some(&ask);
     let splitter_shadow: rounds::Shadow<'_> = policies.shadows.splitter.is_some().then_some(&ask);
     let selector_shadow: rounds::Shadow<'_> = policies.shadows.selector.is_some().then_some(&ask);

@@ -286,11 +286,12 @@ pub fn train_waiting(
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
     let micros = started.elapsed().as_micros() as u64;
     let by = DecidedBy::of(trigger);
-    if let Some(shadow) = shadow {
-        shadow(Question::Trigger { stats: stats.clone(), train: decision.train });
-    }
+    // The shadow is asked once the answer has acted (it never delays it).
     if !decision.train {
         store.recorder.wait(job, row.round, &stats, &decision, &by, clock.now * 1000, micros);
+        if let Some(shadow) = shadow {
+            shadow(Question::Trigger { stats, train: false });
+        }
         return Ok(Outcome::Waiting { reason: decision.reason, recheck_after_secs: decision.recheck_after_secs });
     }
     let answer = TriggerAnswer { train: true, recheck_after_secs: decision.recheck_after_secs };
@@ -339,6 +340,9 @@ pub fn train_waiting(
     )?;
     report::enqueue(&tx, &report, clock.now)?;
     tx.commit()?;
+    if let Some(shadow) = shadow {
+        shadow(Question::Trigger { stats, train: true });
+    }
     Ok(Outcome::Reported(Box::new(report)))
 }
 

@@ -21,35 +21,61 @@ use perennial_types::{ShadowDisagreement, ShadowStatus};
 /// A job's shadow policies, each beside the serving policy of its kind.
 #[derive(Clone, Default)]
 pub struct Shadows {
+    /// The job's name, as each question to them carries it.
+    pub job: Arc<str>,
     pub trigger: Option<Arc<TriggerPolicy>>,
     pub splitter: Option<Arc<SplitterPolicy>>,
     pub selector: Option<Arc<SelectorPolicy>>,
 }
 
 impl Shadows {
-    /// Whether both hold the very same policies.
-    fn same(&self, other: &Shadows) -> bool {
-        fn one<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
-            match (a, b) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (a, b) => a.is_none() && b.is_none(),
-            }
+    /// The shadow of `kind`, if the job has one.
+    fn of(&self, kind: DecisionKind) -> Option<Shadow> {
+        match kind {
+            DecisionKind::Trigger => self.trigger.clone().map(Shadow::Trigger),
+            DecisionKind::Splitter => self.splitter.clone().map(Shadow::Splitter),
+            DecisionKind::Selector => self.selector.clone().map(Shadow::Selector),
         }
-        one(&self.trigger, &other.trigger)
-            && one(&self.splitter, &other.splitter)
-            && one(&self.selector, &other.selector)
+    }
+}
+
+/// One shadow policy, of whichever kind.
+#[derive(Clone)]
+enum Shadow {
+    Trigger(Arc<TriggerPolicy>),
+    Splitter(Arc<SplitterPolicy>),
+    Selector(Arc<SelectorPolicy>),
+}
+
+impl Shadow {
+    fn as_trigger(&self) -> Option<&TriggerPolicy> {
+        if let Shadow::Trigger(policy) = self { Some(policy) } else { None }
     }
 
-    /// Drops their live instances (the shadows' thread does, when it is idle).
-    pub fn release(&self) {
-        if let Some(policy) = &self.trigger {
-            policy.reset();
+    fn as_splitter(&self) -> Option<&SplitterPolicy> {
+        if let Shadow::Splitter(policy) = self { Some(policy) } else { None }
+    }
+
+    fn as_selector(&self) -> Option<&SelectorPolicy> {
+        if let Shadow::Selector(policy) = self { Some(policy) } else { None }
+    }
+
+    /// Whether both are the very same policy.
+    fn same(&self, other: &Shadow) -> bool {
+        match (self, other) {
+            (Shadow::Trigger(a), Shadow::Trigger(b)) => Arc::ptr_eq(a, b),
+            (Shadow::Splitter(a), Shadow::Splitter(b)) => Arc::ptr_eq(a, b),
+            (Shadow::Selector(a), Shadow::Selector(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         }
-        if let Some(policy) = &self.splitter {
-            policy.reset();
-        }
-        if let Some(policy) = &self.selector {
-            policy.reset();
+    }
+
+    /// Drops its live instance (the shadows' thread does, when it is idle).
+    fn release(&self) {
+        match self {
+            Shadow::Trigger(policy) => policy.reset(),
+            Shadow::Splitter(policy) => policy.reset(),
+            Shadow::Selector(policy) => policy.reset(),
         }
     }
 }
@@ -79,16 +105,16 @@ pub enum Compared {
     Failed(String),
 }
 
-/// Asks `shadows`' policy of the question's kind, and compares its answer with the serving one.
-/// `None` when the job has no shadow of that kind.
-pub fn ask(shadows: &Shadows, question: Question, now: u64) -> Option<Compared> {
+/// Asks the shadow the question, and compares its answer with the serving one. `None` when the
+/// shadow is not of the question's kind.
+fn ask(shadow: &Shadow, question: Question, now: u64) -> Option<Compared> {
     let differs = |input: String, answer: String, shadow_answer: String, reason: String| {
         let time = jiff::Timestamp::from_second(now as i64).map(|t| t.to_string()).unwrap_or_default();
         Compared::Disagreed(ShadowDisagreement { input, answer, shadow_answer, reason, time })
     };
     let word = |train: bool| if train { "train" } else { "wait" }.to_owned();
     Some(match question {
-        Question::Trigger { stats, train } => match shadows.trigger.as_ref()?.decide(&stats) {
+        Question::Trigger { stats, train } => match shadow.as_trigger()?.decide(&stats) {
             Ok(decision) if decision.train == train => Compared::Agreed,
             Ok(decision) => differs(
                 format!("pendingTrain {}, pendingEval {}", stats.pending_train, stats.pending_eval),
@@ -100,7 +126,7 @@ pub fn ask(shadows: &Shadows, question: Question, now: u64) -> Option<Compared> 
         },
         Question::Split { batch, assignments } => {
             let (first, count) = (batch.first_seq(), batch.len() as u64);
-            match shadows.splitter.as_ref()?.split(batch) {
+            match shadow.as_splitter()?.split(batch) {
                 Ok(theirs) if theirs.as_bytes() == assignments.as_slice() => Compared::Agreed,
                 Ok(theirs) => {
                     let moved = theirs.as_bytes().iter().zip(&assignments).filter(|(a, b)| a != b).count();
@@ -119,7 +145,7 @@ pub fn ask(shadows: &Shadows, question: Question, now: u64) -> Option<Compared> 
             }
         }
         Question::Select { input, deploy } => {
-            match shadows.selector.as_ref()?.select(input.deployed.as_ref(), &input.candidates) {
+            match shadow.as_selector()?.select(input.deployed.as_ref(), &input.candidates) {
                 Ok(choice) if choice.deploy == deploy => Compared::Agreed,
                 Ok(choice) => {
                     let name = |d: Option<u32>| d.map_or("keep".to_owned(), |i| format!("deploy {i}"));
@@ -142,8 +168,8 @@ pub const QUEUE: usize = 64;
 pub const QUEUED_BATCH_BYTES: usize = 16 << 20;
 
 struct Asked {
-    job: String,
-    shadows: Shadows,
+    job: Arc<str>,
+    shadow: Shadow,
     question: Question,
     now: u64,
     /// The memory its batch holds (a split's).
@@ -181,19 +207,20 @@ pub fn queue() -> (ShadowQueue, ShadowWorker) {
 impl ShadowQueue {
     /// Hands the question to the job's shadow of its kind, if it has one; never waits. Skipped
     /// when the queue is full, or the batches waiting hold [`QUEUED_BATCH_BYTES`].
-    pub fn ask(&self, job: &str, shadows: &Shadows, question: Question, now: u64) {
+    pub fn ask(&self, shadows: &Shadows, question: Question, now: u64) {
         let kind = question.kind();
+        let Some(shadow) = shadows.of(kind) else { return };
         let bytes = match &question {
             Question::Split { batch, .. } => batch.byte_len(),
             _ => 0,
         };
         let queued = &self.shared.queued_bytes;
         let fits = bytes == 0 || queued.fetch_add(bytes, Ordering::Relaxed) + bytes <= QUEUED_BATCH_BYTES;
-        let asked = Asked { job: job.to_owned(), shadows: shadows.clone(), question, now, bytes };
+        let asked = Asked { job: shadows.job.clone(), shadow, question, now, bytes };
         if !fits || matches!(self.sender.try_send(asked), Err(TrySendError::Full(_))) {
             queued.fetch_sub(bytes, Ordering::Relaxed);
             let mut skipped = self.shared.skipped.lock().unwrap_or_else(|p| p.into_inner());
-            *skipped.entry((job.to_owned(), kind)).or_default() += 1;
+            *skipped.entry((shadows.job.to_string(), kind)).or_default() += 1;
         }
     }
 }
@@ -204,12 +231,12 @@ impl ShadowWorker {
     pub fn serve(self, store: &Mutex<Store>) {
         // The shadows asked since the queue was last empty: their instances are dropped then
         // (here, never by the loop, which would wait for a call in progress).
-        let mut used: Vec<Shadows> = Vec::new();
+        let mut used: Vec<Shadow> = Vec::new();
         loop {
             let asked = match self.receiver.try_recv() {
                 Ok(asked) => asked,
                 Err(std::sync::mpsc::TryRecvError::Empty) => {
-                    used.drain(..).for_each(|shadows| shadows.release());
+                    used.drain(..).for_each(|shadow| shadow.release());
                     match self.receiver.recv() {
                         Ok(asked) => asked,
                         Err(_) => return,
@@ -217,12 +244,12 @@ impl ShadowWorker {
                 }
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
             };
-            if !used.iter().any(|shadows| shadows.same(&asked.shadows)) {
-                used.push(asked.shadows.clone());
+            if !used.iter().any(|shadow| shadow.same(&asked.shadow)) {
+                used.push(asked.shadow.clone());
             }
             self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
             let kind = asked.question.kind();
-            let compared = ask(&asked.shadows, asked.question, asked.now);
+            let compared = ask(&asked.shadow, asked.question, asked.now);
             let skipped = std::mem::take(&mut *self.shared.skipped.lock().unwrap_or_else(|p| p.into_inner()));
             let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(compared) = compared {
@@ -375,6 +402,38 @@ pub fn all(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<(String, String,
 mod tests {
     use super::*;
 
+    /// Job `ml/a`'s shadows: a trigger and a splitter (built-ins).
+    fn shadows_of_a() -> Shadows {
+        fn load<K: perennial_policy::Kind>(name: &str, config: serde_json::Value) -> Arc<perennial_policy::Policy<K>> {
+            let reference = perennial_policy::PolicyRef::new(format!("builtin:{name}")).with_config(config);
+            let bytes = perennial_policy::builtin::component(name).unwrap();
+            let events = Arc::new(perennial_policy::TracingEvents { job: "ml/a".into() });
+            let host = perennial_policy::PolicyHost::new(None, None).unwrap();
+            Arc::new(host.load_bytes::<K>(&reference.validate().unwrap(), bytes, events).unwrap())
+        }
+        Shadows {
+            job: "ml/a".into(),
+            trigger: Some(load(
+                "threshold-trigger",
+                serde_json::json!({"condition": {"operator": ">", "threshold": 9}}),
+            )),
+            splitter: Some(load("ratio-split", serde_json::json!({"trainProb": 0.8}))),
+            selector: None,
+        }
+    }
+
+    #[test]
+    fn a_kind_without_a_shadow_is_not_handed_over() {
+        let (queue, _worker) = queue(); // nobody serves it
+        let only_trigger = Shadows { splitter: None, ..shadows_of_a() };
+        let batch = SampleBatch::from_lines(0, &["a"]).unwrap();
+        for _ in 0..QUEUE + 1 {
+            queue.ask(&only_trigger, Question::Split { batch: batch.clone(), assignments: vec![0] }, 0);
+        }
+        assert!(skipped(&queue).is_empty(), "nothing queued, nothing skipped");
+        assert_eq!(queue.shared.queued_bytes.load(Ordering::Relaxed), 0);
+    }
+
     fn skipped(queue: &ShadowQueue) -> HashMap<(String, DecisionKind), u64> {
         queue.shared.skipped.lock().unwrap().clone()
     }
@@ -384,7 +443,7 @@ mod tests {
         let (queue, _worker) = queue(); // nobody serves it
         for pending in 0..QUEUE as u64 + 6 {
             let stats = TriggerStats { pending_train: pending, ..TriggerStats::default() };
-            queue.ask("ml/a", &Shadows::default(), Question::Trigger { stats, train: false }, 0);
+            queue.ask(&shadows_of_a(), Question::Trigger { stats, train: false }, 0);
         }
         assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Trigger), 6)]));
     }
@@ -396,7 +455,7 @@ mod tests {
         let batch = SampleBatch::from_lines(0, &[line.as_str(); 6]).unwrap(); // 6 MiB
         for _ in 0..3 {
             let question = Question::Split { batch: batch.clone(), assignments: vec![0; 6] };
-            queue.ask("ml/a", &Shadows::default(), question, 0);
+            queue.ask(&shadows_of_a(), question, 0);
         }
         // Two fit in 16 MiB; the third is skipped, and its bytes are not counted as waiting.
         assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Splitter), 1)]));

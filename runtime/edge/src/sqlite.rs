@@ -172,6 +172,12 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 12: an error that repeats, with its count and first time (faults.rs), for the status.
     "ALTER TABLE jobs ADD COLUMN fault TEXT;",
+    // 13: a trigger's differing waits written together as one row (decisions.rs): `runs` says
+    // how many records it holds (its `input` is then their list).
+    r#"
+    ALTER TABLE decisions ADD COLUMN runs INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX decisions_packed ON decisions (job, id) WHERE runs > 1;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]

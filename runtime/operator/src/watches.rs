@@ -62,19 +62,18 @@ pub fn start(
     (jobs, datasets, pods): (Api<LifelongLearningJob>, Api<Dataset>, Api<Pod>),
     link: Option<UnboundedSender<Seen>>,
 ) -> (Stores, Triggers) {
-    let (job_store, job_triggers) =
-        follow(jobs, watcher::Config::default(), Kind::Jobs, link.clone(), Seen::Job, Default::default());
+    let (job_store, job_triggers) = follow(jobs, watcher::Config::default(), Kind::Jobs, link.clone(), Seen::Job, None);
     let (dataset_store, dataset_triggers) =
-        follow(datasets, watcher::Config::default(), Kind::Datasets, link.clone(), Seen::Dataset, Default::default());
+        follow(datasets, watcher::Config::default(), Kind::Datasets, link.clone(), Seen::Dataset, None);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
-    let (pod_store, pod_triggers) = follow(pods, config, Kind::Pods, link, Seen::Pod, pods_seen.clone());
+    let (pod_store, pod_triggers) = follow(pods, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()));
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
 }
 
 /// One kind's watch, reflected into its store; each touched object sent on to the Controller
-/// and the link, its resourceVersion to `version` once the store has it. A watch error (RBAC, a
+/// and the link, its resourceVersion to `version` (if tracked) once the store has it. A watch error (RBAC, a
 /// missing CRD) is said and retried with backoff.
 fn follow<K>(
     api: Api<K>,
@@ -82,7 +81,7 @@ fn follow<K>(
     kind: Kind,
     link: Option<UnboundedSender<Seen>>,
     seen: fn(Arc<K>) -> Seen,
-    version: Arc<AtomicU64>,
+    version: Option<Arc<AtomicU64>>,
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -110,7 +109,9 @@ where
                 }
             };
             // The reflector stored the object before handing it on.
-            if let Some(number) = object.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok()) {
+            if let Some(version) = &version
+                && let Some(number) = object.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok())
+            {
                 version.fetch_max(number, Ordering::Release);
             }
             if let Some(link) = &link {
