@@ -117,6 +117,9 @@ impl<K: Kind> Policy<K> {
                 return Err((Step::Instantiate, self.classify(err, &stderr, &store)));
             }
         };
+        // Configuring is a call of its own, with its own deadline (instantiating a large
+        // component, a Python one, may have used much of the first on a loaded machine).
+        store.set_epoch_deadline(self.deadline_ticks());
         let configured = K::configure(&instance, &mut store, &self.config);
         let stderr = store.data_mut().end_call();
         match configured {
