@@ -112,12 +112,21 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
     let uid = job["metadata"]["uid"].as_str().expect("uid").to_owned();
     for kind in ["train", "eval", "inference"] {
         let pods = kubelet.pods(kind);
-        assert_eq!(
-            pods.len(),
-            3,
-            "one {kind} pod a round: {:?}",
-            pods.iter().map(|p| &p.metadata.name).collect::<Vec<_>>()
-        );
+        if pods.len() != 3 {
+            let pods: Vec<String> = pods
+                .iter()
+                .map(|p| {
+                    let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+                    format!("{} {created} {:?}", p.metadata.name.as_deref().unwrap_or(""), p.metadata.annotations)
+                })
+                .collect();
+            panic!(
+                "one {kind} pod a round, not {}: {pods:#?}\njob status: {:#}\n{}",
+                pods.len(),
+                job["status"],
+                world.logs()
+            );
+        }
         for pod in &pods {
             check_sedna_contract(pod, kind, &uid, &world.node, &world.namespace);
         }

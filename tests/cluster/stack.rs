@@ -239,7 +239,7 @@ impl World {
             if path.extension().is_some_and(|e| e == "log") {
                 let log = std::fs::read_to_string(&path).unwrap_or_default();
                 let lines: Vec<&str> = log.lines().collect();
-                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                let tail = lines[lines.len().saturating_sub(100)..].join("\n");
                 text.push_str(&format!("----- {} -----\n{tail}\n", path.display()));
             }
         }

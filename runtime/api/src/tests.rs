@@ -734,7 +734,7 @@ fn perennial_optional_fields_parse_and_are_the_policies_used() {
         plugin: "https://plugins.example.org/count-or-age-trigger.wasm".into(),
         sha256: Some(SHA.into()),
         config: Some(json!({"count": 100, "maxAgeSeconds": 86400})),
-        limits: Limits { timeout_ms: 50, memory_mib: 16 },
+        limits: Limits { timeout_ms: 50, memory_mib: 16, start_timeout_ms: 2000 },
         on_error: OnError::Hold,
         shadow: None,
     };
@@ -762,7 +762,7 @@ fn perennial_optional_fields_parse_and_are_the_policies_used() {
             "plugin": "https://plugins.example.org/count-or-age-trigger.wasm",
             "sha256": SHA,
             "config": {"count": 100, "maxAgeSeconds": 86400},
-            "limits": {"timeoutMs": 50, "memoryMiB": 16},
+            "limits": {"timeoutMs": 50, "memoryMiB": 16, "startTimeoutMs": 2000},
             "onError": "hold"
         })
     );

@@ -73,7 +73,8 @@ pub fn start(
 }
 
 /// One kind's watch, reflected into its store; each touched object sent on to the Controller
-/// and the link, its resourceVersion to `version` (if tracked) once the store has it. A watch error (RBAC, a
+/// and the link, its resourceVersion to `version` (if tracked) once the store has it (a
+/// list's objects: at the list's end, when the store takes them all). A watch error (RBAC, a
 /// missing CRD) is said and retried with backoff.
 fn follow<K>(
     api: Api<K>,
@@ -91,29 +92,40 @@ where
     let events = reflector::reflector(writer, watcher(api, config)).default_backoff();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
+        // A (re)list's highest version: its objects reach the store together, at its end.
+        let mut listing = 0;
         while let Some(event) = events.next().await {
+            let number = |object: &K| object.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
             let object = match event {
-                Ok(
-                    watcher::Event::Apply(object) | watcher::Event::Delete(object) | watcher::Event::InitApply(object),
-                ) => object,
+                Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
+                    // The reflector stored the object before handing it on.
+                    if let (Some(version), Some(number)) = (&version, number(&object)) {
+                        version.fetch_max(number, Ordering::Release);
+                    }
+                    object
+                }
+                Ok(watcher::Event::InitApply(object)) => {
+                    listing = listing.max(number(&object).unwrap_or(0));
+                    object
+                }
                 Ok(watcher::Event::InitDone) => {
+                    if let Some(version) = &version {
+                        version.fetch_max(std::mem::take(&mut listing), Ordering::Release);
+                    }
                     if let Some(link) = &link {
                         let _ = link.unbounded_send(Seen::Listed(kind));
                     }
                     continue;
                 }
-                Ok(watcher::Event::Init) => continue,
+                Ok(watcher::Event::Init) => {
+                    listing = 0;
+                    continue;
+                }
                 Err(err) => {
                     tracing::warn!("watching {kind:?}: {err}");
                     continue;
                 }
             };
-            // The reflector stored the object before handing it on.
-            if let Some(version) = &version
-                && let Some(number) = object.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok())
-            {
-                version.fetch_max(number, Ordering::Release);
-            }
             if let Some(link) = &link {
                 let _ = link.unbounded_send(seen(Arc::new(object.clone())));
             }

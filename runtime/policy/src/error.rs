@@ -17,6 +17,8 @@ pub enum PolicyError {
     Config(String),
     #[error("timed out after {ms} ms (limits.timeoutMs)")]
     Timeout { ms: u64 },
+    #[error("did not start within {ms} ms (limits.startTimeoutMs)")]
+    StartTimeout { ms: u64 },
     #[error("exceeded its memory limit of {mib} MiB (limits.memoryMiB)")]
     Memory { mib: u64 },
     #[error("panicked: {0}")]

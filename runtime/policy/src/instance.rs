@@ -40,6 +40,24 @@ struct Live<K: Kind> {
     instance: K::Instance,
 }
 
+/// What the instance is doing, for its deadline.
+#[derive(Clone, Copy)]
+enum Phase {
+    /// Instantiation and `configure`.
+    Start,
+    /// A decision.
+    Call,
+}
+
+impl Phase {
+    fn timeout_ms(self, limits: &Limits) -> u64 {
+        match self {
+            Phase::Start => limits.start_timeout_ms,
+            Phase::Call => limits.timeout_ms,
+        }
+    }
+}
+
 /// A loaded and configured policy of kind `K`.
 pub struct Policy<K: Kind> {
     info: PolicyInfo,
@@ -94,32 +112,26 @@ impl<K: Kind> Policy<K> {
         })
     }
 
-    fn deadline_ticks(&self) -> u64 {
+    fn deadline_ticks(&self, phase: Phase) -> u64 {
         // One more tick than the timeout spans, since the current tick is already under way.
-        self.info.limits.timeout_ms.div_ceil(EPOCH_TICK.as_millis() as u64) + 1
+        phase.timeout_ms(&self.info.limits).div_ceil(EPOCH_TICK.as_millis() as u64) + 1
     }
 
-    fn new_store(&self) -> Store<HostState> {
+    /// A fresh instance, instantiated and configured within `limits.startTimeoutMs` (a start
+    /// is rare, and a large component's, a Python one's, takes far longer than a call).
+    fn fresh_instance(&self) -> Result<Live<K>, (Step, PolicyError)> {
         let mut store = Store::new(engine(), HostState::new(self.events.clone(), self.info.limits.memory_mib));
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(self.deadline_ticks());
-        store
-    }
-
-    fn fresh_instance(&self) -> Result<Live<K>, (Step, PolicyError)> {
-        let mut store = self.new_store();
+        store.set_epoch_deadline(self.deadline_ticks(Phase::Start));
         store.data_mut().begin_call();
         let instance = K::instantiate(&self.pre, &mut store);
         let instance = match instance {
             Ok(instance) => instance,
             Err(err) => {
                 let stderr = store.data_mut().end_call();
-                return Err((Step::Instantiate, self.classify(err, &stderr, &store)));
+                return Err((Step::Instantiate, self.classify(Phase::Start, err, &stderr, &store)));
             }
         };
-        // Configuring is a call of its own, with its own deadline (instantiating a large
-        // component, a Python one, may have used much of the first on a loaded machine).
-        store.set_epoch_deadline(self.deadline_ticks());
         let configured = K::configure(&instance, &mut store, &self.config);
         let stderr = store.data_mut().end_call();
         match configured {
@@ -127,7 +139,7 @@ impl<K: Kind> Policy<K> {
             Ok(Err(message)) => {
                 Err((Step::Configure, PolicyError::Config(truncate(&message, MAX_REASON_BYTES).to_owned())))
             }
-            Err(err) => Err((Step::Configure, self.classify(err, &stderr, &store))),
+            Err(err) => Err((Step::Configure, self.classify(Phase::Start, err, &stderr, &store))),
         }
     }
 
@@ -144,7 +156,7 @@ impl<K: Kind> Policy<K> {
             *live = Some(self.fresh_instance().map_err(|(_, error)| error)?);
         }
         let Some(current) = live.as_mut() else { unreachable!("set above") };
-        current.store.set_epoch_deadline(self.deadline_ticks());
+        current.store.set_epoch_deadline(self.deadline_ticks(Phase::Call));
         let state = current.store.data_mut();
         state.begin_call();
         prepare(state);
@@ -152,7 +164,7 @@ impl<K: Kind> Policy<K> {
         let stderr = current.store.data_mut().end_call();
         let outcome = match result {
             Ok(answer) => check(answer).map_err(PolicyError::BadAnswer),
-            Err(err) => Err(self.classify(err, &stderr, &current.store)),
+            Err(err) => Err(self.classify(Phase::Call, err, &stderr, &current.store)),
         };
         if let Err(err) = &outcome {
             *live = None;
@@ -161,12 +173,16 @@ impl<K: Kind> Policy<K> {
         outcome
     }
 
-    fn classify(&self, err: wasmtime::Error, stderr: &str, store: &Store<HostState>) -> PolicyError {
+    fn classify(&self, phase: Phase, err: wasmtime::Error, stderr: &str, store: &Store<HostState>) -> PolicyError {
         if store.data().limiter.exceeded {
             return PolicyError::Memory { mib: store.data().limiter.mib };
         }
         if matches!(err.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
-            return PolicyError::Timeout { ms: self.info.limits.timeout_ms };
+            let ms = phase.timeout_ms(&self.info.limits);
+            return match phase {
+                Phase::Start => PolicyError::StartTimeout { ms },
+                Phase::Call => PolicyError::Timeout { ms },
+            };
         }
         if let Some(message) = panic_message(stderr) {
             return PolicyError::Panic(message);

@@ -4,7 +4,7 @@
 //! plugin: builtin:threshold-trigger   # or file:///path.wasm, https://..., s3://bucket/key
 //! sha256: 3f5a...                     # required for https:// and s3://; checked when given
 //! config: {condition: {operator: ">", threshold: 500}}
-//! limits: {timeoutMs: 100, memoryMiB: 32}
+//! limits: {timeoutMs: 100, memoryMiB: 32, startTimeoutMs: 2000}
 //! onError: fallback                   # or hold
 //! ```
 
@@ -78,10 +78,19 @@ pub struct Limits {
     #[serde(rename = "memoryMiB", default = "default_memory_mib")]
     #[schemars(range(min = 1, max = MAX_MEMORY_MIB))]
     pub memory_mib: u64,
+    /// Wall-clock time a fresh instance may take to start (instantiation and `configure`
+    /// together), in milliseconds. A start is rare (the first call, and the next after a failed
+    /// one) and a large component's (a Python one's) takes far longer than a call.
+    #[serde(default = "default_start_timeout_ms")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_MS))]
+    pub start_timeout_ms: u64,
 }
 
 fn default_timeout_ms() -> u64 {
     100
+}
+fn default_start_timeout_ms() -> u64 {
+    2000
 }
 fn default_memory_mib() -> u64 {
     32
@@ -89,7 +98,11 @@ fn default_memory_mib() -> u64 {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { timeout_ms: default_timeout_ms(), memory_mib: default_memory_mib() }
+        Limits {
+            timeout_ms: default_timeout_ms(),
+            memory_mib: default_memory_mib(),
+            start_timeout_ms: default_start_timeout_ms(),
+        }
     }
 }
 
@@ -188,6 +201,10 @@ impl PolicyRef {
         };
         if !(1..=MAX_TIMEOUT_MS).contains(&self.limits.timeout_ms) {
             return Err(format!("limits.timeoutMs: {} is outside 1..={MAX_TIMEOUT_MS}", self.limits.timeout_ms));
+        }
+        if !(1..=MAX_TIMEOUT_MS).contains(&self.limits.start_timeout_ms) {
+            let ms = self.limits.start_timeout_ms;
+            return Err(format!("limits.startTimeoutMs: {ms} is outside 1..={MAX_TIMEOUT_MS}"));
         }
         if !(1..=MAX_MEMORY_MIB).contains(&self.limits.memory_mib) {
             return Err(format!("limits.memoryMiB: {} is outside 1..={MAX_MEMORY_MIB}", self.limits.memory_mib));
@@ -351,7 +368,7 @@ mod tests {
     fn defaults() {
         let valid = reference(serde_json::json!({"plugin": "builtin:ratio-split"})).unwrap();
         assert_eq!(valid.source, Source::Builtin("ratio-split".into()));
-        assert_eq!(valid.limits, Limits { timeout_ms: 100, memory_mib: 32 });
+        assert_eq!(valid.limits, Limits { timeout_ms: 100, memory_mib: 32, start_timeout_ms: 2000 });
         assert_eq!(valid.on_error, OnError::Fallback);
         assert_eq!(valid.config, "{}");
     }

@@ -1,6 +1,6 @@
 //! A trigger that misbehaves on request, to test the host's sandbox and limits.
-//! Config: `{"behaviour": "...", "address": "127.0.0.1:PORT", "onlyWhen": N}`; see
-//! `Behaviour`. With `onlyWhen`, `decide` misbehaves only when `pendingTrain` is N and answers
+//! Config: `{"behaviour": "...", "address": "127.0.0.1:PORT", "onlyWhen": N, "configureMs": M}`;
+//! see `Behaviour`. With `configureMs`, `configure` first spins for M milliseconds (a slow start). With `onlyWhen`, `decide` misbehaves only when `pendingTrain` is N and answers
 //! normally otherwise.
 
 use perennial_guest::{Decision, Stats, Trigger};
@@ -40,6 +40,7 @@ struct Config {
     #[serde(default)]
     address: String,
     only_when: Option<u64>,
+    configure_ms: Option<u64>,
 }
 
 pub struct Hostile {
@@ -51,6 +52,12 @@ pub struct Hostile {
 impl Trigger for Hostile {
     fn configure(config: &str) -> Result<Self, String> {
         let config: Config = perennial_guest::parse_config(config)?;
+        if let Some(ms) = config.configure_ms {
+            let started = std::time::Instant::now();
+            while started.elapsed() < std::time::Duration::from_millis(ms) {
+                std::hint::black_box(());
+            }
+        }
         if config.behaviour == Behaviour::LoopInConfigure {
             spin();
         }

@@ -108,6 +108,9 @@ pub struct PluginArgs {
     /// Memory cap of the plugin instance, in MiB.
     #[arg(long, default_value_t = Limits::default().memory_mib)]
     memory_mib: u64,
+    /// Time a fresh instance may take to start (instantiate and configure), in milliseconds.
+    #[arg(long, default_value_t = Limits::default().start_timeout_ms)]
+    start_timeout_ms: u64,
     /// Compile cache directory.
     #[arg(long, env = "PERENNIAL_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
@@ -149,7 +152,11 @@ impl PluginArgs {
         let mut reference = PolicyRef::new(&self.plugin);
         reference.sha256 = self.sha256.clone();
         reference.config = config;
-        reference.limits = Limits { timeout_ms: self.timeout_ms, memory_mib: self.memory_mib };
+        reference.limits = Limits {
+            timeout_ms: self.timeout_ms,
+            memory_mib: self.memory_mib,
+            start_timeout_ms: self.start_timeout_ms,
+        };
         Ok(reference)
     }
 

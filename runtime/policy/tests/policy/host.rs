@@ -194,13 +194,37 @@ fn a_plugin_that_waits_on_the_host_is_stopped_not_hung() {
 }
 
 #[test]
+fn a_start_slower_than_a_call_has_a_deadline_of_its_own() {
+    let bytes = std::fs::read(plugin_path("hostile-trigger")).unwrap();
+    let slow = |start_timeout_ms| {
+        let mut r =
+            reference(&plugin_path("hostile-trigger"), serde_json::json!({"behaviour": "ok", "configureMs": 150}));
+        r.limits.timeout_ms = 20;
+        r.limits.start_timeout_ms = start_timeout_ms;
+        host().load_bytes::<TriggerKind>(&r.validate().unwrap(), &bytes, Arc::new(Events::default()))
+    };
+    // A 150 ms start within startTimeoutMs: loaded, though each call has 20 ms.
+    let policy = slow(2000).unwrap();
+    assert!(policy.decide(&stats(1)).unwrap().train);
+    // The same start beyond it: refused, naming the limit.
+    let err = slow(60).err().unwrap();
+    assert_eq!(err, LoadError::new(Step::Configure, PolicyError::StartTimeout { ms: 60 }));
+}
+
+#[test]
 fn a_loop_in_configure_fails_the_load_at_configure() {
     let events = Arc::new(Events::default());
     let mut r = reference(&plugin_path("hostile-trigger"), serde_json::json!({"behaviour": "loop-in-configure"}));
-    r.limits.timeout_ms = 50;
+    r.limits.start_timeout_ms = 50;
     let bytes = std::fs::read(plugin_path("hostile-trigger")).unwrap();
+    let started = Instant::now();
     let err = host().load_bytes::<TriggerKind>(&r.validate().unwrap(), &bytes, events).err().unwrap();
-    assert_eq!(err, LoadError::new(Step::Configure, PolicyError::Timeout { ms: 50 }));
+    assert_eq!(err, LoadError::new(Step::Configure, PolicyError::StartTimeout { ms: 50 }));
+    assert_eq!(
+        err.to_string(),
+        "loading the policy failed at step `configure`: did not start within 50 ms (limits.startTimeoutMs)"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
 }
 
 #[test]
