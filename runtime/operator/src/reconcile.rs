@@ -146,11 +146,7 @@ pub fn job_view(job: &LifelongLearningJob) -> JobView {
 /// The job's pods (by its uid label) from the pod store, with those created here that it does
 /// not show yet.
 fn job_pods(ctx: &Context, uid: &str) -> Vec<Pod> {
-    // The version first: the store holds everything up to it, and a snapshot taken after holds
-    // at least that. (Taken the other way round, a pod stored between the two would be judged
-    // gone by a version past it, and created a second time.)
-    let seen = ctx.stores.pods_seen.load(std::sync::atomic::Ordering::Acquire);
-    let stored = ctx.stores.pods.state();
+    let (stored, version) = ctx.stores.pods_with_version();
     let pods = stored
         .iter()
         .filter(|pod| {
@@ -158,7 +154,7 @@ fn job_pods(ctx: &Context, uid: &str) -> Vec<Pod> {
         })
         .map(|pod| pod.as_ref().clone())
         .collect();
-    ctx.written.with_created(uid, pods, (seen > 0).then_some(seen))
+    ctx.written.with_created(uid, pods, version)
 }
 
 async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {

@@ -25,8 +25,20 @@ pub struct Stores {
     pub datasets: Store<Dataset>,
     pub pods: Store<Pod>,
     /// The highest resourceVersion the pod watch has delivered (its store holds every change up
-    /// to it): a pod created at or below it that the store lacks is gone (see `written`).
+    /// to it): a pod created at or below it that the store lacks is gone (see `written`). Read
+    /// with the store through [`Stores::pods_with_version`].
     pub pods_seen: Arc<AtomicU64>,
+}
+
+impl Stores {
+    /// The pods stored, and a resourceVersion they are complete up to (`None` before the first
+    /// event). The version is read first: the store holds everything up to it, so a snapshot
+    /// taken after holds at least that. (The other way round, a pod stored between the two reads
+    /// would be judged gone by a version past it, and created a second time.)
+    pub fn pods_with_version(&self) -> (Vec<Arc<Pod>>, Option<u64>) {
+        let seen = self.pods_seen.load(Ordering::Acquire);
+        (self.pods.state(), (seen > 0).then_some(seen))
+    }
 }
 
 /// What the link hears: an object that changed (applied or deleted: the store says which), or
@@ -95,17 +107,16 @@ where
         // A (re)list's highest version: its objects reach the store together, at its end.
         let mut listing = 0;
         while let Some(event) = events.next().await {
-            let number = |object: &K| object.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
             let object = match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
                     // The reflector stored the object before handing it on.
-                    if let (Some(version), Some(number)) = (&version, number(&object)) {
+                    if let (Some(version), Some(number)) = (&version, version_of(&object)) {
                         version.fetch_max(number, Ordering::Release);
                     }
                     object
                 }
                 Ok(watcher::Event::InitApply(object)) => {
-                    listing = listing.max(number(&object).unwrap_or(0));
+                    listing = listing.max(version_of(&object).unwrap_or(0));
                     object
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -135,4 +146,9 @@ where
         }
     });
     (store, triggers)
+}
+
+/// An object's resourceVersion as a number (the API server's are etcd revisions).
+fn version_of<K: Resource>(object: &K) -> Option<u64> {
+    object.meta().resource_version.as_deref()?.parse().ok()
 }

@@ -56,6 +56,15 @@ impl Phase {
             Phase::Call => limits.timeout_ms,
         }
     }
+
+    /// The error of a deadline passed, naming the limit.
+    fn timed_out(self, limits: &Limits) -> PolicyError {
+        let ms = self.timeout_ms(limits);
+        match self {
+            Phase::Start => PolicyError::StartTimeout { ms },
+            Phase::Call => PolicyError::Timeout { ms },
+        }
+    }
 }
 
 /// A loaded and configured policy of kind `K`.
@@ -178,11 +187,7 @@ impl<K: Kind> Policy<K> {
             return PolicyError::Memory { mib: store.data().limiter.mib };
         }
         if matches!(err.downcast_ref::<Trap>(), Some(Trap::Interrupt)) {
-            let ms = phase.timeout_ms(&self.info.limits);
-            return match phase {
-                Phase::Start => PolicyError::StartTimeout { ms },
-                Phase::Call => PolicyError::Timeout { ms },
-            };
+            return phase.timed_out(&self.info.limits);
         }
         if let Some(message) = panic_message(stderr) {
             return PolicyError::Panic(message);

@@ -1,7 +1,8 @@
 //! A trigger that misbehaves on request, to test the host's sandbox and limits.
 //! Config: `{"behaviour": "...", "address": "127.0.0.1:PORT", "onlyWhen": N, "configureMs": M}`;
-//! see `Behaviour`. With `configureMs`, `configure` first spins for M milliseconds (a slow start). With `onlyWhen`, `decide` misbehaves only when `pendingTrain` is N and answers
-//! normally otherwise.
+//! see `Behaviour`. With `onlyWhen`, `decide` misbehaves only when `pendingTrain` is N and
+//! answers normally otherwise. With `configureMs`, `configure` first spins for M milliseconds
+//! (a slow start).
 
 use perennial_guest::{Decision, Stats, Trigger};
 use serde::Deserialize;
