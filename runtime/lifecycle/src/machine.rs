@@ -396,10 +396,16 @@ impl Machine<'_> {
             self.status.worker = Some(known);
             return;
         };
-        known.name = worker.name.clone();
-        known.node = worker.node.clone().or(known.node);
         // Restarts in place (of this instance) add to the re-creations this stage already had.
         let restarts = known.recreations + worker.restarts;
+        // A pending worker's name and node are recorded with a change that is written anyway
+        // (this step's start, its running, a restart): on a cluster a status write of their own
+        // would cost the API server one more request per stage, for what the pod shows anyway.
+        if worker.phase == WorkerPhase::Pending && restarts == known.restarts && !self.started {
+            return;
+        }
+        known.name = worker.name.clone();
+        known.node = worker.node.clone().or(known.node);
         known.restarts = restarts;
         self.status.worker = Some(known);
         if restarts > self.settings.restart_limit {

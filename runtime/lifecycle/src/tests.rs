@@ -131,6 +131,16 @@ fn failed(stage: Stage, round: u64, why: &str) -> Report {
 }
 
 /// The worker of (stage, round) on `edge-1`; it exited 5 s ago if Succeeded or Failed.
+/// Starting, as the step that created the worker left it: its name and node not known yet.
+fn just_created(stage: Stage, round: u64) -> LifelongLearningJobStatus {
+    let mut status = status(stage, Starting, round);
+    if let Some(worker) = status.worker.as_mut() {
+        worker.name = String::new();
+        worker.node = None;
+    }
+    status
+}
+
 fn worker(stage: Stage, round: u64, phase: WorkerPhase) -> WorkerObservation {
     let exited = matches!(phase, WorkerPhase::Succeeded | WorkerPhase::Failed);
     WorkerObservation {
@@ -447,6 +457,24 @@ fn sedna_rows() {
         case("Train Starting + worker Pending → nothing", status(Train, Starting, 1))
             .worker(WorkerObservation { node: None, ..worker(Train, 1, WorkerPhase::Pending) })
             .check(unchanged),
+        // A pod's name is known once it is created: it is recorded with the next change that is
+        // written anyway (running), not in a status write of its own.
+        case("Train Starting, pod just created + worker Pending → nothing", just_created(Train, 1))
+            .worker(worker(Train, 1, WorkerPhase::Pending))
+            .check(unchanged),
+        case("Train Starting, pod just created + worker Running → Running, named", just_created(Train, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .expect(Train, Running, 1)
+            .appended(&[(Train, Running)])
+            .check(|c, out| {
+                let worker = worker_ref(out);
+                assert_eq!(
+                    (worker.name.as_str(), worker.node.as_deref()),
+                    (worker_name(Train, 1).as_str(), Some("edge-1")),
+                    "{}",
+                    c.name
+                )
+            }),
         // (S, Starting|Running) + Succeeded: wait for the result, then fail; never an empty
         // Completed (fault 4)
         case("Train Running + Succeeded, no result yet → waits for it", status(Train, Running, 1))

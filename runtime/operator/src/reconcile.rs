@@ -223,8 +223,14 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     ctx.inbox.applied(&namespace, &name, reports.len());
 
     let reference = job.object_ref(&());
+    let mut previous = before.conditions.last();
     for condition in added_conditions(&before, &step.status) {
         ctx.metrics.transition(&condition.stage.to_string(), &condition.type_.to_string());
+        let said = worth_an_event(condition, previous);
+        previous = Some(condition);
+        if !said {
+            continue;
+        }
         let note = match &condition.message {
             Some(message) => format!("round {}: {message}", step.status.round),
             None => format!("round {}", step.status.round),
@@ -265,6 +271,20 @@ pub fn added_conditions<'a>(
             Some(at) => &after.conditions[at + 1..],
             None => &after.conditions,
         },
+    }
+}
+
+/// Whether a new condition gets an Event. The status keeps every condition; an Event is for a
+/// reader of the job's story (`kubectl describe`) and costs the API server a write (with 100 jobs
+/// in a round, Events were half of its requests). So: a stage ready (a round started with the
+/// trigger's reason, the model chosen), completed or failed, and the Waiting of a new job or of a
+/// retry. Starting is said by `WorkerCreated` (with the pod's name), Running by the pod itself,
+/// and a Waiting that follows a Completed by that Completed.
+pub fn worth_an_event(condition: &JobCondition, previous: Option<&JobCondition>) -> bool {
+    match condition.type_ {
+        Phase::Starting | Phase::Running => false,
+        Phase::Waiting => previous.is_none_or(|previous| previous.type_ != Phase::Completed),
+        Phase::Ready | Phase::Completed | Phase::Failed => true,
     }
 }
 
@@ -393,4 +413,40 @@ pub async fn write_dataset_status(client: Client, namespace: &str, name: &str, s
         .await
         .map_err(kube_error("patch_dataset_status", &format!("{namespace}/{name}")))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(stage: Stage, type_: Phase) -> JobCondition {
+        JobCondition {
+            stage,
+            type_,
+            status: "True".into(),
+            last_heartbeat_time: None,
+            last_transition_time: None,
+            reason: None,
+            message: None,
+            data: None,
+        }
+    }
+
+    #[test]
+    fn a_round_is_told_by_its_starts_ends_and_faults_not_every_transition() {
+        use Phase::*;
+        use Stage::*;
+        let said = |stage, phase, previous: Option<(Stage, Phase)>| {
+            let previous = previous.map(|(stage, phase)| condition(stage, phase));
+            worth_an_event(&condition(stage, phase), previous.as_ref())
+        };
+        assert!(said(Train, Waiting, None), "a new job");
+        assert!(said(Train, Waiting, Some((Deploy, Failed))), "a retry");
+        assert!(!said(Eval, Waiting, Some((Train, Completed))), "said by the Completed before it");
+        assert!(said(Train, Ready, Some((Train, Waiting))));
+        assert!(!said(Train, Starting, Some((Train, Ready))), "said by WorkerCreated");
+        assert!(!said(Train, Running, Some((Train, Starting))));
+        assert!(said(Eval, Completed, Some((Eval, Running))));
+        assert!(said(Deploy, Failed, Some((Deploy, Starting))));
+    }
 }

@@ -395,11 +395,11 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     assert_eq!(pod["metadata"]["annotations"][WORKER_NAME_ANNOTATION], worker.as_str());
     assert!(env.contains(&("TRAIN_DATASET_URL".into(), "/home/data/output/thermal/data/train/1/data.txt".into())));
     create.respond(StatusCode::CREATED, created(pod, "thermal-train-x7k2p"));
-    // Events for the two transitions and the pod.
-    let events: Vec<_> = [api.event().await, api.event().await, api.event().await].into();
+    // Events for the round's start (Starting is said by the pod's) and the pod, and no more.
+    let events: Vec<_> = [api.event().await, api.event().await].into();
     let reasons: Vec<&str> = events.iter().map(|(reason, _, _)| reason.as_str()).collect();
-    assert_eq!(reasons, ["TrainReady", "TrainStarting", "WorkerCreated"]);
-    assert!(events[2].2.contains("thermal-train-x7k2p"), "{}", events[2].2);
+    assert_eq!(reasons, ["TrainReady", "WorkerCreated"]);
+    assert!(events[1].2.contains("thermal-train-x7k2p"), "{}", events[1].2);
     run.await.expect("join").expect("reconciled");
     // Written: the report is acknowledged and leaves the inbox.
     tokio::time::timeout(Duration::from_secs(1), receipt).await.expect("acknowledged").expect("applied");
@@ -424,7 +424,7 @@ async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
     assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Eval"), Some("Waiting")));
     assert_eq!(status["lastTrained"]["url"], "/output/thermal/train/1/model.pkl");
     patch.ok(job_json(status));
-    assert_eq!(api.only_events().await, ["TrainCompleted", "EvalWaiting"]);
+    assert_eq!(api.only_events().await, ["TrainCompleted"]);
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied");
 }
@@ -465,7 +465,7 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     assert!(env.iter().any(|(k, v)| k == "WORKER_NAME" && v.starts_with("inferworker-")));
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
-    assert_eq!(api.only_events().await, ["DeployReady", "DeployStarting", "WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["DeployReady", "WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
 
     // The new pod runs and is Ready: the round is done, the model deployed.
@@ -485,7 +485,7 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     assert_eq!(done["deployed"]["round"], 1);
     assert_eq!(done["deployed"]["metrics"]["accuracy"], 0.9);
     patch.ok(job_json(done));
-    assert_eq!(api.only_events().await, ["DeployCompleted", "TrainWaiting"]);
+    assert_eq!(api.only_events().await, ["DeployCompleted"]);
     run.await.expect("join").expect("reconciled");
 }
 
@@ -554,7 +554,7 @@ async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_c
     let status = second.body["status"].clone();
     second.ok(job_json(status));
     api.train_pod("thermal-train-x7k2p").await;
-    assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"]);
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied once the write succeeded");
 }
@@ -651,7 +651,7 @@ async fn a_status_made_from_a_stale_cache_is_refused_and_made_again_from_a_fresh
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
     api.train_pod("thermal-train-x7k2p").await;
-    assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"], "nothing from the cache");
+    assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"], "nothing from the cache");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied, not dropped as stale");
 }
@@ -674,7 +674,7 @@ async fn a_report_that_changes_nothing_against_the_cache_is_judged_again_against
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
     api.train_pod("thermal-train-x7k2p").await;
-    assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"], "no StaleReport");
+    assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"], "no StaleReport");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied, not dropped as stale");
 }
@@ -756,7 +756,7 @@ mod link {
         let status = patch.body["status"].clone();
         patch.ok(job_json(status));
         api.train_pod("thermal-train-x7k2p").await;
-        assert_eq!(api.only_events().await, ["TrainReady", "TrainStarting", "WorkerCreated"]);
+        assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"]);
         run.await.expect("join").expect("reconciled");
         let applied = tokio::time::timeout(Duration::from_secs(1), applying).await.expect("answered").expect("join");
         assert_eq!(applied, Applied::Applied);
