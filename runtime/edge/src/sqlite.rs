@@ -5,9 +5,9 @@
 //! that was committed and leaves nothing half-written.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
 
 use crate::decisions::{Record, Recorder};
 
@@ -190,6 +190,17 @@ pub enum StoreError {
     Sql(#[from] rusqlite::Error),
 }
 
+impl StoreError {
+    /// Another connection holds the lock it needed.
+    fn is_busy(&self) -> bool {
+        let (StoreError::Open { source, .. } | StoreError::Sql(source)) = self else { return false };
+        matches!(source.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+    }
+}
+
+/// How long a connection waits for another's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub struct Store {
     conn: Connection,
     /// Decision records not yet written (a trigger's waits).
@@ -204,10 +215,22 @@ impl Store {
 
     /// Opens (creating if needed) a state database with its own schema, and migrates it.
     pub fn open_with(path: &Path, migrations: &'static [&'static str]) -> Result<Store, StoreError> {
+        // A new database that another process is setting up (its switch to WAL) can refuse a
+        // connection at once, without waiting for the busy timeout: tried again for as long.
+        let deadline = Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match Store::open_once(path, migrations) {
+                Err(err) if err.is_busy() && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                opened => return opened,
+            }
+        }
+    }
+
+    fn open_once(path: &Path, migrations: &'static [&'static str]) -> Result<Store, StoreError> {
         let shown = path.display().to_string();
         let open_error = |source| StoreError::Open { path: shown.clone(), source };
         let conn = Connection::open(path).map_err(open_error)?;
-        conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_error)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(open_error)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
@@ -218,16 +241,23 @@ impl Store {
 
     fn migrate(&mut self, path: &str, migrations: &[&str]) -> Result<(), StoreError> {
         let known = migrations.len() as i64;
-        let found: i64 = self.conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+        let version = |conn: &Connection| conn.pragma_query_value(None, "user_version", |row| row.get::<_, i64>(0));
+        if version(&self.conn)? == known {
+            return Ok(()); // up to date: no write lock taken
+        }
+        // The version is read again under the write lock: another process opening the same
+        // database at the same moment (`perennial status` while `perennial run` starts) waits
+        // for this one and then finds it migrated, instead of migrating it a second time.
+        let tx = self.write()?;
+        let found = version(&tx)?;
         if found > known {
             return Err(StoreError::TooNew { path: path.to_owned(), found, known });
         }
-        for (index, migration) in migrations.iter().enumerate().skip(found as usize) {
-            let tx = self.write()?;
+        for migration in migrations.iter().skip(found as usize) {
             tx.execute_batch(migration)?;
-            tx.pragma_update(None, "user_version", index as i64 + 1)?;
-            tx.commit()?;
         }
+        tx.pragma_update(None, "user_version", known)?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -273,6 +303,32 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_database_opened_by_many_at_once_is_migrated_once() {
+        // `perennial status` polling while `perennial run` creates its state: each opener finds
+        // the database new, and only one may migrate it ("table already exists" before).
+        for _ in 0..10 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("state.db");
+            let start = std::sync::Barrier::new(6);
+            let opened: Vec<Result<i64, String>> = std::thread::scope(|scope| {
+                let openers: Vec<_> = (0..6)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            start.wait();
+                            let store = Store::open(&path).map_err(|err| err.to_string())?;
+                            store.version().map_err(|err| err.to_string())
+                        })
+                    })
+                    .collect();
+                openers.into_iter().map(|opener| opener.join().unwrap()).collect()
+            });
+            for result in opened {
+                assert_eq!(result, Ok(MIGRATIONS.len() as i64));
+            }
+        }
+    }
 
     #[test]
     fn opens_in_wal_with_full_sync_and_migrates_once() {
