@@ -130,7 +130,6 @@ fn failed(stage: Stage, round: u64, why: &str) -> Report {
     Report { reason: Some(why.into()), ..report(stage, round, Failed) }
 }
 
-/// The worker of (stage, round) on `edge-1`; it exited 5 s ago if Succeeded or Failed.
 /// Starting, as the step that created the worker left it: its name and node not known yet.
 fn just_created(stage: Stage, round: u64) -> LifelongLearningJobStatus {
     let mut status = status(stage, Starting, round);
@@ -141,6 +140,7 @@ fn just_created(stage: Stage, round: u64) -> LifelongLearningJobStatus {
     status
 }
 
+/// The worker of (stage, round) on `edge-1`; it exited 5 s ago if Succeeded or Failed.
 fn worker(stage: Stage, round: u64, phase: WorkerPhase) -> WorkerObservation {
     let exited = matches!(phase, WorkerPhase::Succeeded | WorkerPhase::Failed);
     WorkerObservation {

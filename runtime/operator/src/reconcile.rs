@@ -275,8 +275,8 @@ pub fn added_conditions<'a>(
 }
 
 /// Whether a new condition gets an Event. The status keeps every condition; an Event is for a
-/// reader of the job's story (`kubectl describe`) and costs the API server a write (with 100 jobs
-/// in a round, Events were half of its requests). So: a stage ready (a round started with the
+/// reader of the job's story (`kubectl describe`) and costs the API server a write (one per
+/// transition made half of a round's requests). So: a stage ready (a round started with the
 /// trigger's reason, the model chosen), completed or failed, and the Waiting of a new job or of a
 /// retry. Starting is said by `WorkerCreated` (with the pod's name), Running by the pod itself,
 /// and a Waiting that follows a Completed by that Completed.
