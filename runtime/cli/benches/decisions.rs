@@ -5,10 +5,12 @@
 //!   anyway, whose begin and commit are not timed: the costliest case; `decide-timed` is the call
 //!   timed the same way); `decide+record-same`: an idle job's wait, the same but the clock, which
 //!   only counts in its run.
-//! - `trigger/decide+shadow`: the call with a shadow trigger beside it: what the serving side
-//!   pays is handing the question to the shadow's thread (which answers meanwhile), after the
-//!   answer has acted. `trigger/decide-timed-{alone,beside-shadow}`: the serving call's own latency
-//!   (only the call timed), alone and with the shadow answering the same questions beside it.
+//! - `trigger/decide+shadow`: the call with a shadow trigger: what the serving side pays is
+//!   handing the question to the shadow's thread, after the answer has acted.
+//!   `trigger/decide-timed-{alone,beside-shadow}`: the serving call's own latency (only the call
+//!   timed), alone and with a shadow asked the same questions. All three as the edge's loop runs:
+//!   turns of 100 decisions, and a wait of 1 ms after each, in which the shadow answers (it
+//!   starts no call during a turn); how many it answered and skipped is printed.
 //! - `trigger/record-train`: the record of a decision that started a round, inserted in the
 //!   transaction that acts on it (the transaction itself is the round's).
 //! - `split/10000/{split,record}`: the built-in splitter on 10,000 samples as a Wasm component,
@@ -49,6 +51,25 @@ fn store() -> (tempfile::TempDir, Store) {
     let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
     perennial_edge::register_job(&mut store, JOB, "uid", &JobSpec::default()).unwrap();
     (dir, store)
+}
+
+/// Decisions per turn of the loop in the shadow benches, and the loop's wait after each.
+const TURN: u64 = 100;
+const LOOP_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// What a shadow bench times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timed {
+    /// The serving call, with no shadow.
+    Alone,
+    /// The serving call, its shadow asked after it (not timed).
+    BesideShadow,
+    /// The serving call and the hand-off to its shadow.
+    WithHandOff,
+}
+
+fn with_shadow(timed: Timed) -> bool {
+    timed != Timed::Alone
 }
 
 fn trigger(c: &mut Criterion) {
@@ -103,6 +124,8 @@ fn trigger(c: &mut Criterion) {
     });
     // The same with a shadow: the loop hands it the question and goes on; the shadow (here
     // the same trigger) answers on its own thread and its counts go to the store.
+    let loaded = shadow::Loaded::Serving { plugin: "builtin:threshold-trigger", digest: "d", config: "c" };
+    shadow::loaded(&mut store, JOB, DecisionKind::Trigger, loaded).unwrap();
     let shadow_store = std::sync::Mutex::new(store);
     let shadows = Shadows {
         job: JOB.into(),
@@ -115,33 +138,41 @@ fn trigger(c: &mut Criterion) {
     let (queue, worker) = shadow::queue();
     std::thread::scope(|scope| {
         scope.spawn(|| worker.serve(&shadow_store));
-        group.bench_function("decide+shadow", |b| {
-            b.iter(|| {
-                stats.pending_train += 1;
-                let decision = policy.decide(black_box(&stats)).unwrap();
-                queue.ask(&shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
-            })
-        });
-        // The serving decision's own latency, with the shadow answering beside it and without:
-        // only the calls are timed (the same way in both).
-        let mut serve = |with_shadow: bool, iters: u64| {
-            let mut deciding = std::time::Duration::ZERO;
-            for _ in 0..iters {
+        // As the edge's loop runs: a turn of decisions (its shadow asked after each acted), then
+        // a wait, in which the shadow answers. Only the timed part counts, the same way in each.
+        let mut turns = |timed: Timed, iters: u64| {
+            let mut spent = std::time::Duration::ZERO;
+            for call in 0..iters {
+                if call % TURN == 0 {
+                    queue.loop_busy();
+                }
                 stats.pending_train += 1;
                 let started = std::time::Instant::now();
                 let decision = policy.decide(black_box(&stats)).unwrap();
-                deciding += started.elapsed();
-                if with_shadow {
+                let call_time = started.elapsed();
+                if with_shadow(timed) {
                     queue.ask(&shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
                 }
+                spent += if timed == Timed::WithHandOff { started.elapsed() } else { call_time };
+                if call % TURN == TURN - 1 || call == iters - 1 {
+                    queue.loop_waits();
+                    std::thread::sleep(LOOP_WAIT);
+                }
             }
-            deciding
+            spent
         };
-        group.bench_function("decide-timed-alone", |b| b.iter_custom(|iters| serve(false, iters)));
-        group.bench_function("decide-timed-beside-shadow", |b| b.iter_custom(|iters| serve(true, iters)));
+        group.bench_function("decide+shadow", |b| b.iter_custom(|iters| turns(Timed::WithHandOff, iters)));
+        group.bench_function("decide-timed-alone", |b| b.iter_custom(|iters| turns(Timed::Alone, iters)));
+        group
+            .bench_function("decide-timed-beside-shadow", |b| b.iter_custom(|iters| turns(Timed::BesideShadow, iters)));
         drop(queue);
     });
     let mut store = shadow_store.into_inner().unwrap();
+    store.flush_records().unwrap();
+    if let Some((_, _, counts)) = shadow::all(store.conn()).unwrap().pop() {
+        // Whether the waits between turns were enough for the shadow to answer it all.
+        println!("trigger shadow beside the turns: {} answered, {} skipped", counts.calls, counts.skipped);
+    }
 
     // One long transaction: the record's insert alone, not the round's commit.
     let record = Record {

@@ -231,6 +231,7 @@ fn run_loop(
     let mut plugin_files: Vec<PluginFiles> = jobs.iter().map(|runner| PluginFiles::of(&runner.job)).collect();
     let mut files_looked = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        shadows.loop_busy();
         for (i, runner) in jobs.iter_mut().enumerate() {
             if due[i] > Instant::now() || stop.load(Ordering::Relaxed) || removed[i] {
                 continue;
@@ -254,11 +255,14 @@ fn run_loop(
             .unwrap_or_else(|| Instant::now() + STOP_CHECK);
         let wait = next.saturating_duration_since(Instant::now()).min(STOP_CHECK);
         let mut wakes = Vec::new();
+        // The shadows answer while the loop waits, never beside a turn.
+        shadows.loop_waits();
         match woken.recv_timeout(wait) {
             Ok(wake) => wakes.push(wake),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
         }
+        shadows.loop_busy();
         // Coalesce a burst of events; in order, so that a job added in it can be woken in it.
         wakes.extend(woken.try_iter());
         // A plugin file rebuilt under the same reference swaps like an edit (the author's loop).

@@ -1,15 +1,19 @@
 //! Shadow policies: a candidate named in a policy reference (`shadow:`) is asked the same live
 //! questions as the serving policy, after the serving answer is made and acted on, on a thread of
 //! its own, and never acts. The serving policy never waits for it: the loop hands it the question
-//! through a bounded queue, and a question it cannot take (the shadow is still busy) is counted as
-//! skipped. Its time and its faults (a trap, a timeout, memory) are its own: they count as failed
+//! through a bounded queue, and a question it cannot take (the queue is full) is counted as
+//! skipped. Nor does it run beside the serving side: it starts a call only while the loop waits
+//! between turns (on 2 cores, a call on the other core measurably slowed the serving call), at a
+//! lower priority than the rest of the host. Its time and its faults (a trap, a timeout, memory) are its own: they count as failed
 //! in its record. The job's status shows, per kind, its calls, agreements, disagreements and the
 //! last disagreement (`status.policies.<kind>.shadow`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
+use std::thread::Thread;
+use std::time::Duration;
 
 use rusqlite::params;
 
@@ -162,8 +166,9 @@ fn ask(shadow: &Shadow, question: Question, now: u64) -> Option<Compared> {
     })
 }
 
-/// Questions waiting for the shadows before the next is skipped.
-pub const QUEUE: usize = 64;
+/// Questions waiting for the shadows before the next is skipped (a turn over a hundred busy
+/// jobs asks a few hundred).
+pub const QUEUE: usize = 256;
 /// Batches waiting for a shadow splitter, in bytes, before the next is skipped.
 pub const QUEUED_BATCH_BYTES: usize = 16 << 20;
 
@@ -177,18 +182,40 @@ struct Asked {
 }
 
 /// What the two sides share: questions skipped since the thread last wrote them down (by job
-/// and kind), and the bytes of the batches waiting.
+/// and kind), the bytes of the batches waiting, and whether the loop is in a turn.
 #[derive(Default)]
 struct Shared {
     skipped: Mutex<HashMap<(String, DecisionKind), u64>>,
     queued_bytes: AtomicUsize,
+    loop_busy: AtomicBool,
+    /// The shadows' thread, woken when the loop starts to wait.
+    worker: OnceLock<Thread>,
 }
 
-/// The loop's side of the shadows' thread.
-#[derive(Clone)]
+/// How long the shadows' thread sleeps at most before it looks again whether the loop waits (it
+/// is woken when it does; this only bounds a wake-up lost to a race).
+const BUSY_RECHECK: Duration = Duration::from_millis(50);
+
+impl Shared {
+    /// Returns once the loop is waiting between turns.
+    fn until_the_loop_waits(&self) {
+        while self.loop_busy.load(Ordering::Acquire) {
+            std::thread::park_timeout(BUSY_RECHECK);
+        }
+    }
+}
+
+/// The loop's side of the shadows' thread. Dropping it lets the thread answer what is left and
+/// end.
 pub struct ShadowQueue {
     sender: SyncSender<Asked>,
     shared: Arc<Shared>,
+}
+
+impl Drop for ShadowQueue {
+    fn drop(&mut self) {
+        self.loop_waits();
+    }
 }
 
 /// The shadows' thread's side.
@@ -205,6 +232,19 @@ pub fn queue() -> (ShadowQueue, ShadowWorker) {
 }
 
 impl ShadowQueue {
+    /// The loop starts a turn: no shadow call starts until it waits again.
+    pub fn loop_busy(&self) {
+        self.shared.loop_busy.store(true, Ordering::Release);
+    }
+
+    /// The loop waits between turns: the shadows answer what they were asked.
+    pub fn loop_waits(&self) {
+        self.shared.loop_busy.store(false, Ordering::Release);
+        if let Some(worker) = self.shared.worker.get() {
+            worker.unpark();
+        }
+    }
+
     /// Hands the question to the job's shadow of its kind, if it has one; never waits. Skipped
     /// when the queue is full, or the batches waiting hold [`QUEUED_BATCH_BYTES`].
     pub fn ask(&self, shadows: &Shadows, question: Question, now: u64) {
@@ -225,39 +265,89 @@ impl ShadowQueue {
     }
 }
 
+/// How soon the shadows' thread tries again to hand its counts over while the loop holds the store.
+const HAND_OVER_RETRY: Duration = Duration::from_millis(5);
+
 impl ShadowWorker {
-    /// Asks each shadow its questions and writes down how it compared, until the queue's last
-    /// sender is gone.
+    /// Asks each shadow its questions and hands over how it compared, until the queue's last
+    /// sender is gone. A call starts only while the loop waits between turns. The thread runs
+    /// at a lower priority (nice 10: on a busy node the shadow takes only what the rest of the
+    /// host leaves), and it never waits for the store's lock, which the loop holds while it
+    /// decides: a preempted low-priority holder would hold the loop up. Its counts wait here
+    /// until the lock is free.
     pub fn serve(self, store: &Mutex<Store>) {
+        perennial_policy::lower_this_threads_priority();
+        let _ = self.shared.worker.set(std::thread::current());
         // The shadows asked since the queue was last empty: their instances are dropped then
         // (here, never by the loop, which would wait for a call in progress).
         let mut used: Vec<Shadow> = Vec::new();
+        let mut unwritten = Unwritten::default();
         loop {
             let asked = match self.receiver.try_recv() {
                 Ok(asked) => asked,
-                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                Err(TryRecvError::Empty) => {
                     used.drain(..).for_each(|shadow| shadow.release());
-                    match self.receiver.recv() {
+                    let next = if unwritten.is_empty() {
+                        self.receiver.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    } else {
+                        self.receiver.recv_timeout(HAND_OVER_RETRY)
+                    };
+                    match next {
                         Ok(asked) => asked,
-                        Err(_) => return,
+                        Err(RecvTimeoutError::Timeout) => {
+                            unwritten.try_hand_over(store, &self.shared);
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
                     }
                 }
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Disconnected) => break,
             };
             if !used.iter().any(|shadow| shadow.same(&asked.shadow)) {
                 used.push(asked.shadow.clone());
             }
+            self.shared.until_the_loop_waits();
             self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
             let kind = asked.question.kind();
-            let compared = ask(&asked.shadow, asked.question, asked.now);
-            let skipped = std::mem::take(&mut *self.shared.skipped.lock().unwrap_or_else(|p| p.into_inner()));
-            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(compared) = compared {
-                store.recorder.shadow(&asked.job, kind, Tally::of(compared));
+            if let Some(compared) = ask(&asked.shadow, asked.question, asked.now) {
+                unwritten.0.entry((asked.job, kind)).or_default().add(Tally::of(compared));
             }
-            for ((job, kind), count) in skipped {
-                store.recorder.shadow(&job, kind, Tally { skipped: count, ..Tally::default() });
-            }
+            unwritten.try_hand_over(store, &self.shared);
+        }
+        // The loop has stopped: nothing waits for the lock any more.
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        unwritten.hand_over(&mut store, &self.shared);
+    }
+}
+
+/// Shadows' counts not yet handed over to the store's recorder.
+#[derive(Default)]
+struct Unwritten(HashMap<(Arc<str>, DecisionKind), Tally>);
+
+impl Unwritten {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Hands the counts over if the store is free; keeps them otherwise.
+    fn try_hand_over(&mut self, store: &Mutex<Store>, shared: &Shared) {
+        let mut store = match store.try_lock() {
+            Ok(store) => store,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        self.hand_over(&mut store, shared);
+    }
+
+    /// Adds the counts, and the questions skipped meanwhile, to the store's recorder (written
+    /// with its next transaction).
+    fn hand_over(&mut self, store: &mut Store, shared: &Shared) {
+        for ((job, kind), tally) in self.0.drain() {
+            store.recorder.shadow(&job, kind, tally);
+        }
+        let skipped = std::mem::take(&mut *shared.skipped.lock().unwrap_or_else(|p| p.into_inner()));
+        for ((job, kind), count) in skipped {
+            store.recorder.shadow(&job, kind, Tally { skipped: count, ..Tally::default() });
         }
     }
 }
@@ -441,9 +531,10 @@ mod tests {
     #[test]
     fn the_loop_never_waits_a_full_queue_skips_and_counts() {
         let (queue, _worker) = queue(); // nobody serves it
+        let shadows = shadows_of_a();
         for pending in 0..QUEUE as u64 + 6 {
             let stats = TriggerStats { pending_train: pending, ..TriggerStats::default() };
-            queue.ask(&shadows_of_a(), Question::Trigger { stats, train: false }, 0);
+            queue.ask(&shadows, Question::Trigger { stats, train: false }, 0);
         }
         assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Trigger), 6)]));
     }
@@ -453,13 +544,77 @@ mod tests {
         let (queue, _worker) = queue();
         let line = "x".repeat(1 << 20);
         let batch = SampleBatch::from_lines(0, &[line.as_str(); 6]).unwrap(); // 6 MiB
+        let shadows = shadows_of_a();
         for _ in 0..3 {
             let question = Question::Split { batch: batch.clone(), assignments: vec![0; 6] };
-            queue.ask(&shadows_of_a(), question, 0);
+            queue.ask(&shadows, question, 0);
         }
         // Two fit in 16 MiB; the third is skipped, and its bytes are not counted as waiting.
         assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Splitter), 1)]));
         assert_eq!(queue.shared.queued_bytes.load(Ordering::Relaxed), 2 * batch.byte_len());
+    }
+
+    #[test]
+    fn the_shadows_thread_answers_while_the_loop_holds_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+        crate::register_job(&mut store, "ml/a", "uid", &crate::JobSpec::default()).unwrap();
+        let config = Loaded::Serving { plugin: "builtin:threshold-trigger", digest: "d", config: "c" };
+        loaded(&mut store, "ml/a", DecisionKind::Trigger, config).unwrap();
+        let store = Mutex::new(store);
+        let (queue, worker) = queue();
+        let (asked, shadows) = (QUEUE as u64 + 64, shadows_of_a());
+        std::thread::scope(|scope| {
+            let held = store.lock().unwrap(); // the loop, deciding all along
+            scope.spawn(|| worker.serve(&store));
+            for pending in 0..asked {
+                let stats = TriggerStats { pending_train: pending, ..TriggerStats::default() };
+                queue.ask(&shadows, Question::Trigger { stats, train: pending > 9 }, 0);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // More than the queue holds went through: the thread did not stop at the lock.
+            assert!(skipped(&queue).is_empty(), "skipped while the store was held: {:?}", skipped(&queue));
+            drop(held);
+            drop(queue);
+        });
+        let mut store = store.into_inner().unwrap();
+        store.flush_records().unwrap();
+        let (_, _, status) = all(store.conn()).unwrap().pop().unwrap();
+        assert_eq!((status.calls, status.agreed, status.skipped), (asked, asked, 0));
+    }
+
+    #[test]
+    fn a_shadow_answers_only_while_the_loop_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+        crate::register_job(&mut store, "ml/a", "uid", &crate::JobSpec::default()).unwrap();
+        let config = Loaded::Serving { plugin: "builtin:threshold-trigger", digest: "d", config: "c" };
+        loaded(&mut store, "ml/a", DecisionKind::Trigger, config).unwrap();
+        let store = Mutex::new(store);
+        let calls = || {
+            let mut store = store.lock().unwrap();
+            store.flush_records().unwrap();
+            all(store.conn()).unwrap().pop().unwrap().2.calls
+        };
+        let (queue, worker) = queue();
+        let shadows = shadows_of_a();
+        std::thread::scope(|scope| {
+            queue.loop_busy(); // a turn
+            scope.spawn(|| worker.serve(&store));
+            let stats = TriggerStats { pending_train: 3, ..TriggerStats::default() };
+            queue.ask(&shadows, Question::Trigger { stats, train: false }, 0);
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(calls(), 0, "a shadow called while the loop was in a turn");
+            queue.loop_waits();
+            let waited = std::time::Instant::now();
+            while calls() == 0 {
+                assert!(waited.elapsed() < Duration::from_secs(10), "the shadow never answered once the loop waited");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            queue.loop_busy();
+            drop(queue); // the loop stops: the thread ends even in a turn
+        });
+        assert_eq!(calls(), 1);
     }
 
     #[test]

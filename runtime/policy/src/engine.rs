@@ -345,9 +345,9 @@ impl PolicyHost {
     }
 }
 
-/// Makes the calling thread the last to get a core (nice 10): a background compile then takes
-/// only what the jobs leave.
-fn lower_this_threads_priority() {
+/// Makes the calling thread the last to get a core (nice 10): background work (a compile, a
+/// shadow policy) then takes only what the jobs leave.
+pub fn lower_this_threads_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority on this thread's own id; raising one's nice value needs no privilege.
     unsafe {
