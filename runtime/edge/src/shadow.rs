@@ -5,8 +5,8 @@
 //! skipped. Nor does it run beside the serving side: it starts a call only while the loop waits
 //! between turns (on 2 cores, a call on the other core measurably slowed the serving call), at a
 //! lower priority than the rest of the host. Its time and its faults (a trap, a timeout, memory)
-//! are its own: they count as failed in its record. The job's status shows, per kind, its calls, agreements, disagreements and the
-//! last disagreement (`status.policies.<kind>.shadow`).
+//! are its own: they count as failed in its record. The job's status shows, per kind, its
+//! calls, agreements, disagreements and the last disagreement (`status.policies.<kind>.shadow`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
