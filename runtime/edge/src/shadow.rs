@@ -310,7 +310,7 @@ impl ShadowWorker {
             self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
             let kind = asked.question.kind();
             if let Some(compared) = ask(&asked.shadow, asked.question, asked.now) {
-                unwritten.0.entry((asked.job, kind)).or_default().add(Tally::of(compared));
+                unwritten.add(asked.job, kind, Tally::of(compared));
             }
             unwritten.try_hand_over(store, &self.shared);
         }
@@ -327,6 +327,10 @@ struct Unwritten(HashMap<(Arc<str>, DecisionKind), Tally>);
 impl Unwritten {
     fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    fn add(&mut self, job: Arc<str>, kind: DecisionKind, tally: Tally) {
+        self.0.entry((job, kind)).or_default().add(tally);
     }
 
     /// Hands the counts over if the store is free; keeps them otherwise.
@@ -554,14 +558,19 @@ mod tests {
         assert_eq!(queue.shared.queued_bytes.load(Ordering::Relaxed), 2 * batch.byte_len());
     }
 
-    #[test]
-    fn the_shadows_thread_answers_while_the_loop_holds_the_store() {
+    /// A store in a temporary directory, where job `ml/a` has a trigger shadow.
+    fn store_with_a_trigger_shadow() -> (tempfile::TempDir, Mutex<Store>) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
         crate::register_job(&mut store, "ml/a", "uid", &crate::JobSpec::default()).unwrap();
         let config = Loaded::Serving { plugin: "builtin:threshold-trigger", digest: "d", config: "c" };
         loaded(&mut store, "ml/a", DecisionKind::Trigger, config).unwrap();
-        let store = Mutex::new(store);
+        (dir, Mutex::new(store))
+    }
+
+    #[test]
+    fn the_shadows_thread_answers_while_the_loop_holds_the_store() {
+        let (_dir, store) = store_with_a_trigger_shadow();
         let (queue, worker) = queue();
         let (asked, shadows) = (QUEUE as u64 + 64, shadows_of_a());
         std::thread::scope(|scope| {
@@ -585,12 +594,7 @@ mod tests {
 
     #[test]
     fn a_shadow_answers_only_while_the_loop_waits() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
-        crate::register_job(&mut store, "ml/a", "uid", &crate::JobSpec::default()).unwrap();
-        let config = Loaded::Serving { plugin: "builtin:threshold-trigger", digest: "d", config: "c" };
-        loaded(&mut store, "ml/a", DecisionKind::Trigger, config).unwrap();
-        let store = Mutex::new(store);
+        let (_dir, store) = store_with_a_trigger_shadow();
         let calls = || {
             let mut store = store.lock().unwrap();
             store.flush_records().unwrap();
