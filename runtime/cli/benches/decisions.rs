@@ -10,7 +10,9 @@
 //!   `trigger/decide-timed-{alone,beside-shadow}`: the serving call's own latency (only the call
 //!   timed), alone and with a shadow asked the same questions. All three as the edge's loop runs:
 //!   turns of 100 decisions, and a wait of 1 ms after each, in which the shadow answers (it
-//!   starts no call during a turn); how many it answered and skipped is printed.
+//!   starts no call during a turn); how many it answered and skipped is printed. Then the two
+//!   latencies in alternation, turn by turn, 1,000 pairs: the difference a shadow makes under the
+//!   same moment's load, for a call, the first call of a turn and the others (printed).
 //! - `trigger/record-train`: the record of a decision that started a round, inserted in the
 //!   transaction that acts on it (the transaction itself is the round's).
 //! - `split/10000/{split,record}`: the built-in splitter on 10,000 samples as a Wasm component,
@@ -56,6 +58,8 @@ fn store() -> (tempfile::TempDir, Store) {
 /// Decisions per turn of the loop in the shadow benches, and the loop's wait after each.
 const TURN: u64 = 100;
 const LOOP_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+/// Turns of each compared in alternation.
+const PAIRS: usize = 1000;
 
 /// What a shadow bench times.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -140,6 +144,8 @@ fn trigger(c: &mut Criterion) {
         scope.spawn(|| worker.serve(&shadow_store));
         // As the edge's loop runs: a turn of decisions (its shadow asked after each acted), then
         // a wait, in which the shadow answers. Only the timed part counts, the same way in each.
+        // The first call of each turn, apart (the paired figure below).
+        let first_calls = std::cell::Cell::new(std::time::Duration::ZERO);
         let mut turns = |timed: Timed, iters: u64| {
             let mut spent = std::time::Duration::ZERO;
             for call in 0..iters {
@@ -150,6 +156,9 @@ fn trigger(c: &mut Criterion) {
                 let started = std::time::Instant::now();
                 let decision = policy.decide(black_box(&stats)).unwrap();
                 let call_time = started.elapsed();
+                if call % TURN == 0 {
+                    first_calls.set(first_calls.get() + call_time);
+                }
                 if with_shadow(timed) {
                     queue.ask(&shadows, Question::Trigger { stats: stats.clone(), train: decision.train }, 0);
                 }
@@ -165,6 +174,42 @@ fn trigger(c: &mut Criterion) {
         group.bench_function("decide-timed-alone", |b| b.iter_custom(|iters| turns(Timed::Alone, iters)));
         group
             .bench_function("decide-timed-beside-shadow", |b| b.iter_custom(|iters| turns(Timed::BesideShadow, iters)));
+        // The same two in alternation, under the same moment's load (the cases above run a
+        // minute apart on a noisy machine): two turns of each, the second timed (the first
+        // after a change lands the shadow's last answers on the other case).
+        let mut paired = Vec::with_capacity(PAIRS);
+        for _ in 0..PAIRS {
+            // Each case's mean call, and its first call of the turn.
+            let [(alone, alone_first), (beside, beside_first)] = [Timed::Alone, Timed::BesideShadow].map(|timed| {
+                turns(timed, TURN);
+                first_calls.set(std::time::Duration::ZERO);
+                let mean = turns(timed, TURN).as_secs_f64() * 1e6 / TURN as f64;
+                (mean, first_calls.get().as_secs_f64() * 1e6)
+            });
+            let others = |mean: f64, first: f64| (mean * TURN as f64 - first) / (TURN - 1) as f64;
+            paired.push([
+                alone,
+                beside,
+                beside - alone,
+                beside_first - alone_first,
+                others(beside, beside_first) - others(alone, alone_first),
+            ]);
+        }
+        // The median of one column, and its quartiles.
+        let quartiles = |column: usize| {
+            let mut values: Vec<f64> = paired.iter().map(|pair| pair[column]).collect();
+            values.sort_by(f64::total_cmp);
+            [values.len() / 4, values.len() / 2, values.len() * 3 / 4].map(|at| values[at])
+        };
+        let [_, alone, _] = quartiles(0);
+        let [_, beside, _] = quartiles(1);
+        println!(
+            "trigger serving call in {PAIRS} pairs of turns: {alone:.2} µs alone, {beside:.2} µs beside the shadow (medians)"
+        );
+        for (column, which) in [(2, "a call"), (3, "the first call of a turn"), (4, "the other calls")] {
+            let [low, median, high] = quartiles(column);
+            println!("  beside minus alone, {which}: {median:+.2} µs (quartiles {low:+.2} to {high:+.2})");
+        }
         drop(queue);
     });
     let mut store = shadow_store.into_inner().unwrap();

@@ -1,16 +1,17 @@
 //! Shadow policies: a candidate named in a policy reference (`shadow:`) is asked the same live
 //! questions as the serving policy, after the serving answer is made and acted on, on a thread of
-//! its own, and never acts. The serving policy never waits for it: the loop hands it the question
-//! through a bounded queue, and a question it cannot take (the queue is full) is counted as
-//! skipped. Nor does it run beside the serving side: it starts a call only while the loop waits
-//! between turns (on 2 cores, a call on the other core measurably slowed the serving call), at a
-//! lower priority than the rest of the host. Its time and its faults (a trap, a timeout, memory)
+//! its own, and never acts. The serving policy never waits for it: the loop keeps a turn's
+//! questions and hands them over together when it waits, and a question beyond the bound (the
+//! queue is full) is counted as skipped. Nor does it run beside the serving side: it starts a call
+//! only while the loop waits between turns (on 2 cores, a call on the other core measurably slowed
+//! the serving call), at a lower priority than the rest of the host. Its time and its faults (a trap, a timeout, memory)
 //! are its own: they count as failed in its record. The job's status shows, per kind, its
 //! calls, agreements, disagreements and the last disagreement (`status.policies.<kind>.shadow`).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::thread::Thread;
 use std::time::Duration;
@@ -182,10 +183,12 @@ struct Asked {
 }
 
 /// What the two sides share: questions skipped since the thread last wrote them down (by job
-/// and kind), the bytes of the batches waiting, and whether the loop is in a turn.
+/// and kind), the questions and the bytes of the batches waiting, and whether the loop is in a
+/// turn.
 #[derive(Default)]
 struct Shared {
     skipped: Mutex<HashMap<(String, DecisionKind), u64>>,
+    queued: AtomicUsize,
     queued_bytes: AtomicUsize,
     loop_busy: AtomicBool,
     /// The shadows' thread, woken when the loop starts to wait.
@@ -208,7 +211,10 @@ impl Shared {
 /// The loop's side of the shadows' thread. Dropping it lets the thread answer what is left and
 /// end.
 pub struct ShadowQueue {
-    sender: SyncSender<Asked>,
+    /// A whole turn's questions at once: one hand-off per turn, not one per decision.
+    sender: Sender<Vec<Asked>>,
+    /// This turn's questions, handed over when the loop waits.
+    turn: RefCell<Vec<Asked>>,
     shared: Arc<Shared>,
 }
 
@@ -220,15 +226,17 @@ impl Drop for ShadowQueue {
 
 /// The shadows' thread's side.
 pub struct ShadowWorker {
-    receiver: Receiver<Asked>,
+    receiver: Receiver<Vec<Asked>>,
     shared: Arc<Shared>,
 }
 
 /// A queue and the worker that serves it (run [`ShadowWorker::serve`] on a thread of its own).
 pub fn queue() -> (ShadowQueue, ShadowWorker) {
-    let (sender, receiver) = std::sync::mpsc::sync_channel(QUEUE);
+    // Unbounded in turns, bounded in questions: each turn handed over holds at least one of the
+    // `QUEUE` questions that may wait.
+    let (sender, receiver) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared::default());
-    (ShadowQueue { sender, shared: shared.clone() }, ShadowWorker { receiver, shared })
+    (ShadowQueue { sender, turn: RefCell::default(), shared: shared.clone() }, ShadowWorker { receiver, shared })
 }
 
 impl ShadowQueue {
@@ -240,13 +248,20 @@ impl ShadowQueue {
     /// The loop waits between turns: the shadows answer what they were asked.
     pub fn loop_waits(&self) {
         self.shared.loop_busy.store(false, Ordering::Release);
+        let turn = std::mem::take(&mut *self.turn.borrow_mut());
+        if !turn.is_empty() && self.sender.send(turn).is_err() {
+            // The thread is gone (it ended with a panic): what waited is not answered.
+            self.shared.queued.store(0, Ordering::Relaxed);
+            self.shared.queued_bytes.store(0, Ordering::Relaxed);
+        }
         if let Some(worker) = self.shared.worker.get() {
             worker.unpark();
         }
     }
 
-    /// Hands the question to the job's shadow of its kind, if it has one; never waits. Skipped
-    /// when the queue is full, or the batches waiting hold [`QUEUED_BATCH_BYTES`].
+    /// Keeps the question for the job's shadow of its kind, if it has one, until the loop waits;
+    /// never waits. Skipped when [`QUEUE`] questions wait, or the batches waiting hold
+    /// [`QUEUED_BATCH_BYTES`].
     pub fn ask(&self, shadows: &Shadows, question: Question, now: u64) {
         let kind = question.kind();
         let Some(shadow) = shadows.of(kind) else { return };
@@ -254,11 +269,14 @@ impl ShadowQueue {
             Question::Split { batch, .. } => batch.byte_len(),
             _ => 0,
         };
-        let queued = &self.shared.queued_bytes;
-        let fits = bytes == 0 || queued.fetch_add(bytes, Ordering::Relaxed) + bytes <= QUEUED_BATCH_BYTES;
-        let asked = Asked { job: shadows.job.clone(), shadow, question, now, bytes };
-        if !fits || matches!(self.sender.try_send(asked), Err(TrySendError::Full(_))) {
-            queued.fetch_sub(bytes, Ordering::Relaxed);
+        let (queued, queued_bytes) = (&self.shared.queued, &self.shared.queued_bytes);
+        let fits = queued.load(Ordering::Relaxed) < QUEUE
+            && (bytes == 0 || queued_bytes.load(Ordering::Relaxed) + bytes <= QUEUED_BATCH_BYTES);
+        if fits {
+            queued.fetch_add(1, Ordering::Relaxed);
+            queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.turn.borrow_mut().push(Asked { job: shadows.job.clone(), shadow, question, now, bytes });
+        } else {
             let mut skipped = self.shared.skipped.lock().unwrap_or_else(|p| p.into_inner());
             *skipped.entry((shadows.job.to_string(), kind)).or_default() += 1;
         }
@@ -283,8 +301,8 @@ impl ShadowWorker {
         let mut used: Vec<Shadow> = Vec::new();
         let mut unwritten = Unwritten::default();
         loop {
-            let asked = match self.receiver.try_recv() {
-                Ok(asked) => asked,
+            let turn = match self.receiver.try_recv() {
+                Ok(turn) => turn,
                 Err(TryRecvError::Empty) => {
                     used.drain(..).for_each(|shadow| shadow.release());
                     let next = if unwritten.is_empty() {
@@ -293,7 +311,7 @@ impl ShadowWorker {
                         self.receiver.recv_timeout(HAND_OVER_RETRY)
                     };
                     match next {
-                        Ok(asked) => asked,
+                        Ok(turn) => turn,
                         Err(RecvTimeoutError::Timeout) => {
                             unwritten.try_hand_over(store, &self.shared);
                             continue;
@@ -303,16 +321,19 @@ impl ShadowWorker {
                 }
                 Err(TryRecvError::Disconnected) => break,
             };
-            if !used.iter().any(|shadow| shadow.same(&asked.shadow)) {
-                used.push(asked.shadow.clone());
+            for asked in turn {
+                if !used.iter().any(|shadow| shadow.same(&asked.shadow)) {
+                    used.push(asked.shadow.clone());
+                }
+                self.shared.until_the_loop_waits();
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
+                let kind = asked.question.kind();
+                if let Some(compared) = ask(&asked.shadow, asked.question, asked.now) {
+                    unwritten.add(asked.job, kind, Tally::of(compared));
+                }
+                unwritten.try_hand_over(store, &self.shared);
             }
-            self.shared.until_the_loop_waits();
-            self.shared.queued_bytes.fetch_sub(asked.bytes, Ordering::Relaxed);
-            let kind = asked.question.kind();
-            if let Some(compared) = ask(&asked.shadow, asked.question, asked.now) {
-                unwritten.add(asked.job, kind, Tally::of(compared));
-            }
-            unwritten.try_hand_over(store, &self.shared);
         }
         // The loop has stopped: nothing waits for the lock any more.
         let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
@@ -539,6 +560,11 @@ mod tests {
         for pending in 0..QUEUE as u64 + 6 {
             let stats = TriggerStats { pending_train: pending, ..TriggerStats::default() };
             queue.ask(&shadows, Question::Trigger { stats, train: false }, 0);
+            if pending == 100 {
+                // A turn handed over and not yet answered still counts as waiting.
+                queue.loop_waits();
+                queue.loop_busy();
+            }
         }
         assert_eq!(skipped(&queue), HashMap::from([(("ml/a".to_owned(), DecisionKind::Trigger), 6)]));
     }
@@ -577,8 +603,11 @@ mod tests {
             let held = store.lock().unwrap(); // the loop, deciding all along
             scope.spawn(|| worker.serve(&store));
             for pending in 0..asked {
+                // A turn of one question, then a wait (with the store held all along).
+                queue.loop_busy();
                 let stats = TriggerStats { pending_train: pending, ..TriggerStats::default() };
                 queue.ask(&shadows, Question::Trigger { stats, train: pending > 9 }, 0);
+                queue.loop_waits();
                 std::thread::sleep(Duration::from_millis(2));
             }
             // More than the queue holds went through: the thread did not stop at the lock.

@@ -241,15 +241,14 @@ impl Store {
 
     fn migrate(&mut self, path: &str, migrations: &[&str]) -> Result<(), StoreError> {
         let known = migrations.len() as i64;
-        let version = |conn: &Connection| conn.pragma_query_value(None, "user_version", |row| row.get::<_, i64>(0));
-        if version(&self.conn)? == known {
+        if user_version(&self.conn)? == known {
             return Ok(()); // up to date: no write lock taken
         }
         // The version is read again under the write lock: another process opening the same
         // database at the same moment (`perennial status` while `perennial run` starts) waits
         // for this one and then finds it migrated, instead of migrating it a second time.
         let tx = self.write()?;
-        let found = version(&tx)?;
+        let found = user_version(&tx)?;
         if found > known {
             return Err(StoreError::TooNew { path: path.to_owned(), found, known });
         }
@@ -296,8 +295,13 @@ impl Store {
 
     /// The schema version in force.
     pub fn version(&self) -> Result<i64, rusqlite::Error> {
-        self.conn.pragma_query_value(None, "user_version", |row| row.get(0))
+        user_version(&self.conn)
     }
+}
+
+/// The schema version a database is at.
+fn user_version(conn: &Connection) -> Result<i64, rusqlite::Error> {
+    conn.pragma_query_value(None, "user_version", |row| row.get(0))
 }
 
 #[cfg(test)]
