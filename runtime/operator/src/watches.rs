@@ -101,7 +101,9 @@ where
 {
     let (store, writer) = reflector::store();
     let (to_controller, triggers) = unbounded();
-    let events = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    // managedFields is never read here, and is often the biggest part of a stored object.
+    let objects = watcher(api, config).modify(|object| object.meta_mut().managed_fields = None);
+    let events = reflector::reflector(writer, objects).default_backoff();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         // A (re)list's highest version: its objects reach the store together, at its end.
