@@ -142,10 +142,10 @@ fn trigger(c: &mut Criterion) {
     let (queue, worker) = shadow::queue();
     std::thread::scope(|scope| {
         scope.spawn(|| worker.serve(&shadow_store));
-        // As the edge's loop runs: a turn of decisions (its shadow asked after each acted), then
-        // a wait, in which the shadow answers. Only the timed part counts, the same way in each.
         // The first call of each turn, apart (the paired figure below).
         let first_calls = std::cell::Cell::new(std::time::Duration::ZERO);
+        // As the edge's loop runs: a turn of decisions (its shadow asked after each acted), then
+        // a wait, in which the shadow answers. Only the timed part counts, the same way in each.
         let mut turns = |timed: Timed, iters: u64| {
             let mut spent = std::time::Duration::ZERO;
             for call in 0..iters {

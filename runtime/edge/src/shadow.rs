@@ -2,11 +2,12 @@
 //! questions as the serving policy, after the serving answer is made and acted on, on a thread of
 //! its own, and never acts. The serving policy never waits for it: the loop keeps a turn's
 //! questions and hands them over together when it waits, and a question beyond the bound (the
-//! queue is full) is counted as skipped. Nor does it run beside the serving side: it starts a call
-//! only while the loop waits between turns (on 2 cores, a call on the other core measurably slowed
-//! the serving call), at a lower priority than the rest of the host. Its time and its faults (a trap, a timeout, memory)
-//! are its own: they count as failed in its record. The job's status shows, per kind, its
-//! calls, agreements, disagreements and the last disagreement (`status.policies.<kind>.shadow`).
+//! queue is full) is counted as skipped. Nor does it run beside the serving side: it starts a
+//! call only while the loop waits between turns (on 2 cores, a call on the other core measurably
+//! slowed the serving call), at a lower priority than the rest of the host. Its time and its
+//! faults (a trap, a timeout, memory) are its own: they count as failed in its record. The job's
+//! status shows, per kind, its calls, agreements, disagreements and the last disagreement
+//! (`status.policies.<kind>.shadow`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -632,10 +633,14 @@ mod tests {
         let (queue, worker) = queue();
         let shadows = shadows_of_a();
         std::thread::scope(|scope| {
-            queue.loop_busy(); // a turn
-            scope.spawn(|| worker.serve(&store));
+            // A turn's question is handed over when the loop waits; the next turn starts before
+            // the thread has taken it: the thread holds a question, and must not call yet.
+            queue.loop_busy();
             let stats = TriggerStats { pending_train: 3, ..TriggerStats::default() };
             queue.ask(&shadows, Question::Trigger { stats, train: false }, 0);
+            queue.loop_waits();
+            queue.loop_busy();
+            scope.spawn(|| worker.serve(&store));
             std::thread::sleep(Duration::from_millis(300));
             assert_eq!(calls(), 0, "a shadow called while the loop was in a turn");
             queue.loop_waits();
