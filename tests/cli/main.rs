@@ -3,8 +3,7 @@
 mod support;
 
 mod decisions;
-mod deploy_edge;
-mod deploy_operator;
+mod deploy_env;
 mod edge_crash;
 mod edge_link;
 mod embedded_crash;

@@ -4,8 +4,6 @@
 pub mod embedded;
 #[path = "../support/link.rs"]
 pub mod link;
-#[path = "../support/manifests.rs"]
-pub mod manifests;
 #[path = "../support/many_jobs.rs"]
 pub mod many_jobs;
 #[path = "../support/plugin_projects.rs"]

@@ -12,7 +12,7 @@
 //!   idle jobs in its desired state.
 
 use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput};
@@ -71,12 +71,11 @@ fn main() {
                     let db = dir.path().join(format!("{name}-{}.db", rand_suffix()));
                     let mut store = Store::open(&db).unwrap();
                     edge::register_job(&mut store, JOB, "uid", &JobSpec::default()).unwrap();
-                    store
+                    Mutex::new(store)
                 },
-                |mut store| {
+                |store| {
                     let mut file = LocalFile { path: index.clone() };
-                    let done =
-                        edge::ingest(&mut store, JOB, &mut file, false, &split, IngestLimits::default()).unwrap();
+                    let done = edge::ingest(&store, JOB, &mut file, false, &split, IngestLimits::default()).unwrap();
                     assert_eq!(done.samples, LINES as u64);
                     store
                 },

@@ -13,7 +13,6 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use perennial_embedded::{self as embedded, RunOptions};
-use perennial_lifecycle::Settings;
 
 const ROUNDS: usize = 40;
 
@@ -123,19 +122,7 @@ fn main() {
     let index = state.join("data/index.txt");
     std::fs::write(&index, "").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let options = RunOptions {
-        reaper: None,
-        compiler: None,
-        paths: vec![dir.clone()],
-        state_dir: state.clone(),
-        cache_dir: None,
-        rounds: None,
-        bind: "127.0.0.1:0".parse().unwrap(),
-        kb_server: String::new(),
-        poll: Duration::from_millis(1000),
-        terminal: false,
-        settings: Settings::default(),
-    };
+    let options = RunOptions::local(vec![dir.clone()], state.clone());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let run = {
         let stop = stop.clone();

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 mod many_jobs;
 
 use perennial_embedded::{self as embedded, RunOptions};
-use perennial_lifecycle::Settings;
 
 /// Samples appended to each job's index a round; the trigger's threshold is 8 train samples.
 const SAMPLES: usize = 10;
@@ -143,16 +142,7 @@ fn scenario(name: &str, jobs: usize, rounds: usize) {
     let options = RunOptions {
         // As `perennial run` starts it: workers are then started without a fork of this process.
         reaper: Some(PathBuf::from(env!("CARGO_BIN_EXE_perennial"))),
-        compiler: None,
-        paths: vec![dir.clone()],
-        state_dir: state.clone(),
-        cache_dir: None,
-        rounds: None,
-        bind: "127.0.0.1:0".parse().unwrap(),
-        kb_server: String::new(),
-        poll: Duration::from_millis(1000),
-        terminal: false,
-        settings: Settings::default(),
+        ..RunOptions::local(vec![dir.clone()], state.clone())
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let run = {

@@ -21,7 +21,7 @@ use super::ingest::{FileState, IngestLimits, Split, ingest};
 use super::rounds::RoundError;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
 use super::shadow::{self, Question, ShadowQueue, Shadows};
-use crate::sqlite::Store;
+use crate::sqlite::{Store, lock};
 use perennial_policy::{
     Kind, OnError, Policy, PolicyEvents, PolicyHost, PolicyRef, SelectorPolicy, Source, SplitterPolicy, TracingEvents,
     TriggerPolicy,
@@ -301,7 +301,7 @@ fn run_loop(
                         // Its records' bound is read from the stored spec.
                         if runner.job.spec.decision_records != config.spec.decision_records {
                             runner.job.spec.decision_records = config.spec.decision_records;
-                            let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                            let mut store = lock(store);
                             let job = &runner.job;
                             if let Err(err) = crate::register_job(&mut store, &job.name, &job.uid, &job.spec) {
                                 tracing::warn!(job = job.name, "recording the job's decisionRecords: {err}");
@@ -335,7 +335,7 @@ fn run_loop(
 
 /// Writes the trigger waits held in memory: when they are due, or all (`at_end`).
 fn flush_records(store: &Mutex<Store>, at_end: bool) {
-    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut store = lock(store);
     let flushed = if at_end { store.flush_records() } else { store.flush_records_if_due() };
     if let Err(err) = flushed {
         tracing::warn!("recording the triggers' waits: {err}");
@@ -523,7 +523,7 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
         runner.policies.fallback_trigger = policy;
         runner.job.fallback_trigger = next.fallback_trigger.clone();
     }
-    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut store = lock(store);
     if let Some((shadows, refused)) = shadows {
         runner.policies.shadows = shadows;
         runner.job.trigger.shadow = next.trigger.shadow.clone();
@@ -683,11 +683,12 @@ fn turn(
     let mut recheck = settings.poll;
     let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
     let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
-    let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    // The store is locked for each read and each commit only: the worker API and the link never
+    // wait behind a policy call, a file read or a model copy.
     let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob, shadow: splitter_shadow };
     let mut more = false;
     let mut ingest_fault = None;
-    match ingest(&mut store, &job.name, index.as_mut(), csv, &split, limits) {
+    match ingest(store, &job.name, index.as_mut(), csv, &split, limits) {
         Ok(done) => {
             more = done.batches > 0;
             match (&done.state, faults.missing_said) {
@@ -709,12 +710,12 @@ fn turn(
             }
             if policies.splitter.is_some() && done.batches > 0 {
                 let failure = done.fell_back.as_ref().map(|err| format!("{err}; Sedna's trainProb rule decided"));
-                note(&mut store, &job.name, "splitter", failure.as_deref());
+                note(store, &job.name, "splitter", failure.as_deref());
             }
         }
         Err(IngestError::Held(err)) => {
             let held = format!("splitter failed, the job holds (onError: hold): {err}");
-            note(&mut store, &job.name, "splitter", Some(&format!("{err}; the job holds (onError: hold)")));
+            note(store, &job.name, "splitter", Some(&format!("{err}; the job holds (onError: hold)")));
             ingest_fault = Some(held);
         }
         Err(err) => ingest_fault = Some(format!("ingest: {err}")),
@@ -723,52 +724,26 @@ fn turn(
     let clock = Clock { now: now(), utc_offset_secs: settings.utc_offset_secs };
     let mut index = Index { file: index.as_mut(), csv, url: &job.spec.dataset_url, max_line: settings.limits.max_line };
     let out = OutputDir { url: &job.spec.output_dir, op: output };
-    let outcome = match stage(&store, &job.name) {
+    // Read apart: a guard in the match's scrutinee would be held through the whole step.
+    let now_in = stage(&lock(store), &job.name);
+    let outcome = match now_in {
         Some((Stage::Train, Phase::Waiting)) => {
-            let outcome = rounds::train_waiting(
-                &mut store,
-                &job.name,
-                &mut index,
-                &out,
-                &policies.trigger,
-                clock,
-                trigger_shadow,
-            );
-            with_fallback(
-                &mut store,
-                &job.name,
-                "trigger",
-                outcome,
-                policies.fallback_trigger.as_ref(),
-                |store, trigger| {
-                    rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock, trigger_shadow)
-                },
-            )
+            let outcome =
+                rounds::train_waiting(store, &job.name, &mut index, &out, &policies.trigger, clock, trigger_shadow);
+            with_fallback(store, &job.name, "trigger", outcome, policies.fallback_trigger.as_ref(), |trigger| {
+                rounds::train_waiting(store, &job.name, &mut index, &out, trigger, clock, trigger_shadow)
+            })
         }
         Some((Stage::Eval, Phase::Waiting)) => {
-            rounds::eval_waiting(&mut store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
+            rounds::eval_waiting(store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
         }
         Some((Stage::Deploy, Phase::Waiting)) => {
             let read_model = read_model.as_ref();
-            let outcome = rounds::deploy_waiting(
-                &mut store,
-                &job.name,
-                &out,
-                read_model,
-                &policies.selector,
-                clock,
-                selector_shadow,
-            );
-            with_fallback(
-                &mut store,
-                &job.name,
-                "selector",
-                outcome,
-                policies.fallback_selector.as_ref(),
-                |store, selector| {
-                    rounds::deploy_waiting(store, &job.name, &out, read_model, selector, clock, selector_shadow)
-                },
-            )
+            let outcome =
+                rounds::deploy_waiting(store, &job.name, &out, read_model, &policies.selector, clock, selector_shadow);
+            with_fallback(store, &job.name, "selector", outcome, policies.fallback_selector.as_ref(), |selector| {
+                rounds::deploy_waiting(store, &job.name, &out, read_model, selector, clock, selector_shadow)
+            })
         }
         _ => Ok(Outcome::NotDue { reason: "no edge step in this stage".into() }),
     };
@@ -781,6 +756,7 @@ fn turn(
         Ok(Outcome::NotDue { .. }) => None,
     };
     let fault = faults.summary();
+    let mut store = lock(store);
     if let Err(err) = rounds::set_fault(&mut store, &job.name, fault.as_deref()) {
         tracing::warn!(job = job.name, "recording the job's fault: {err}");
     }
@@ -795,6 +771,7 @@ fn turn(
     {
         tracing::warn!(job = job.name, "recording why the job waits: {err}");
     }
+    drop(store);
     let mut reported = false;
     match outcome {
         Ok(Outcome::Reported(report)) => {
@@ -811,8 +788,8 @@ fn turn(
 }
 
 /// Notes a policy's health; a failure to note it is only logged.
-fn note(store: &mut Store, job: &str, kind: &str, failure: Option<&str>) {
-    if let Err(err) = health::record(store, job, kind, failure, now()) {
+fn note(store: &Mutex<Store>, job: &str, kind: &str, failure: Option<&str>) {
+    if let Err(err) = health::record(&mut lock(store), job, kind, failure, now()) {
         tracing::warn!(job, "recording the {kind} policy's health: {err}");
     }
 }
@@ -821,19 +798,19 @@ fn note(store: &mut Store, job: &str, kind: &str, failure: Option<&str>) {
 /// (`onError: fallback`), the step is done again with that rule (nothing was written before the
 /// policy's answer). Without one, the job holds, and says why.
 fn with_fallback<P>(
-    store: &mut Store,
+    store: &Mutex<Store>,
     job: &str,
     kind: &'static str,
     outcome: Result<Outcome, RoundError>,
     fallback: Option<&P>,
-    again: impl FnOnce(&mut Store, &P) -> Result<Outcome, RoundError>,
+    again: impl FnOnce(&P) -> Result<Outcome, RoundError>,
 ) -> Result<Outcome, RoundError> {
     match outcome {
         Err(RoundError::Policy { kind: failed, error }) if failed == kind => match fallback {
             Some(rule) => {
                 note(store, job, kind, Some(&format!("{error}; Sedna's rule decided")));
                 tracing::warn!(job, "the {kind} policy failed, Sedna's rule decides: {error}");
-                again(store, rule)
+                again(rule)
             }
             None => {
                 note(store, job, kind, Some(&format!("{error}; the job holds")));

@@ -11,13 +11,20 @@
 //! it was read (a state dir moved or copied, a file rewritten with the same lines first) is read
 //! on from the cursor; a file cut short that still begins with the first batch read is read on
 //! from its new end (the batches cut off are forgotten): either way no sample is counted twice.
+//!
+//! The store is locked to read the cursor and to commit a batch, not while the file is read or
+//! the splitter decides; a batch commits only if the job's cursor is still the one it was read
+//! from (the job replaced meanwhile: nothing of the batch is committed, and reading goes on from
+//! the new job's cursor).
+
+use std::sync::Mutex;
 
 use rusqlite::{OptionalExtension, params};
 
 use super::index_file::{FileStat, IndexFile};
 use super::lines::{self, Cursor};
 use crate::decisions::{BatchInput, DecidedBy, DecisionKind, Record, SplitCounts};
-use crate::sqlite::Store;
+use crate::sqlite::{Store, lock};
 use perennial_policy::{Assignments, OnError, PolicyError, SampleBatch, SplitterPolicy};
 
 /// Bounds on what is held in memory at once.
@@ -91,6 +98,13 @@ struct JobFile {
     round: i64,
 }
 
+impl JobFile {
+    /// Whether both read the file at the same place (the job was not replaced in between).
+    fn same_place(&self, other: &JobFile) -> bool {
+        (self.cursor, &self.file_id, self.batches) == (other.cursor, &other.file_id, other.batches)
+    }
+}
+
 fn load(store: &Store, job: &str) -> Result<JobFile, IngestError> {
     store
         .conn()
@@ -118,7 +132,7 @@ fn load(store: &Store, job: &str) -> Result<JobFile, IngestError> {
 
 /// Reads and commits everything new in the job's index.
 pub fn ingest(
-    store: &mut Store,
+    store: &Mutex<Store>,
     job: &str,
     file: &mut dyn IndexFile,
     csv: bool,
@@ -135,7 +149,7 @@ pub fn ingest(
         restarted: None,
         fell_back: None,
     };
-    let mut state = load(store, job)?;
+    let mut state = load(&lock(store), job)?;
     loop {
         let Some(stat) = file.stat().map_err(read_error)? else {
             out.state = FileState::Missing;
@@ -146,7 +160,7 @@ pub fn ingest(
                 // The same data under another identity: the state dir moved or copied, or the
                 // file rewritten with the same lines first. Re-reading it would count each
                 // sample twice.
-                store.conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
+                lock(store).conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
                 state.file_id = Some(stat.id.clone());
                 out.restarted = Some(format!(
                     "{name}: {reason}, but it holds the samples already read where they were read: reading on \
@@ -155,20 +169,21 @@ pub fn ingest(
                 ));
             } else if stat.len < state.cursor.offset && holds_batch(store, job, file, Which::First)? {
                 // Cut short, its beginning as it was read: what is left was read already.
-                cut(store, job, &stat)?;
+                cut(&mut lock(store), job, &stat)?;
                 out.restarted = Some(format!(
                     "{name}: {reason}, but it begins with the samples already read: reading on from byte {} \
                      (the samples cut off are forgotten)",
                     stat.len
                 ));
-                state = load(store, job)?;
+                state = load(&lock(store), job)?;
             } else {
-                restart(store, job, &stat)?;
+                let mut locked = lock(store);
+                restart(&mut locked, job, &stat)?;
                 out.restarted = Some(format!("{name}: {reason}; reading it again from the start"));
-                state = load(store, job)?;
+                state = load(&locked, job)?;
             }
         } else if state.file_id.is_none() {
-            store.conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
+            lock(store).conn().execute("UPDATE jobs SET file_id = ?2 WHERE name = ?1", params![job, stat.id])?;
             state.file_id = Some(stat.id.clone());
         }
         if state.cursor.offset >= stat.len {
@@ -237,7 +252,15 @@ pub fn ingest(
             }
             _ => None,
         };
-        let tx = store.write_recording(record.as_slice())?;
+        let mut locked = lock(store);
+        let now = load(&locked, job)?;
+        if !now.same_place(&state) {
+            // The job was replaced while its batch was split: nothing of it is committed, and
+            // reading goes on from the new job's cursor.
+            state = now;
+            continue;
+        }
+        let tx = locked.write_recording(record.as_slice())?;
         if let (Some(first), Some(last)) = (scan.samples.first(), scan.samples.last()) {
             tx.execute(
                 "INSERT INTO batches (job, batch, first_seq, start, end, assignments, train_count, eval_count, checksum)
@@ -285,6 +308,7 @@ pub fn ingest(
             params![job, scan.cursor.samples as i64],
         )?;
         tx.commit()?;
+        drop(locked);
         if let (Some(shadow), Some(batch)) = (split.shadow, for_shadow) {
             shadow(crate::shadow::Question::Split { batch, assignments: assignments.as_bytes().to_vec() });
         }
@@ -320,12 +344,12 @@ enum Which {
 
 /// Whether `file` holds the job's first or last batch byte for byte where it was read (its
 /// checksum).
-fn holds_batch(store: &Store, job: &str, file: &mut dyn IndexFile, which: Which) -> Result<bool, IngestError> {
+fn holds_batch(store: &Mutex<Store>, job: &str, file: &mut dyn IndexFile, which: Which) -> Result<bool, IngestError> {
     let order = match which {
         Which::First => "ASC",
         Which::Last => "DESC",
     };
-    let batch: Option<(i64, i64, Option<Vec<u8>>)> = store
+    let batch: Option<(i64, i64, Option<Vec<u8>>)> = lock(store)
         .conn()
         .query_row(
             &format!("SELECT start, end, checksum FROM batches WHERE job = ?1 ORDER BY batch {order} LIMIT 1"),

@@ -13,6 +13,15 @@
 //! Files are written before the transaction that records them: a crash in between rewrites the
 //! same file on restart, and a reader never sees a half-written one. Each step happens once per
 //! round (`acted`), so a repeated stage notice does not report twice.
+//!
+//! A step is a shell around pure decisions ([`due`], [`stats_of`], the reports): it locks the
+//! store to read the job, lets go of it while the policy decides and the files are written or
+//! the model copied, and locks it again to commit, only if the job's row is still as it read it
+//! (the control plane may have moved the job meanwhile: then nothing is committed, and the next
+//! turn looks again).
+
+use std::sync::Mutex;
+use std::time::Instant;
 
 use opendal::blocking::Operator;
 use rusqlite::{OptionalExtension, params};
@@ -22,7 +31,7 @@ use super::lines::{self, Cursor};
 use super::report::{self, Input, Model, Report};
 use crate::decisions::{DecidedBy, DecisionKind, Record, SelectAnswer, SelectInput, TriggerAnswer};
 use crate::shadow::Question;
-use crate::sqlite::Store;
+use crate::sqlite::{Store, lock};
 use perennial_policy::{Metrics, ModelInfo, PolicyError, SelectorPolicy, TriggerPolicy, TriggerStats};
 use perennial_types::{Phase, Stage, StageNotice};
 
@@ -89,7 +98,8 @@ pub enum RoundError {
     Store(#[from] rusqlite::Error),
 }
 
-struct JobRow {
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRow {
     uid: String,
     round: i64,
     /// As the control plane last said (absent: an unreadable row, never due).
@@ -102,45 +112,60 @@ struct JobRow {
     deployed: Option<String>,
 }
 
-fn job_row(store: &Store, job: &str) -> Result<JobRow, RoundError> {
-    store
-        .conn()
-        .query_row(
-            "SELECT uid, round, stage, phase, acted, round_started_at, cursor_samples, header, deployed
+fn job_row(conn: &rusqlite::Connection, job: &str) -> Result<Option<JobRow>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT uid, round, stage, phase, acted, round_started_at, cursor_samples, header, deployed
              FROM jobs WHERE name = ?1",
-            [job],
-            |row| {
-                Ok(JobRow {
-                    uid: row.get(0)?,
-                    round: row.get(1)?,
-                    stage: Stage::parse(&row.get::<_, String>(2)?),
-                    phase: Phase::parse(&row.get::<_, String>(3)?),
-                    acted: row.get(4)?,
-                    round_started_at: row.get(5)?,
-                    samples: row.get(6)?,
-                    header: row.get(7)?,
-                    deployed: row.get(8)?,
-                })
-            },
-        )
-        .optional()?
-        .ok_or_else(|| RoundError::UnknownJob(job.to_owned()))
+        [job],
+        |row| {
+            Ok(JobRow {
+                uid: row.get(0)?,
+                round: row.get(1)?,
+                stage: Stage::parse(&row.get::<_, String>(2)?),
+                phase: Phase::parse(&row.get::<_, String>(3)?),
+                acted: row.get(4)?,
+                round_started_at: row.get(5)?,
+                samples: row.get(6)?,
+                header: row.get(7)?,
+                deployed: row.get(8)?,
+            })
+        },
+    )
+    .optional()
 }
 
-/// The job and the round to act on, if it waits in `stage` and the edge has not yet done that
-/// stage's step for the round (Train acts for the next round); otherwise why it waits.
-fn due(store: &Store, job: &str, stage: Stage) -> Result<Result<(JobRow, i64), Outcome>, RoundError> {
-    let row = job_row(store, job)?;
+fn read_job(store: &Store, job: &str) -> Result<JobRow, RoundError> {
+    job_row(store.conn(), job)?.ok_or_else(|| RoundError::UnknownJob(job.to_owned()))
+}
+
+/// The round to act on, if the job waits in `stage` and the edge has not yet done that stage's
+/// step for the round (Train acts for the next round); otherwise why it waits.
+pub fn due(row: &JobRow, stage: Stage) -> Result<i64, Outcome> {
     let round = if stage == Stage::Train { row.round + 1 } else { row.round };
     if (row.stage, row.phase) != (Some(stage), Some(Phase::Waiting)) {
         let said = |s: Option<String>| s.unwrap_or_else(|| "?".into());
         let (now, phase) = (said(row.stage.map(|s| s.to_string())), said(row.phase.map(|p| p.to_string())));
-        return Ok(Err(Outcome::not_due(format!("the job is in {now}/{phase}, not {stage}/Waiting"))));
+        return Err(Outcome::not_due(format!("the job is in {now}/{phase}, not {stage}/Waiting")));
     }
     if row.acted.as_deref() == Some(&format!("{round}/{stage}")) {
-        return Ok(Err(Outcome::not_due(format!("the {stage} step of round {round} was already done"))));
+        return Err(Outcome::not_due(format!("the {stage} step of round {round} was already done")));
     }
-    Ok(Ok((row, round)))
+    Ok(round)
+}
+
+/// Reads the job under the lock, with the round its `stage` step acts on, or why there is none.
+fn read_due(store: &Store, job: &str, stage: Stage) -> Result<Result<(JobRow, i64), Outcome>, RoundError> {
+    let row = read_job(store, job)?;
+    Ok(due(&row, stage).map(|round| (row, round)))
+}
+
+/// Why a step that ran without the lock commits nothing.
+const MOVED: &str = "the job changed while the step ran (the control plane moved it, or it was replaced): \
+                     nothing was committed";
+
+/// Under the lock, before a step commits: whether the job's row is still as the step read it.
+fn unchanged(store: &Store, job: &str, read: &JobRow) -> Result<bool, rusqlite::Error> {
+    Ok(job_row(store.conn(), job)?.as_ref() == Some(read))
 }
 
 /// Records the stage the control plane says the job is in.
@@ -247,29 +272,39 @@ fn result(store: &Store, job: &str, round: i64, stage: &str) -> Result<Option<Ve
 
 /// The trigger's view of the job.
 pub fn trigger_stats(store: &Store, job: &str, clock: Clock) -> Result<TriggerStats, RoundError> {
-    let row = job_row(store, job)?;
+    let row = read_job(store, job)?;
+    Ok(stats_of(&row, pending_counts(store, job)?, clock))
+}
+
+/// The train and eval samples not yet in a round.
+fn pending_counts(store: &Store, job: &str) -> Result<(u64, u64), rusqlite::Error> {
     let (train, eval): (i64, i64) = store.conn().query_row(
         "SELECT COALESCE(SUM(train_count), 0), COALESCE(SUM(eval_count), 0) FROM batches
          WHERE job = ?1 AND train_round IS NULL",
         [job],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
+    Ok((train as u64, eval as u64))
+}
+
+/// The trigger's view of the job, from its row and its pending train and eval samples.
+pub fn stats_of(row: &JobRow, (pending_train, pending_eval): (u64, u64), clock: Clock) -> TriggerStats {
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
-    Ok(TriggerStats {
-        pending_train: train as u64,
-        pending_eval: eval as u64,
+    TriggerStats {
+        pending_train,
+        pending_eval,
         total_samples: row.samples as u64,
         rounds_completed: u32::try_from(row.round).unwrap_or(u32::MAX),
         seconds_since_last_round: row.round_started_at.map(|t| clock.now.saturating_sub(t as u64)),
         wall_clock_secs: clock.now,
         utc_offset_secs: clock.utc_offset_secs,
         deployed_metrics: deployed.as_ref().map(metrics_of).unwrap_or_default(),
-    })
+    }
 }
 
 /// Train/Waiting: ask the trigger, and start the next round when it says so.
 pub fn train_waiting(
-    store: &mut Store,
+    store: &Mutex<Store>,
     job: &str,
     index: &mut Index<'_>,
     output: &OutputDir<'_>,
@@ -277,18 +312,22 @@ pub fn train_waiting(
     clock: Clock,
     shadow: Shadow<'_>,
 ) -> Result<Outcome, RoundError> {
-    let (row, round) = match due(store, job, Stage::Train)? {
-        Ok(due) => due,
-        Err(wait) => return Ok(wait),
+    let (row, round, stats) = {
+        let store = lock(store);
+        let (row, round) = match read_due(&store, job, Stage::Train)? {
+            Ok(due) => due,
+            Err(wait) => return Ok(wait),
+        };
+        let stats = stats_of(&row, pending_counts(&store, job)?, clock);
+        (row, round, stats)
     };
-    let stats = trigger_stats(store, job, clock)?;
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
     let micros = started.elapsed().as_micros() as u64;
     let by = DecidedBy::of(trigger);
     // The shadow is asked once the answer has acted (it never delays it).
     if !decision.train {
-        store.recorder.wait(job, row.round, &stats, &decision, &by, clock.now * 1000, micros);
+        lock(store).recorder.wait(job, row.round, &stats, &decision, &by, clock.now * 1000, micros);
         if let Some(shadow) = shadow {
             shadow(Question::Trigger { stats, train: false });
         }
@@ -302,33 +341,23 @@ pub fn train_waiting(
         micros,
         ..Record::of(DecisionKind::Trigger, job, clock.now * 1000, by, row.round)
     };
-    let pending: Vec<(i64, Stored)> = {
-        let mut statement = store.conn().prepare(
-            "SELECT batch, start, end, assignments, checksum FROM batches
-             WHERE job = ?1 AND train_round IS NULL ORDER BY batch",
-        )?;
-        statement.query_map([job], |r| Ok((r.get(0)?, stored(r, 1)?)))?.collect::<Result<_, _>>()?
+    let pending = {
+        let store = lock(store);
+        if !unchanged(&store, job, &row)? {
+            return Ok(Outcome::not_due(MOVED));
+        }
+        pending_batches(&store, job)?
     };
     let extension = if index.csv { "csv" } else { "txt" };
     let data_path = format!("data/train/{round}/data.{extension}");
     let data_index =
         write_samples(index, output, &data_path, row.header.as_deref(), pending.iter().map(|(_, b)| b), 0)?;
-    let input = Input {
-        models: Vec::new(),
-        data_url: Some(super::output::url_in(output.url, &data_path)),
-        data_index_url: data_index.map(|path| super::output::url_in(output.url, &path)),
-        output_dir: Some(super::output::url_in(output.url, &format!("train/{round}"))),
-    };
-    let report = Report {
-        job: job.to_owned(),
-        job_uid: row.uid,
-        round,
-        phase: Stage::Train,
-        status: Phase::Ready,
-        input: Some(input),
-        output: None,
-        reason: Some(decision.reason),
-    };
+    let report = train_report(job, &row, round, output.url, &data_path, data_index, decision.reason);
+    let mut store = lock(store);
+    // Unchanged, the job's pending batches are the ones read: only this loop adds any.
+    if !unchanged(&store, job, &row)? {
+        return Ok(Outcome::not_due(MOVED));
+    }
     let tx = store.write_recording(std::slice::from_ref(&record))?;
     super::health::decided(&tx, job, "trigger", "train", report.reason.as_deref().unwrap_or_default(), clock.now)?;
     for (batch, ..) in &pending {
@@ -340,36 +369,78 @@ pub fn train_waiting(
     )?;
     report::enqueue(&tx, &report, clock.now)?;
     tx.commit()?;
+    drop(store);
     if let Some(shadow) = shadow {
         shadow(Question::Trigger { stats, train: true });
     }
     Ok(Outcome::Reported(Box::new(report)))
 }
 
+/// The job's batches not yet in a round, by number.
+fn pending_batches(store: &Store, job: &str) -> Result<Vec<(i64, Stored)>, rusqlite::Error> {
+    let mut statement = store.conn().prepare(
+        "SELECT batch, start, end, assignments, checksum FROM batches
+         WHERE job = ?1 AND train_round IS NULL ORDER BY batch",
+    )?;
+    statement.query_map([job], |r| Ok((r.get(0)?, stored(r, 1)?)))?.collect()
+}
+
+/// Train Ready for `round`, its samples at `data_path` in the output directory.
+fn train_report(
+    job: &str,
+    row: &JobRow,
+    round: i64,
+    output: &str,
+    data_path: &str,
+    data_index: Option<String>,
+    reason: String,
+) -> Report {
+    let input = Input {
+        models: Vec::new(),
+        data_url: Some(super::output::url_in(output, data_path)),
+        data_index_url: data_index.map(|path| super::output::url_in(output, &path)),
+        output_dir: Some(super::output::url_in(output, &format!("train/{round}"))),
+    };
+    Report {
+        job: job.to_owned(),
+        job_uid: row.uid.clone(),
+        round,
+        phase: Stage::Train,
+        status: Phase::Ready,
+        input: Some(input),
+        output: None,
+        reason: Some(reason),
+    }
+}
+
 /// Eval/Waiting: write the eval set (the job's last `eval_set_size` eval samples) and report
 /// Eval Ready with the train result's models.
 pub fn eval_waiting(
-    store: &mut Store,
+    store: &Mutex<Store>,
     job: &str,
     index: &mut Index<'_>,
     output: &OutputDir<'_>,
     eval_set_size: u64,
     clock: Clock,
 ) -> Result<Outcome, RoundError> {
-    let (row, round) = match due(store, job, Stage::Eval)? {
-        Ok(due) => due,
-        Err(wait) => return Ok(wait),
+    let (row, round, models, recent) = {
+        let store = lock(store);
+        let (row, round) = match read_due(&store, job, Stage::Eval)? {
+            Ok(due) => due,
+            Err(wait) => return Ok(wait),
+        };
+        let Some(models) = result(&store, job, round, "train")?.filter(|models| !models.is_empty()) else {
+            return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
+        };
+        let recent = recent_eval(&store, job, eval_set_size)?;
+        (row, round, models, recent)
     };
-    let Some(models) = result(store, job, round, "train")?.filter(|models| !models.is_empty()) else {
-        return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
-    };
-    let recent = recent_eval(store, job, eval_set_size)?;
     let extension = if index.csv { "csv" } else { "txt" };
     let data_path = format!("data/eval/{round}/data.{extension}");
     let data_index = write_samples(index, output, &data_path, row.header.as_deref(), recent.iter(), EVAL)?;
     let report = Report {
         job: job.to_owned(),
-        job_uid: row.uid,
+        job_uid: row.uid.clone(),
         round,
         phase: Stage::Eval,
         status: Phase::Ready,
@@ -382,13 +453,12 @@ pub fn eval_waiting(
         output: None,
         reason: None,
     };
-    commit_report(store, &report, None, None, clock)?;
-    Ok(Outcome::Reported(Box::new(report)))
+    commit_report(store, &row, report, None, None, clock)
 }
 
 /// Deploy/Waiting: let the selector choose among the evaluated models, and deploy its choice.
 pub fn deploy_waiting(
-    store: &mut Store,
+    store: &Mutex<Store>,
     job: &str,
     output: &OutputDir<'_>,
     read_model: &dyn Fn(&str) -> Result<Vec<u8>, String>,
@@ -396,16 +466,20 @@ pub fn deploy_waiting(
     clock: Clock,
     shadow: Shadow<'_>,
 ) -> Result<Outcome, RoundError> {
-    let (row, round) = match due(store, job, Stage::Deploy)? {
-        Ok(due) => due,
-        Err(wait) => return Ok(wait),
+    let (row, round, candidates) = {
+        let store = lock(store);
+        let (row, round) = match read_due(&store, job, Stage::Deploy)? {
+            Ok(due) => due,
+            Err(wait) => return Ok(wait),
+        };
+        let candidates = result(&store, job, round, "eval")?.unwrap_or_default();
+        (row, round, candidates)
     };
-    let candidates = result(store, job, round, "eval")?.unwrap_or_default();
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
     let as_info = |m: &Model| ModelInfo { url: m.url.clone(), format: m.format.clone(), metrics: metrics_of(m) };
     let input =
         SelectInput { deployed: deployed.as_ref().map(as_info), candidates: candidates.iter().map(as_info).collect() };
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let choice = selector
         .select(input.deployed.as_ref(), &input.candidates)
         .map_err(|error| RoundError::Policy { kind: "selector", error })?;
@@ -421,7 +495,7 @@ pub fn deploy_waiting(
     }
     let mut report = Report {
         job: job.to_owned(),
-        job_uid: row.uid,
+        job_uid: row.uid.clone(),
         round,
         phase: Stage::Deploy,
         status: Phase::Completed,
@@ -431,8 +505,7 @@ pub fn deploy_waiting(
     };
     let decided = Some(&record);
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {
-        commit_report(store, &report, None, decided, clock)?;
-        return Ok(Outcome::Reported(Box::new(report)));
+        return commit_report(store, &row, report, None, decided, clock);
     };
     let deploy_path = "deploy/index.pkl";
     let copied = read_model(&chosen.url).and_then(|bytes| {
@@ -447,28 +520,32 @@ pub fn deploy_waiting(
             };
             report.status = Phase::Ready;
             report.input = Some(Input { models: vec![deployed.clone()], ..Input::default() });
-            commit_report(store, &report, Some(&deployed), decided, clock)?;
+            commit_report(store, &row, report, Some(&deployed), decided, clock)
         }
         Err(cause) => {
             report.status = Phase::Failed;
             report.reason = Some(format!("copying {} to {deploy_path} failed: {cause}", chosen.url));
-            commit_report(store, &report, None, decided, clock)?;
+            commit_report(store, &row, report, None, decided, clock)
         }
     }
-    Ok(Outcome::Reported(Box::new(report)))
 }
 
 /// Commits a step's report (its job, round and stage are the step acted on), with the model
-/// deployed and the selector's decision record when there are.
+/// deployed and the selector's decision record when there are, if the job's row is still `read`.
 fn commit_report(
-    store: &mut Store,
-    report: &Report,
+    store: &Mutex<Store>,
+    read: &JobRow,
+    report: Report,
     deployed: Option<&Model>,
     decided: Option<&Record>,
     clock: Clock,
-) -> Result<(), RoundError> {
+) -> Result<Outcome, RoundError> {
     let (job, stage) = (report.job.as_str(), report.phase);
     let acted = format!("{}/{stage}", report.round);
+    let mut store = lock(store);
+    if !unchanged(&store, job, read)? {
+        return Ok(Outcome::not_due(MOVED));
+    }
     let tx = store.write_recording(decided.map(std::slice::from_ref).unwrap_or_default())?;
     if let Some(record) = decided {
         let answer = record.short_answer();
@@ -483,9 +560,9 @@ fn commit_report(
             serde_json::to_string(model).map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?;
         tx.execute("UPDATE jobs SET deployed = ?2 WHERE name = ?1", params![job, body])?;
     }
-    report::enqueue(&tx, report, clock.now)?;
+    report::enqueue(&tx, &report, clock.now)?;
     tx.commit()?;
-    Ok(())
+    Ok(Outcome::Reported(Box::new(report)))
 }
 
 /// A model's numeric metrics by name: top-level numbers, and numbers one level down as

@@ -337,7 +337,7 @@ impl ShadowWorker {
             }
         }
         // The loop has stopped: nothing waits for the lock any more.
-        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        let mut store = crate::sqlite::lock(store);
         unwritten.hand_over(&mut store, &self.shared);
     }
 }

@@ -5,6 +5,7 @@
 //! that was committed and leaves nothing half-written.
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
@@ -196,6 +197,14 @@ impl StoreError {
         let (StoreError::Open { source, .. } | StoreError::Sql(source)) = self else { return false };
         matches!(source.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
     }
+}
+
+/// The edge store as the job loop, the worker API, the link and the shadows' thread share it.
+/// A step locks it to read and to commit, never across a policy call, a file read or a model
+/// copy, so that none of the others waits behind those. A panic while it was held left no
+/// transaction open (a dropped one rolls back), so a poisoned lock is taken as it is.
+pub fn lock(store: &Mutex<Store>) -> MutexGuard<'_, Store> {
+    store.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// How long a connection waits for another's lock.

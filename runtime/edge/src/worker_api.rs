@@ -112,7 +112,7 @@ async fn receive(
     };
     // SQLite work off the async threads.
     let outcome = tokio::task::spawn_blocking(move || {
-        let mut store = store.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut store = crate::sqlite::lock(&store);
         commit(&mut store, &name, accepted)
     })
     .await;

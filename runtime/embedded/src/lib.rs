@@ -55,6 +55,27 @@ pub struct RunOptions {
     pub compiler: Option<PathBuf>,
 }
 
+impl RunOptions {
+    /// A run of the manifests at `paths`, its state in `state_dir`, its worker API on a free
+    /// port of 127.0.0.1, the stat fallback each second, plain lines, the default settings and
+    /// no child processes of `perennial`: where a bench or an embedding program starts from.
+    pub fn local(paths: Vec<PathBuf>, state_dir: PathBuf) -> RunOptions {
+        RunOptions {
+            paths,
+            state_dir,
+            cache_dir: None,
+            rounds: None,
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            kb_server: String::new(),
+            poll: Duration::from_secs(1),
+            terminal: false,
+            settings: Settings::default(),
+            reaper: None,
+            compiler: None,
+        }
+    }
+}
+
 /// How a run ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum RunEnd {

@@ -1,7 +1,7 @@
 //! The edge's ingest against real files, a real SQLite file and the real Wasm splitter.
 
 use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use perennial_edge::sqlite::Store;
 use perennial_edge::{self as edge, FileState, IngestError, IngestLimits, LocalFile, Split, report};
@@ -29,7 +29,7 @@ fn sedna_split() -> SplitterPolicy {
 
 struct Fixture {
     dir: tempfile::TempDir,
-    store: Store,
+    store: Mutex<Store>,
 }
 
 impl Fixture {
@@ -37,7 +37,11 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::open(&dir.path().join("state.db")).unwrap();
         edge::register_job(&mut store, JOB, "uid-1", &edge::JobSpec::default()).unwrap();
-        Fixture { dir, store }
+        Fixture { dir, store: Mutex::new(store) }
+    }
+
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap()
     }
 
     fn index(&self) -> std::path::PathBuf {
@@ -53,7 +57,7 @@ impl Fixture {
         let mut file = LocalFile { path: self.index() };
         let split = Split { policy: Some(policy), train_prob: 0.8, shadow: None };
         edge::ingest(
-            &mut self.store,
+            &self.store,
             JOB,
             &mut file,
             csv,
@@ -66,7 +70,7 @@ impl Fixture {
         let Fixture { dir, store } = self;
         drop(store);
         let store = Store::open(&dir.path().join("state.db")).unwrap();
-        Fixture { dir, store }
+        Fixture { dir, store: Mutex::new(store) }
     }
 }
 
@@ -94,7 +98,7 @@ fn a_missing_index_is_a_waiting_state_until_it_appears() {
     let read = f.ingest(&policy, false).unwrap();
     assert_eq!((read.state, read.samples, read.batches), (FileState::Present, 10, 1));
     // Sedna's rule on the batch: 8 train, 2 eval.
-    assert_eq!(committed(&f.store).iter().filter(|(_, a)| *a == 0).count(), 8);
+    assert_eq!(committed(&f.store()).iter().filter(|(_, a)| *a == 0).count(), 8);
 }
 
 #[test]
@@ -108,9 +112,9 @@ fn partial_lines_wait_crlf_is_handled_and_long_lines_are_refused_by_number() {
     assert_eq!(next.samples, 2, "c and d");
     let index = f.index().display().to_string();
     assert_eq!(next.refused, [format!("{index}: line 4 is 100 bytes, over the limit")]);
-    let refused: i64 = f.store.conn().query_row("SELECT refused FROM jobs", [], |r| r.get(0)).unwrap();
+    let refused: i64 = f.store().conn().query_row("SELECT refused FROM jobs", [], |r| r.get(0)).unwrap();
     assert_eq!(refused, 1, "refused lines are counted");
-    assert_eq!(committed(&f.store).iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(committed(&f.store()).iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [0, 1, 2, 3]);
 }
 
 #[test]
@@ -119,7 +123,7 @@ fn the_csv_header_is_kept_and_not_counted() {
     let policy = sedna_split();
     f.append("temperature,humidity,label\n21.5,40,1\n22.0,41,0\n");
     assert_eq!(f.ingest(&policy, true).unwrap().samples, 2);
-    assert_eq!(edge::header(&f.store, JOB).unwrap().as_deref(), Some("temperature,humidity,label"));
+    assert_eq!(edge::header(&f.store(), JOB).unwrap().as_deref(), Some("temperature,humidity,label"));
 }
 
 #[test]
@@ -135,10 +139,10 @@ fn a_restart_resumes_exactly_where_the_last_commit_left() {
     f.append("ne\n");
     let mut f = f.reopen();
     assert_eq!(f.ingest(&policy, false).unwrap().samples, 1);
-    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    let seqs: Vec<u64> = committed(&f.store()).iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs, (0..751).collect::<Vec<_>>(), "every sample exactly once, in order");
     // Batches hold the byte ranges the lines can be read back from.
-    let batches = edge::batches(&f.store, JOB).unwrap();
+    let batches = edge::batches(&f.store(), JOB).unwrap();
     let text = std::fs::read_to_string(f.index()).unwrap();
     let last = batches.last().unwrap();
     assert_eq!(&text[last.start as usize..last.end as usize], "half a line");
@@ -154,7 +158,7 @@ fn a_shrunk_or_replaced_index_starts_over_and_says_so() {
     let shrunk = f.ingest(&policy, false).unwrap();
     assert!(shrunk.restarted.as_deref().unwrap().contains("shrank from"), "{shrunk:?}");
     assert_eq!(shrunk.samples, 5);
-    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    let seqs: Vec<u64> = committed(&f.store()).iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs, (20..25).collect::<Vec<_>>(), "old batches forgotten, sequence numbers go on");
 
     // Replaced by another file at the same path, even a longer one.
@@ -183,7 +187,7 @@ fn a_copied_or_rewritten_index_with_the_same_samples_is_not_read_again() {
     let moved = f.ingest(&policy, false).unwrap();
     assert!(moved.restarted.as_deref().unwrap().contains("holds the samples already read"), "{moved:?}");
     assert_eq!(moved.samples, 5, "only the new lines");
-    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    let seqs: Vec<u64> = committed(&f.store()).iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs, (0..35).collect::<Vec<_>>());
 
     // Replaced by a file with other lines where the last batch was: another file, read anew.
@@ -210,11 +214,11 @@ fn an_index_cut_short_is_not_read_again() {
     let cut = f.ingest(&policy, false).unwrap();
     assert!(cut.restarted.as_deref().unwrap().contains("begins with the samples already read"), "{cut:?}");
     assert_eq!(cut.samples, 0, "nothing read again");
-    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    let seqs: Vec<u64> = committed(&f.store()).iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs, (0..10).collect::<Vec<_>>(), "the batches cut into are forgotten");
     f.append(&lines(5, 100));
     assert_eq!(f.ingest(&policy, false).unwrap().samples, 5, "what comes after is read once");
-    let seqs: Vec<u64> = committed(&f.store).iter().map(|(seq, _)| *seq).collect();
+    let seqs: Vec<u64> = committed(&f.store()).iter().map(|(seq, _)| *seq).collect();
     assert_eq!(seqs[10..], [30, 31, 32, 33, 34]);
 }
 
@@ -226,16 +230,16 @@ fn a_failing_splitter_falls_back_to_sednas_rule_or_holds() {
     let falling_back = splitter(hostile, serde_json::json!({"behaviour": "wrong-length"}), OnError::Fallback);
     let read = f.ingest(&falling_back, false).unwrap();
     assert!(read.fell_back.is_some());
-    assert_eq!(committed(&f.store).iter().filter(|(_, a)| *a == 0).count(), 8, "trainProb 0.8 on 10");
+    assert_eq!(committed(&f.store()).iter().filter(|(_, a)| *a == 0).count(), 8, "trainProb 0.8 on 10");
 
     let holding = splitter(hostile, serde_json::json!({"behaviour": "bad-byte"}), OnError::Hold);
     f.append(&lines(10, 10));
     let err = f.ingest(&holding, false).unwrap_err();
     assert!(matches!(err, IngestError::Held(_)), "{err}");
-    assert_eq!(committed(&f.store).len(), 10, "nothing of the held batch was committed");
+    assert_eq!(committed(&f.store()).len(), 10, "nothing of the held batch was committed");
     // A healthy splitter then takes the same samples, once.
     assert_eq!(f.ingest(&sedna_split(), false).unwrap().samples, 10);
-    assert_eq!(committed(&f.store).len(), 20);
+    assert_eq!(committed(&f.store()).len(), 20);
 }
 
 #[test]
@@ -243,11 +247,11 @@ fn a_job_recreated_under_the_same_name_starts_fresh() {
     let mut f = Fixture::new();
     f.append(&lines(10, 0));
     f.ingest(&sedna_split(), false).unwrap();
-    edge::register_job(&mut f.store, JOB, "uid-1", &edge::JobSpec { train_prob: 0.5, ..edge::JobSpec::default() })
+    edge::register_job(&mut f.store(), JOB, "uid-1", &edge::JobSpec { train_prob: 0.5, ..edge::JobSpec::default() })
         .unwrap();
-    assert_eq!(committed(&f.store).len(), 10, "a spec update keeps the state");
-    edge::register_job(&mut f.store, JOB, "uid-2", &edge::JobSpec::default()).unwrap();
-    assert!(committed(&f.store).is_empty());
+    assert_eq!(committed(&f.store()).len(), 10, "a spec update keeps the state");
+    edge::register_job(&mut f.store(), JOB, "uid-2", &edge::JobSpec::default()).unwrap();
+    assert!(committed(&f.store()).is_empty());
     assert_eq!(f.ingest(&sedna_split(), false).unwrap().samples, 10);
 }
 
@@ -255,15 +259,15 @@ fn a_job_recreated_under_the_same_name_starts_fresh() {
 fn the_dataset_sample_count_is_kept_for_its_status() {
     let mut f = Fixture::new();
     let spec = edge::JobSpec { dataset: "default/thermal-data".into(), ..edge::JobSpec::default() };
-    edge::register_job(&mut f.store, JOB, "uid-1", &spec).unwrap();
+    edge::register_job(&mut f.store(), JOB, "uid-1", &spec).unwrap();
     f.append(&lines(7, 0));
     f.ingest(&sedna_split(), false).unwrap();
-    assert_eq!(report::dataset_updates(&f.store).unwrap(), [("default/thermal-data".to_owned(), 7)]);
-    report::dataset_reported(&mut f.store, "default/thermal-data", 7).unwrap();
-    assert!(report::dataset_updates(&f.store).unwrap().is_empty());
+    assert_eq!(report::dataset_updates(&f.store()).unwrap(), [("default/thermal-data".to_owned(), 7)]);
+    report::dataset_reported(&mut f.store(), "default/thermal-data", 7).unwrap();
+    assert!(report::dataset_updates(&f.store()).unwrap().is_empty());
     f.append(&lines(3, 7));
     f.ingest(&sedna_split(), false).unwrap();
-    assert_eq!(report::dataset_updates(&f.store).unwrap(), [("default/thermal-data".to_owned(), 10)]);
+    assert_eq!(report::dataset_updates(&f.store()).unwrap(), [("default/thermal-data".to_owned(), 10)]);
 }
 
 /// A job that comes to a running loop (as the link's desired state adds them) is woken by the

@@ -3,13 +3,13 @@
 //! policies and a real SQLite file.
 
 use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::support::s3::S3Server;
 use perennial_edge::report::{self, Model};
 use perennial_edge::rounds::{self, Clock, Index, Outcome, OutputDir};
 use perennial_edge::sqlite::Store;
-use perennial_edge::{self as edge, IngestLimits, LocalFile, Split};
+use perennial_edge::{self as edge, IndexFile, IngestLimits, LocalFile, Split};
 use perennial_policy::{
     Kind, OnError, Policy, PolicyHost, PolicyRef, SelectorKind, SplitterKind, TracingEvents, TriggerKind, builtin,
 };
@@ -32,7 +32,7 @@ fn policy<K: Kind>(plugin: &str, config: serde_json::Value) -> Policy<K> {
 
 struct Edge {
     dir: tempfile::TempDir,
-    store: Store,
+    store: Mutex<Store>,
     output_url: String,
     op: opendal::blocking::Operator,
     s3: Option<S3Credentials>,
@@ -55,7 +55,7 @@ impl Edge {
             opendal::blocking::Operator::new(op).unwrap()
         };
         Edge {
-            store,
+            store: Mutex::new(store),
             output_url,
             op,
             s3,
@@ -71,6 +71,10 @@ impl Edge {
         }
     }
 
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap()
+    }
+
     fn index_path(&self) -> std::path::PathBuf {
         self.dir.path().join("index.txt")
     }
@@ -82,7 +86,7 @@ impl Edge {
         }
         let mut index = LocalFile { path: self.index_path() };
         let split = Split { policy: Some(&self.splitter), train_prob: 0.8, shadow: None };
-        edge::ingest(&mut self.store, JOB, &mut index, false, &split, IngestLimits::default()).unwrap();
+        edge::ingest(&self.store, JOB, &mut index, false, &split, IngestLimits::default()).unwrap();
     }
 
     fn index(&mut self) -> (LocalFile, String) {
@@ -94,30 +98,31 @@ impl Edge {
         let (mut file, url) = self.index();
         let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
         let output = OutputDir { url: &self.output_url, op: &self.op };
-        rounds::train_waiting(&mut self.store, JOB, &mut index, &output, &self.trigger, CLOCK, None).unwrap()
+        rounds::train_waiting(&self.store, JOB, &mut index, &output, &self.trigger, CLOCK, None).unwrap()
     }
 
     fn eval(&mut self) -> Outcome {
         let (mut file, url) = self.index();
         let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
         let output = OutputDir { url: &self.output_url, op: &self.op };
-        rounds::eval_waiting(&mut self.store, JOB, &mut index, &output, self.eval_set_size, CLOCK).unwrap()
+        rounds::eval_waiting(&self.store, JOB, &mut index, &output, self.eval_set_size, CLOCK).unwrap()
     }
 
     fn deploy(&mut self) -> Outcome {
         let output = OutputDir { url: &self.output_url, op: &self.op };
         let (rt, s3) = (self.rt.clone(), self.s3.clone());
         let read = move |url: &str| rt.block_on(perennial_storage::read(url, s3.as_ref())).map_err(|e| e.to_string());
-        rounds::deploy_waiting(&mut self.store, JOB, &output, &read, &self.selector, CLOCK, None).unwrap()
+        rounds::deploy_waiting(&self.store, JOB, &output, &read, &self.selector, CLOCK, None).unwrap()
     }
 
-    fn stage(&mut self, stage: &str) {
+    fn stage(&self, stage: &str) {
         let stage = Stage::parse(stage).expect("a stage");
-        rounds::set_stage(&mut self.store, JOB, stage, Phase::Waiting).unwrap();
+        rounds::set_stage(&mut self.store(), JOB, stage, Phase::Waiting).unwrap();
     }
 
-    fn worker_result(&mut self, round: i64, stage: &str, models: Vec<Model>) {
-        let tx = self.store.write().unwrap();
+    fn worker_result(&self, round: i64, stage: &str, models: Vec<Model>) {
+        let mut store = self.store();
+        let tx = store.write().unwrap();
         rounds::record_result(&tx, JOB, round, stage, &models).unwrap();
         tx.commit().unwrap();
     }
@@ -169,7 +174,7 @@ fn two_rounds(edge: &mut Edge) {
     assert!(train_file.starts_with("images/1.jpg\n"));
     assert!(!train_file.contains("images/5.jpg"), "the eval samples are not trained on");
     // The report is in the outbox, and is not sent twice.
-    assert_eq!(report::pending(&edge.store, 10).unwrap().len(), 1);
+    assert_eq!(report::pending(&edge.store(), 10).unwrap().len(), 1);
     assert!(waiting(edge.train()).contains("not Train/Waiting"));
 
     // Eval waits for the train result, then writes the eval set once per sample.
@@ -194,7 +199,7 @@ fn two_rounds(edge: &mut Edge) {
     // Round 2: the deployed model's metrics reach the trigger; a worse candidate is not deployed.
     edge.stage("Train");
     edge.append(14, 10);
-    let stats = rounds::trigger_stats(&edge.store, JOB, CLOCK).unwrap();
+    let stats = rounds::trigger_stats(&edge.store(), JOB, CLOCK).unwrap();
     assert_eq!(stats.deployed_metrics.get("accuracy"), Some(&0.81));
     assert_eq!((stats.pending_train, stats.rounds_completed), (8, 1));
     assert_eq!(reported(edge.train()).round, 2);
@@ -214,15 +219,15 @@ fn two_rounds(edge: &mut Edge) {
     assert!(kept.reason.unwrap().contains("does not beat deployed 0.81"));
     assert_eq!(edge.output_file("deploy/index.pkl"), "evaluated-model-1", "the deployed model stays");
 
-    let all = report::pending(&edge.store, 100).unwrap();
+    let all = report::pending(&edge.store(), 100).unwrap();
     let phases: Vec<String> = all.iter().map(|(_, r)| format!("{}/{}/{}", r.round, r.phase, r.status)).collect();
     assert_eq!(
         phases,
         ["1/Train/Ready", "1/Eval/Ready", "1/Deploy/Ready", "2/Train/Ready", "2/Eval/Ready", "2/Deploy/Completed"]
     );
     assert!(all.iter().all(|(_, r)| r.job_uid == "uid-1"));
-    report::acknowledge(&mut edge.store, all[2].0).unwrap();
-    assert_eq!(report::pending(&edge.store, 100).unwrap().len(), 3);
+    report::acknowledge(&mut edge.store(), all[2].0).unwrap();
+    assert_eq!(report::pending(&edge.store(), 100).unwrap().len(), 3);
 }
 
 #[test]
@@ -268,7 +273,7 @@ fn a_dataset_growing_one_line_at_a_time_trains_by_line_64_with_a_full_eval_set()
     let ready = reported(edge.train());
     assert_eq!((ready.phase, ready.round), (Stage::Train, 1));
     assert_eq!(ready.reason.as_deref(), Some("num_of_samples 51 > 50"));
-    let batches = edge::batches(&edge.store, JOB).unwrap();
+    let batches = edge::batches(&edge.store(), JOB).unwrap();
     assert_eq!(batches.len(), 64, "a batch per line");
     assert!(batches.iter().all(|b| b.assignments.len() == 1));
     let train_file = edge.output_file("data/train/1/data.txt");
@@ -331,10 +336,10 @@ fn an_index_overwritten_in_place_is_caught_before_it_reaches_a_round_file() {
     let (mut file, url) = edge.index();
     let mut index = Index { file: &mut file, csv: false, url: &url, max_line: 1 << 20 };
     let output = OutputDir { url: &edge.output_url, op: &edge.op };
-    let err = rounds::train_waiting(&mut edge.store, JOB, &mut index, &output, &edge.trigger, CLOCK, None).unwrap_err();
+    let err = rounds::train_waiting(&edge.store, JOB, &mut index, &output, &edge.trigger, CLOCK, None).unwrap_err();
     assert!(err.to_string().contains("changed since they were read"), "{err}");
     assert!(edge.op.read("data/train/1/data.txt").is_err(), "no round file was published");
-    assert!(report::pending(&edge.store, 10).unwrap().is_empty(), "no round was reported");
+    assert!(report::pending(&edge.store(), 10).unwrap().is_empty(), "no round was reported");
 }
 
 #[test]
@@ -351,4 +356,115 @@ fn a_model_that_resolves_outside_the_job_is_not_deployed() {
     assert_eq!(read(&output.join("eval/1/index.pkl").display().to_string()).unwrap(), b"model");
     let err = read(&output.join("eval/1/link.pkl").display().to_string()).unwrap_err();
     assert!(err.contains("outside the job's output and dataset"), "{err}");
+}
+
+/// The job's index as a step reads it, noting each read made while the store was locked.
+struct Probed<'a> {
+    file: LocalFile,
+    store: &'a Mutex<Store>,
+    reads: usize,
+    reads_under_lock: usize,
+}
+
+impl Probed<'_> {
+    fn look(&mut self) {
+        self.reads += 1;
+        if self.store.try_lock().is_err() {
+            self.reads_under_lock += 1;
+        }
+    }
+}
+
+impl IndexFile for Probed<'_> {
+    fn stat(&mut self) -> std::io::Result<Option<edge::FileStat>> {
+        self.look();
+        self.file.stat()
+    }
+
+    fn read_at(&mut self, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+        self.look();
+        self.file.read_at(offset, max)
+    }
+
+    fn name(&self) -> String {
+        self.file.name()
+    }
+}
+
+/// The worker API and the link share the store with the job loop: a step never holds it while
+/// it reads the index, writes a round file or copies a model (a slow disk or S3 would hold them
+/// all up).
+#[test]
+fn the_store_is_free_while_a_step_reads_the_index_and_copies_the_model() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let edge = Edge::new(None, None, rt.handle().clone());
+    let mut text = String::new();
+    for i in 0..20 {
+        text.push_str(&format!("images/{i}.jpg\n"));
+    }
+    std::fs::write(edge.index_path(), text).unwrap();
+    let (url, output) = (edge.index_path().display().to_string(), OutputDir { url: &edge.output_url, op: &edge.op });
+    let mut probed =
+        Probed { file: LocalFile { path: edge.index_path() }, store: &edge.store, reads: 0, reads_under_lock: 0 };
+    let split = Split { policy: Some(&edge.splitter), train_prob: 0.8, shadow: None };
+    assert_eq!(
+        edge::ingest(&edge.store, JOB, &mut probed, false, &split, IngestLimits::default()).unwrap().samples,
+        20
+    );
+    let mut index = Index { file: &mut probed, csv: false, url: &url, max_line: 1 << 20 };
+    reported(rounds::train_waiting(&edge.store, JOB, &mut index, &output, &edge.trigger, CLOCK, None).unwrap());
+    rounds::set_stage(&mut edge.store(), JOB, Stage::Eval, Phase::Waiting).unwrap();
+    let trained = edge.model("train/1/index.pkl", b"model-1", 0.0);
+    edge.worker_result(1, "train", vec![trained]);
+    reported(rounds::eval_waiting(&edge.store, JOB, &mut index, &output, 100, CLOCK).unwrap());
+    assert!(probed.reads >= 4, "ingest, the train file and the eval set read the index: {} reads", probed.reads);
+    assert_eq!(probed.reads_under_lock, 0, "reads of the index while the store was locked");
+
+    rounds::set_stage(&mut edge.store(), JOB, Stage::Deploy, Phase::Waiting).unwrap();
+    let candidate = edge.model("eval/1/index.pkl", b"evaluated-model-1", 0.9);
+    edge.worker_result(1, "eval", vec![candidate]);
+    let copies_under_lock = std::cell::Cell::new(0);
+    let read = |url: &str| {
+        if edge.store.try_lock().is_err() {
+            copies_under_lock.set(copies_under_lock.get() + 1);
+        }
+        std::fs::read(url).map_err(|err| err.to_string())
+    };
+    let deployed =
+        reported(rounds::deploy_waiting(&edge.store, JOB, &output, &read, &edge.selector, CLOCK, None).unwrap());
+    assert_eq!(deployed.status, Phase::Ready);
+    assert_eq!(copies_under_lock.get(), 0, "the model was copied while the store was locked");
+}
+
+/// A step commits only what it read: when the control plane moves the job while the step works
+/// without the lock (here during the model's copy), it commits nothing, and says why.
+#[test]
+fn a_step_commits_nothing_when_the_job_moves_while_it_works() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut edge = Edge::new(None, None, rt.handle().clone());
+    edge.append(0, 20);
+    reported(edge.train());
+    edge.stage("Deploy");
+    let candidate = edge.model("eval/1/index.pkl", b"evaluated-model-1", 0.9);
+    edge.worker_result(1, "eval", vec![candidate]);
+    let output = OutputDir { url: &edge.output_url, op: &edge.op };
+    let read = |url: &str| {
+        // The control plane's word arrives meanwhile: the round failed, back to Train.
+        let notice = perennial_types::StageNotice { stage: Stage::Train, round: 1, failed: true };
+        assert!(rounds::apply_notice(&mut edge.store(), JOB, &notice).unwrap());
+        std::fs::read(url).map_err(|err| err.to_string())
+    };
+    let outcome = rounds::deploy_waiting(&edge.store, JOB, &output, &read, &edge.selector, CLOCK, None).unwrap();
+    assert!(waiting(outcome).contains("the job changed while the step ran"));
+    let phases: Vec<String> = report::pending(&edge.store(), 10)
+        .unwrap()
+        .iter()
+        .map(|(_, r)| format!("{}/{}/{}", r.round, r.phase, r.status))
+        .collect();
+    assert_eq!(phases, ["1/Train/Ready"], "no Deploy report");
+    let stats = rounds::trigger_stats(&edge.store(), JOB, CLOCK).unwrap();
+    assert!(stats.deployed_metrics.is_empty(), "nothing recorded as deployed");
+    assert_eq!(stats.pending_train, 16, "the failed round's train samples are pending again");
+    // The next turn acts on the job as it now is: round 2 starts.
+    assert_eq!(reported(edge.train()).round, 2);
 }

@@ -1,7 +1,7 @@
 //! A dataset index on S3: stat + ranged reads from the last offset, against a real S3 server on
 //! 127.0.0.1; round files for a remote txt dataset come with `dataIndex.txt`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::support::s3::S3Server;
 use perennial_edge::rounds::{self, Clock, Index, Outcome, OutputDir};
@@ -23,21 +23,22 @@ fn an_s3_index_is_tailed_by_ranged_reads_and_round_files_carry_a_data_index() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
     edge::register_job(&mut store, JOB, "uid", &JobSpec::default()).unwrap();
+    let store = Mutex::new(store);
     let url = "s3://datasets/thermal/index.txt";
     let mut index = S3Index::open(url, Some(&server.credentials())).unwrap();
     let split = Split { policy: None, train_prob: 0.8, shadow: None };
-    let ingest = |store: &mut Store, index: &mut S3Index| {
+    let ingest = |store: &Mutex<Store>, index: &mut S3Index| {
         edge::ingest(store, JOB, index, false, &split, IngestLimits::default()).unwrap()
     };
 
     // Missing, then present, then grown (an S3 "append" rewrites the object).
-    assert_eq!(ingest(&mut store, &mut index).state, edge::FileState::Missing);
+    assert_eq!(ingest(&store, &mut index).state, edge::FileState::Missing);
     server.put("datasets", "thermal/index.txt", lines(0, 10).as_bytes());
-    assert_eq!(ingest(&mut store, &mut index).samples, 10);
+    assert_eq!(ingest(&store, &mut index).samples, 10);
     let grown = format!("{}{}half", lines(0, 10), lines(10, 5));
     server.put("datasets", "thermal/index.txt", grown.as_bytes());
-    assert_eq!(ingest(&mut store, &mut index).samples, 5, "only the new complete lines");
-    let seqs: Vec<u64> = edge::batches(&store, JOB).unwrap().iter().map(|b| b.first_seq).collect();
+    assert_eq!(ingest(&store, &mut index).samples, 5, "only the new complete lines");
+    let seqs: Vec<u64> = edge::batches(&store.lock().unwrap(), JOB).unwrap().iter().map(|b| b.first_seq).collect();
     assert_eq!(seqs, [0, 10]);
 
     // A round: the train file and, for a remote txt dataset, dataIndex.txt (base URL, then files).
@@ -60,7 +61,7 @@ fn an_s3_index_is_tailed_by_ranged_reads_and_round_files_carry_a_data_index() {
     let out = OutputDir { url: output.to_str().unwrap(), op: &op };
     let clock = Clock { now: 1_700_000_000, utc_offset_secs: 0 };
     let Outcome::Reported(report) =
-        rounds::train_waiting(&mut store, JOB, &mut index_ref, &out, &trigger, clock, None).unwrap()
+        rounds::train_waiting(&store, JOB, &mut index_ref, &out, &trigger, clock, None).unwrap()
     else {
         panic!("the trigger fires on any sample");
     };
@@ -80,7 +81,7 @@ fn an_s3_index_is_tailed_by_ranged_reads_and_round_files_carry_a_data_index() {
 
     // A shrunk index starts over.
     server.put("datasets", "thermal/index.txt", lines(100, 3).as_bytes());
-    let shrunk = ingest(&mut store, &mut index);
+    let shrunk = ingest(&store, &mut index);
     assert!(shrunk.restarted.as_deref().unwrap().contains("shrank"), "{shrunk:?}");
     assert_eq!(shrunk.samples, 3);
 }

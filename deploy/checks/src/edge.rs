@@ -8,7 +8,6 @@
 //!
 //! Without `kubectl` the DaemonSet's tests skip, except under CI (`CI` set), where they fail.
 
-use crate::support::manifests::typed;
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::os::unix::fs::PermissionsExt;
@@ -16,12 +15,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, PodSpec, Service, ServiceAccount, Volume, VolumeMount};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, PodSpec, ServiceAccount, Volume, VolumeMount};
+#[cfg(test)]
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tempfile::TempDir;
+
+use crate::repo_path;
+use crate::typed::typed;
 
 const NAME: &str = "perennial-edge";
 /// The agent's own namespace (privileged: host network, host paths, root); the operator's
@@ -42,11 +46,7 @@ const TOKEN: &str = "/etc/perennial/token";
 const UNIT: &str = "/etc/systemd/system/perennial-edge.service";
 
 /// Set by the environment, not by a flag of `perennial edge`.
-const NOT_FLAGS: [&str; 1] = ["RUST_LOG"];
-
-fn repo_path(relative: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
-}
+pub const NOT_FLAGS: [&str; 1] = ["RUST_LOG"];
 
 fn read_text(relative: &str) -> String {
     let path = repo_path(relative);
@@ -57,33 +57,9 @@ fn read_text(relative: &str) -> String {
 
 /// `kubectl kustomize deploy/edge`'s DaemonSet, read once; `None` when kubectl is missing
 /// outside CI.
-fn daemonset() -> Option<&'static DaemonSet> {
+pub fn daemonset() -> Option<&'static DaemonSet> {
     static RENDERED: OnceLock<Option<DaemonSet>> = OnceLock::new();
-    RENDERED.get_or_init(|| render().map(|text| only_daemonset(&text))).as_ref()
-}
-
-fn render() -> Option<String> {
-    let folder = repo_path("deploy/edge");
-    let output = match Command::new("kubectl").arg("kustomize").arg(&folder).output() {
-        Ok(output) => output,
-        Err(err) if err.kind() == ErrorKind::NotFound => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "kubectl is not installed, and CI is set: install it (.ci/run does) to check deploy/edge"
-            );
-            eprintln!("skipped: kubectl is not installed (deploy/edge's DaemonSet is not checked)");
-            return None;
-        }
-        Err(err) => panic!("run kubectl: {err}"),
-    };
-    assert!(
-        output.status.success(),
-        "`kubectl kustomize deploy/edge` failed ({}); it is written for kubectl 1.20's kustomize v2 \
-         (commonLabels, namespace, resources) and current ones: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Some(String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
+    RENDERED.get_or_init(|| crate::kustomize("deploy/edge").map(|text| only_daemonset(&text))).as_ref()
 }
 
 /// The rendered documents: the Namespace, the ServiceAccount and the DaemonSet.
@@ -138,13 +114,13 @@ fn pod_spec(daemonset: &DaemonSet) -> &PodSpec {
 }
 
 /// The container that runs `perennial edge`.
-fn agent(daemonset: &DaemonSet) -> &Container {
+pub fn agent(daemonset: &DaemonSet) -> &Container {
     let containers = &pod_spec(daemonset).containers;
     assert_eq!(containers.len(), 1, "one container");
     &containers[0]
 }
 
-fn env(container: &Container) -> BTreeMap<&str, &EnvVar> {
+pub fn env(container: &Container) -> BTreeMap<&str, &EnvVar> {
     container.env.iter().flatten().map(|var| (var.name.as_str(), var)).collect()
 }
 
@@ -302,50 +278,11 @@ fn cloud_url_is_the_operators_link_service() {
     assert!(host == in_cluster || host.starts_with(&format!("{in_cluster}.")), "{url} names the Service {in_cluster}");
 }
 
-// ---- The env they set, and what `perennial edge` reads ----
-
-/// `perennial edge --help`: clap lists each variable it reads as `[env: NAME=]`.
-fn edge_help() -> &'static str {
-    static HELP: OnceLock<String> = OnceLock::new();
-    HELP.get_or_init(|| {
-        let output =
-            Command::new(env!("CARGO_BIN_EXE_perennial")).args(["edge", "--help"]).output().expect("run perennial");
-        assert!(output.status.success(), "perennial edge --help: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8(output.stdout).expect("the help is UTF-8")
-    })
-}
-
-fn assert_read_by_the_agent<'a>(what: &str, names: impl IntoIterator<Item = &'a str>) {
-    let help = edge_help();
-    let unread: Vec<_> = names
-        .into_iter()
-        .filter(|name| !NOT_FLAGS.contains(name) && !help.contains(&format!("[env: {name}=")))
-        .collect();
-    assert!(unread.is_empty(), "{what} sets {unread:?}, which `perennial edge --help` does not list:\n{help}");
-}
-
-#[test]
-fn the_agent_reads_every_variable_the_daemonset_sets() {
-    let Some(daemonset) = daemonset() else { return };
-    let container = agent(daemonset);
-    let names: Vec<_> = env(container).into_keys().collect();
-    assert!(names.len() >= 7, "{names:?}");
-    assert_read_by_the_agent("the DaemonSet", names);
-}
-
-#[test]
-fn the_agent_reads_every_variable_install_writes() {
-    let node = installed();
-    let env = env_file(node.root.path());
-    assert!(env.len() >= 6, "{env:?}");
-    assert_read_by_the_agent("install.sh's edge.env", env.keys().map(String::as_str));
-}
-
 // ---- install.sh ----
 
 /// A node installed under a scratch root, from scratch inputs.
-struct Node {
-    root: TempDir,
+pub struct Node {
+    pub root: TempDir,
     inputs: TempDir,
 }
 
@@ -398,7 +335,7 @@ impl Node {
 }
 
 /// A node after a successful install.
-fn installed() -> Node {
+pub fn installed() -> Node {
     let node = Node::new();
     let output = node.install(&node.options());
     assert!(
@@ -411,7 +348,7 @@ fn installed() -> Node {
 }
 
 /// `KEY=value` lines.
-fn env_file(root: &Path) -> BTreeMap<String, String> {
+pub fn env_file(root: &Path) -> BTreeMap<String, String> {
     let path = root.join(ENV_FILE.trim_start_matches('/'));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
     let lines = text.lines().filter(|line| !line.trim().is_empty() && !line.starts_with('#'));

@@ -1,30 +1,30 @@
 //! `deploy/operator/` as `kubectl apply -k` would install it: rendered by the real
 //! `kubectl kustomize`, read back as Kubernetes' own types (a misspelt field fails), and checked
 //! for what a user relies on: the namespace, the Deployment's replicas, probes, env and security,
-//! the Service's ports, least-privilege RBAC bound to the Deployment's ServiceAccount, and the
-//! CRDs as the types generate them.
+//! the Service's ports, least-privilege RBAC bound to the Deployment's ServiceAccount. (That the
+//! CRDs are the ones the types generate, and that the operator reads the env the Deployment
+//! sets, is checked beside the binary: tests/cli/deploy_env.rs.)
 //!
 //! Without `kubectl` the tests skip, except under CI (`CI` set), where they fail.
 
 use std::any::TypeId;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::ErrorKind;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::{NamespaceResourceScope, Resource};
+#[cfg(test)]
+use k8s_openapi::{api::rbac::v1::Subject, apimachinery::pkg::util::intstr::IntOrString};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 const NAMESPACE: &str = "perennial-system";
 const IMAGE: &str = "ghcr.io/perennial-edge/perennial:0.1.0";
-const LABELS: [(&str, &str); 1] = [("app.kubernetes.io/part-of", "perennial")];
+pub const LABELS: [(&str, &str); 1] = [("app.kubernetes.io/part-of", "perennial")];
 
 /// What the operator calls, cluster wide: (API group, resource, verbs). The ClusterRole grants
 /// exactly these.
@@ -43,10 +43,6 @@ const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
 /// Leader election, in the operator's namespace only.
 const LEADER_GRANTS: &[(&str, &str, &[&str])] = &[("coordination.k8s.io", "leases", &["get", "create", "update"])];
 
-fn repo_root() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../..")
-}
-
 /// Where an object came from, for messages and the namespace check.
 struct Meta {
     kind: &'static str,
@@ -63,7 +59,7 @@ impl Meta {
 }
 
 #[derive(Default)]
-struct Rendered {
+pub struct Rendered {
     all: Vec<Meta>,
     namespaces: Vec<Namespace>,
     service_accounts: Vec<ServiceAccount>,
@@ -73,37 +69,13 @@ struct Rendered {
     role_bindings: Vec<RoleBinding>,
     deployments: Vec<Deployment>,
     services: Vec<Service>,
-    crds: Vec<CustomResourceDefinition>,
+    pub crds: Vec<CustomResourceDefinition>,
 }
 
 /// `kubectl kustomize deploy/operator`, read once; `None` when kubectl is missing outside CI.
-fn rendered() -> Option<&'static Rendered> {
+pub fn rendered() -> Option<&'static Rendered> {
     static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
-    RENDERED.get_or_init(|| render().map(|text| read(&text))).as_ref()
-}
-
-fn render() -> Option<String> {
-    let folder = format!("{}/deploy/operator", repo_root());
-    let output = match Command::new("kubectl").args(["kustomize", &folder]).output() {
-        Ok(output) => output,
-        Err(err) if err.kind() == ErrorKind::NotFound => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "kubectl is not installed, and CI is set: install it (.ci/run does) to check deploy/operator"
-            );
-            eprintln!("skipped: kubectl is not installed (deploy/operator is not checked)");
-            return None;
-        }
-        Err(err) => panic!("run kubectl: {err}"),
-    };
-    assert!(
-        output.status.success(),
-        "`kubectl kustomize deploy/operator` failed ({}); it is written for kubectl 1.20's \
-         kustomize v2 and current ones: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Some(String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
+    RENDERED.get_or_init(|| crate::kustomize("deploy/operator").map(|text| read(&text))).as_ref()
 }
 
 /// Splits the documents and reads each as its Kubernetes type.
@@ -144,7 +116,7 @@ where
 {
     let name = value["metadata"]["name"].as_str().unwrap_or_default().to_owned();
     let id = format!("{} {name}", K::KIND);
-    let object: K = crate::support::manifests::typed(value, &id);
+    let object: K = crate::typed::typed(value, &id);
     let labels = value["metadata"]["labels"]
         .as_object()
         .map(|labels| labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
@@ -164,7 +136,7 @@ fn only<'a, T>(items: &'a [T], what: &str) -> &'a T {
     &items[0]
 }
 
-fn deployment(rendered: &Rendered) -> &Deployment {
+pub fn deployment(rendered: &Rendered) -> &Deployment {
     only(&rendered.deployments, "Deployment")
 }
 
@@ -173,7 +145,7 @@ fn pod_spec(deployment: &Deployment) -> &PodSpec {
 }
 
 /// The container that runs `perennial operator`.
-fn operator_container(deployment: &Deployment) -> &Container {
+pub fn operator_container(deployment: &Deployment) -> &Container {
     let containers = &pod_spec(deployment).containers;
     assert_eq!(containers.len(), 1, "one container");
     &containers[0]
@@ -184,7 +156,7 @@ fn named_ports(container: &Container) -> BTreeMap<String, i32> {
     container.ports.iter().flatten().filter_map(|p| Some((p.name.clone()?, p.container_port))).collect()
 }
 
-fn env(container: &Container) -> BTreeMap<String, &k8s_openapi::api::core::v1::EnvVar> {
+pub fn env(container: &Container) -> BTreeMap<String, &k8s_openapi::api::core::v1::EnvVar> {
     container.env.iter().flatten().map(|var| (var.name.clone(), var)).collect()
 }
 
@@ -398,44 +370,4 @@ fn rbac_is_least_privilege_and_bound_to_the_deployment_account() {
     assert_eq!(binding.role_ref.kind, "Role");
     assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
     assert_eq!(binding.metadata.namespace, role.metadata.namespace, "the RoleBinding is beside its Role");
-}
-
-#[test]
-fn crds_are_the_generated_ones() {
-    let Some(rendered) = rendered() else { return };
-    let generated: Vec<CustomResourceDefinition> = serde_yaml_ng::Deserializer::from_str(&perennial_api::crds_yaml())
-        .map(|document| serde::Deserialize::deserialize(document).unwrap())
-        .collect();
-    let by_name = |crds: &[CustomResourceDefinition]| -> BTreeMap<String, CustomResourceDefinition> {
-        crds.iter().map(|crd| (crd.metadata.name.clone().unwrap_or_default(), crd.clone())).collect()
-    };
-    let mut installed = by_name(&rendered.crds);
-    let generated = by_name(&generated);
-    assert_eq!(installed.keys().collect::<Vec<_>>(), generated.keys().collect::<Vec<_>>());
-    for (name, crd) in &mut installed {
-        // kustomize adds its labels; the rest is as generated.
-        let labels = crd.metadata.labels.take().unwrap_or_default();
-        let expected: BTreeMap<_, _> = LABELS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        assert_eq!(labels, expected, "{name}: labels");
-        let versions: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(versions, ["v1alpha1"], "{name}");
-        assert!(crd == &generated[name], "{name} differs from `perennial crd`: regenerate deploy/crds/");
-    }
-}
-
-/// The Deployment configures `perennial operator` through PERENNIAL_* variables: each is one
-/// the subcommand reads (clap lists them in its help as `[env: NAME=]`).
-#[test]
-fn operator_reads_the_env_the_deployment_sets() {
-    let Some(rendered) = rendered() else { return };
-    let output = Command::new(env!("CARGO_BIN_EXE_perennial")).args(["operator", "--help"]).output().unwrap();
-    assert!(output.status.success(), "perennial operator --help: {}", String::from_utf8_lossy(&output.stderr));
-    let help = String::from_utf8_lossy(&output.stdout);
-    let names: Vec<_> = env(operator_container(deployment(rendered)))
-        .into_keys()
-        .filter(|name| name.starts_with("PERENNIAL_"))
-        .collect();
-    assert!(names.len() >= 2, "{names:?}");
-    let unread: Vec<_> = names.iter().filter(|name| !help.contains(&format!("env: {name}="))).collect();
-    assert!(unread.is_empty(), "`perennial operator --help` does not list {unread:?}:\n{help}");
 }

@@ -1,0 +1,89 @@
+//! deploy/ configures `perennial` through environment variables, and installs the CRDs: each
+//! variable the DaemonSet, install.sh and the operator's Deployment set is one the binary reads
+//! (clap lists them in its help as `[env: NAME=]`), and the CRDs are the ones `perennial crd`
+//! generates. The rest of deploy/'s checks need no binary: perennial-deploy-checks
+//! (deploy/checks).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use perennial_deploy_checks::{edge, operator};
+
+/// `perennial edge --help`: clap lists each variable it reads as `[env: NAME=]`.
+fn edge_help() -> &'static str {
+    static HELP: OnceLock<String> = OnceLock::new();
+    HELP.get_or_init(|| {
+        let output =
+            Command::new(env!("CARGO_BIN_EXE_perennial")).args(["edge", "--help"]).output().expect("run perennial");
+        assert!(output.status.success(), "perennial edge --help: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).expect("the help is UTF-8")
+    })
+}
+
+fn assert_read_by_the_agent<'a>(what: &str, names: impl IntoIterator<Item = &'a str>) {
+    let help = edge_help();
+    let unread: Vec<_> = names
+        .into_iter()
+        .filter(|name| !edge::NOT_FLAGS.contains(name) && !help.contains(&format!("[env: {name}=")))
+        .collect();
+    assert!(unread.is_empty(), "{what} sets {unread:?}, which `perennial edge --help` does not list:\n{help}");
+}
+
+#[test]
+fn the_agent_reads_every_variable_the_daemonset_sets() {
+    let Some(daemonset) = edge::daemonset() else { return };
+    let container = edge::agent(daemonset);
+    let names: Vec<_> = edge::env(container).into_keys().collect();
+    assert!(names.len() >= 7, "{names:?}");
+    assert_read_by_the_agent("the DaemonSet", names);
+}
+
+#[test]
+fn the_agent_reads_every_variable_install_writes() {
+    let node = edge::installed();
+    let env = edge::env_file(node.root.path());
+    assert!(env.len() >= 6, "{env:?}");
+    assert_read_by_the_agent("install.sh's edge.env", env.keys().map(String::as_str));
+}
+
+#[test]
+fn crds_are_the_generated_ones() {
+    let Some(rendered) = operator::rendered() else { return };
+    let generated: Vec<CustomResourceDefinition> = serde_yaml_ng::Deserializer::from_str(&perennial_api::crds_yaml())
+        .map(|document| serde::Deserialize::deserialize(document).unwrap())
+        .collect();
+    let by_name = |crds: &[CustomResourceDefinition]| -> BTreeMap<String, CustomResourceDefinition> {
+        crds.iter().map(|crd| (crd.metadata.name.clone().unwrap_or_default(), crd.clone())).collect()
+    };
+    let mut installed = by_name(&rendered.crds);
+    let generated = by_name(&generated);
+    assert_eq!(installed.keys().collect::<Vec<_>>(), generated.keys().collect::<Vec<_>>());
+    for (name, crd) in &mut installed {
+        // kustomize adds its labels; the rest is as generated.
+        let labels = crd.metadata.labels.take().unwrap_or_default();
+        let expected: BTreeMap<_, _> = operator::LABELS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        assert_eq!(labels, expected, "{name}: labels");
+        let versions: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(versions, ["v1alpha1"], "{name}");
+        assert!(crd == &generated[name], "{name} differs from `perennial crd`: regenerate deploy/crds/");
+    }
+}
+
+/// The Deployment configures `perennial operator` through PERENNIAL_* variables: each is one
+/// the subcommand reads (clap lists them in its help as `[env: NAME=]`).
+#[test]
+fn operator_reads_the_env_the_deployment_sets() {
+    let Some(rendered) = operator::rendered() else { return };
+    let output = Command::new(env!("CARGO_BIN_EXE_perennial")).args(["operator", "--help"]).output().unwrap();
+    assert!(output.status.success(), "perennial operator --help: {}", String::from_utf8_lossy(&output.stderr));
+    let help = String::from_utf8_lossy(&output.stdout);
+    let names: Vec<_> = operator::env(operator::operator_container(operator::deployment(rendered)))
+        .into_keys()
+        .filter(|name| name.starts_with("PERENNIAL_"))
+        .collect();
+    assert!(names.len() >= 2, "{names:?}");
+    let unread: Vec<_> = names.iter().filter(|name| !help.contains(&format!("env: {name}="))).collect();
+    assert!(unread.is_empty(), "`perennial operator --help` does not list {unread:?}:\n{help}");
+}
