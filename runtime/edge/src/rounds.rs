@@ -14,7 +14,7 @@
 //! same file on restart, and a reader never sees a half-written one. Each step happens once per
 //! round (`acted`), so a repeated stage notice does not report twice.
 //!
-//! A step is a shell around pure decisions ([`due`], [`stats_of`], the reports): it locks the
+//! A step is a shell around pure decisions (`due`, `stats_of`, the reports): it locks the
 //! store to read the job, lets go of it while the policy decides and the files are written or
 //! the model copied, and locks it again to commit, only if the job's row is still as it read it
 //! (the control plane may have moved the job meanwhile: then nothing is committed, and the next
@@ -98,8 +98,8 @@ pub enum RoundError {
     Store(#[from] rusqlite::Error),
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct JobRow {
+#[derive(Debug, PartialEq)]
+struct JobRow {
     uid: String,
     round: i64,
     /// As the control plane last said (absent: an unreadable row, never due).
@@ -140,7 +140,7 @@ fn read_job(store: &Store, job: &str) -> Result<JobRow, RoundError> {
 
 /// The round to act on, if the job waits in `stage` and the edge has not yet done that stage's
 /// step for the round (Train acts for the next round); otherwise why it waits.
-pub fn due(row: &JobRow, stage: Stage) -> Result<i64, Outcome> {
+fn due(row: &JobRow, stage: Stage) -> Result<i64, Outcome> {
     let round = if stage == Stage::Train { row.round + 1 } else { row.round };
     if (row.stage, row.phase) != (Some(stage), Some(Phase::Waiting)) {
         let said = |s: Option<String>| s.unwrap_or_else(|| "?".into());
@@ -288,7 +288,7 @@ fn pending_counts(store: &Store, job: &str) -> Result<(u64, u64), rusqlite::Erro
 }
 
 /// The trigger's view of the job, from its row and its pending train and eval samples.
-pub fn stats_of(row: &JobRow, (pending_train, pending_eval): (u64, u64), clock: Clock) -> TriggerStats {
+fn stats_of(row: &JobRow, (pending_train, pending_eval): (u64, u64), clock: Clock) -> TriggerStats {
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
     TriggerStats {
         pending_train,

@@ -207,7 +207,7 @@ impl Controller {
         }
         let applied = super::state::applied_seq(&self.control)?;
         let (pending, datasets, healths, waiting, faults) = {
-            let edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let edge = perennial_edge::sqlite::lock(&self.edge);
             let pending = report::pending(&edge, 1000)?;
             let (datasets, healths) = (report::dataset_updates(&edge)?, health::all(&edge)?);
             (pending, datasets, healths, rounds::waiting_reasons(&edge)?, rounds::faults(edge.conn())?)
@@ -262,7 +262,7 @@ impl Controller {
                 planned.iter().map(|(i, step)| (self.jobs[*i].key.as_str(), &step.status)).collect();
             let now_secs = now.as_second();
             super::state::save(&mut self.control, &statuses, last_seq, &datasets, now_secs)?;
-            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut edge = perennial_edge::sqlite::lock(&self.edge);
             if last_seq > 0 {
                 report::acknowledge(&mut edge, last_seq)?;
             }
@@ -321,7 +321,7 @@ impl Controller {
             workers.stop(&job.key, None);
             job.deleted = true;
             let _ = self.edge_wake.send(Wake::Remove(job.edge_index));
-            let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut edge = perennial_edge::sqlite::lock(&self.edge);
             perennial_edge::forget_job(&mut edge, &job.key)?;
         }
         Ok(())
@@ -333,7 +333,7 @@ impl Controller {
         if !actions.iter().any(|(_, action)| matches!(action, Action::StartWorker(_) | Action::Edge(_))) {
             return actions.iter().map(|_| Recorded::Nothing).collect();
         }
-        let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut edge = perennial_edge::sqlite::lock(&self.edge);
         let written = edge.write().and_then(|tx| {
             let recorded: Vec<Recorded> = actions.iter().map(|(i, action)| self.record_one(&tx, *i, action)).collect();
             tx.commit().map(|()| recorded)

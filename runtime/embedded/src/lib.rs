@@ -414,7 +414,7 @@ impl Admission {
     fn admit(&self, paths: &[PathBuf]) -> Result<admit::Admitted, RunError> {
         let mut control = state::open(&self.state_dir)?;
         let outcome = self.runtime.block_on(admit::admit(&mut control, &self.state_dir, paths, &self.host));
-        let mut edge = self.edge.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut edge = perennial_edge::sqlite::lock(&self.edge);
         let recorded = match &outcome {
             Ok(admitted) => admitted.jobs.iter().try_for_each(|job| edge::health::clear_rejected(&mut edge, job)),
             Err(RunError::Policy { job, kind, reason, .. }) => {

@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::Args;
 use perennial_edge::agent::{self, JobConfig, LoopSettings, Wake};
 use perennial_edge::link_state::{NodeJob, desired_jobs, node_job};
-use perennial_edge::sqlite::Store;
+use perennial_edge::sqlite::{self, Store};
 use perennial_edge::{self as edge, IndexFile, LocalFile, S3Index, worker_api};
 use perennial_link::Changes;
 use perennial_link::edge_client::{self, ClientSettings, LinkEvents, TokenSource};
@@ -132,7 +132,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         edge::output::clear_temporary(&settings.host_path(&job.spec.output_dir));
         match runner(&host, job.clone(), &settings).await {
             Ok(runner) => {
-                agent::record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner);
+                agent::record_serving(&mut sqlite::lock(&store), &runner);
                 running.by_name.insert(job.name.clone(), (runners.len(), job));
                 runners.push(runner);
             }
@@ -323,9 +323,7 @@ async fn follow_desired(
                         Ok(runner) => {
                             tracing::info!(job = key, "the job came to this node");
                             // The jobs thread may hold the store a while: not on this runtime's thread.
-                            tokio::task::block_in_place(|| {
-                                agent::record_serving(&mut store.lock().unwrap_or_else(|p| p.into_inner()), &runner)
-                            });
+                            tokio::task::block_in_place(|| agent::record_serving(&mut sqlite::lock(&store), &runner));
                             let index = running.next_index;
                             running.next_index += 1;
                             running.by_name.insert(key.clone(), (index, config));
@@ -351,7 +349,7 @@ async fn queue_status_changes(store: Arc<Mutex<Store>>, outbox: Arc<Notify>) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (store, mut taken) = (store.clone(), std::mem::take(&mut sent));
         let queued = tokio::task::spawn_blocking(move || {
-            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            let mut store = sqlite::lock(&store);
             let queued = edge::status_report::queue_changes(&mut store, &mut taken, unix_now());
             (queued, taken)
         })
