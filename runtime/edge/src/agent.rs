@@ -831,7 +831,8 @@ fn with_fallback<P>(
 fn stage(store: &Store, job: &str) -> Option<(Stage, Phase)> {
     let (stage, phase): (String, String) = store
         .conn()
-        .query_row("SELECT stage, phase FROM jobs WHERE name = ?1", [job], |r| Ok((r.get(0)?, r.get(1)?)))
+        .prepare_cached("SELECT stage, phase FROM jobs WHERE name = ?1")
+        .and_then(|mut read| read.query_row([job], |r| Ok((r.get(0)?, r.get(1)?))))
         .ok()?;
     Some((Stage::parse(&stage)?, Phase::parse(&phase)?))
 }

@@ -29,9 +29,8 @@ pub struct Health {
 pub fn record(store: &mut Store, job: &str, kind: &str, failure: Option<&str>, now: u64) -> rusqlite::Result<()> {
     let known: Option<(bool, Option<String>)> = store
         .conn()
-        .query_row("SELECT failing, message FROM policy_health WHERE job = ?1 AND kind = ?2", params![job, kind], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
+        .prepare_cached("SELECT failing, message FROM policy_health WHERE job = ?1 AND kind = ?2")?
+        .query_row(params![job, kind], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let now_state = (failure.is_some(), failure.map(str::to_owned));
     if known.as_ref() == Some(&now_state) || (known.is_none() && failure.is_none()) {

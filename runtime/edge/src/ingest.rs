@@ -108,24 +108,23 @@ impl JobFile {
 fn load(store: &Store, job: &str) -> Result<JobFile, IngestError> {
     store
         .conn()
-        .query_row(
+        .prepare_cached(
             "SELECT cursor_offset, cursor_lines, cursor_samples, cursor_skipping, file_id, batches, round
              FROM jobs WHERE name = ?1",
-            [job],
-            |row| {
-                Ok(JobFile {
-                    cursor: Cursor {
-                        offset: row.get::<_, i64>(0)? as u64,
-                        lines: row.get::<_, i64>(1)? as u64,
-                        samples: row.get::<_, i64>(2)? as u64,
-                        skipping_from: row.get::<_, Option<i64>>(3)?.map(|v| v as u64),
-                    },
-                    file_id: row.get(4)?,
-                    batches: row.get(5)?,
-                    round: row.get(6)?,
-                })
-            },
-        )
+        )?
+        .query_row([job], |row| {
+            Ok(JobFile {
+                cursor: Cursor {
+                    offset: row.get::<_, i64>(0)? as u64,
+                    lines: row.get::<_, i64>(1)? as u64,
+                    samples: row.get::<_, i64>(2)? as u64,
+                    skipping_from: row.get::<_, Option<i64>>(3)?.map(|v| v as u64),
+                },
+                file_id: row.get(4)?,
+                batches: row.get(5)?,
+                round: row.get(6)?,
+            })
+        })
         .optional()?
         .ok_or_else(|| IngestError::UnknownJob(job.to_owned()))
 }

@@ -113,24 +113,23 @@ struct JobRow {
 }
 
 fn job_row(conn: &rusqlite::Connection, job: &str) -> Result<Option<JobRow>, rusqlite::Error> {
-    conn.query_row(
+    conn.prepare_cached(
         "SELECT uid, round, stage, phase, acted, round_started_at, cursor_samples, header, deployed
              FROM jobs WHERE name = ?1",
-        [job],
-        |row| {
-            Ok(JobRow {
-                uid: row.get(0)?,
-                round: row.get(1)?,
-                stage: Stage::parse(&row.get::<_, String>(2)?),
-                phase: Phase::parse(&row.get::<_, String>(3)?),
-                acted: row.get(4)?,
-                round_started_at: row.get(5)?,
-                samples: row.get(6)?,
-                header: row.get(7)?,
-                deployed: row.get(8)?,
-            })
-        },
-    )
+    )?
+    .query_row([job], |row| {
+        Ok(JobRow {
+            uid: row.get(0)?,
+            round: row.get(1)?,
+            stage: Stage::parse(&row.get::<_, String>(2)?),
+            phase: Phase::parse(&row.get::<_, String>(3)?),
+            acted: row.get(4)?,
+            round_started_at: row.get(5)?,
+            samples: row.get(6)?,
+            header: row.get(7)?,
+            deployed: row.get(8)?,
+        })
+    })
     .optional()
 }
 
@@ -278,12 +277,13 @@ pub fn trigger_stats(store: &Store, job: &str, clock: Clock) -> Result<TriggerSt
 
 /// The train and eval samples not yet in a round.
 fn pending_counts(store: &Store, job: &str) -> Result<(u64, u64), rusqlite::Error> {
-    let (train, eval): (i64, i64) = store.conn().query_row(
-        "SELECT COALESCE(SUM(train_count), 0), COALESCE(SUM(eval_count), 0) FROM batches
-         WHERE job = ?1 AND train_round IS NULL",
-        [job],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    let (train, eval): (i64, i64) = store
+        .conn()
+        .prepare_cached(
+            "SELECT COALESCE(SUM(train_count), 0), COALESCE(SUM(eval_count), 0) FROM batches
+             WHERE job = ?1 AND train_round IS NULL",
+        )?
+        .query_row([job], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok((train as u64, eval as u64))
 }
 
