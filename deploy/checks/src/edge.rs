@@ -64,14 +64,7 @@ pub fn daemonset() -> Option<&'static DaemonSet> {
 
 /// The rendered documents: the Namespace, the ServiceAccount and the DaemonSet.
 fn only_daemonset(text: &str) -> DaemonSet {
-    let mut documents = Vec::new();
-    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value: Value = serde::Deserialize::deserialize(document)
-            .unwrap_or_else(|err| panic!("document {} is not YAML: {err}", index + 1));
-        if !value.is_null() {
-            documents.push(value);
-        }
-    }
+    let documents = crate::documents(text);
     let kinds: Vec<_> =
         documents.iter().map(|v| format!("{} {} {}", v["apiVersion"], v["kind"], v["metadata"]["name"])).collect();
     assert_eq!(

@@ -24,6 +24,19 @@ pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(relative)
 }
 
+/// The documents of a multi-document YAML text (a kustomize render), empty ones left out.
+pub fn documents(text: &str) -> Vec<serde_json::Value> {
+    let mut documents = Vec::new();
+    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value: serde_json::Value = serde::Deserialize::deserialize(document)
+            .unwrap_or_else(|err| panic!("document {} is not YAML: {err}", index + 1));
+        if !value.is_null() {
+            documents.push(value);
+        }
+    }
+    documents
+}
+
 /// `kubectl kustomize <folder>` (a folder of deploy/, from the repository's root), as
 /// `kubectl apply -k` would install it; `None` when kubectl is missing, except under CI (`CI`
 /// set), where that fails.

@@ -81,12 +81,7 @@ pub fn rendered() -> Option<&'static Rendered> {
 /// Splits the documents and reads each as its Kubernetes type.
 fn read(text: &str) -> Rendered {
     let mut out = Rendered::default();
-    for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value: Value = serde::Deserialize::deserialize(document)
-            .unwrap_or_else(|err| panic!("document {} is not YAML: {err}", index + 1));
-        if value.is_null() {
-            continue;
-        }
+    for (index, value) in crate::documents(text).into_iter().enumerate() {
         let api_version = value["apiVersion"].as_str().unwrap_or_default().to_owned();
         let kind = value["kind"].as_str().unwrap_or_default().to_owned();
         match (api_version.as_str(), kind.as_str()) {
