@@ -6,7 +6,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
@@ -103,11 +103,20 @@ impl Cluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// Held while cluster-wide objects (the CRDs, `deploy/operator`) are applied: two client-side
+    /// applies of an object that does not exist yet both create it, and one fails with
+    /// AlreadyExists.
+    pub fn applying_cluster_wide(&self) -> MutexGuard<'static, ()> {
+        static APPLYING: Mutex<()> = Mutex::new(());
+        APPLYING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// The CRDs and `deploy/operator` (the operator's ServiceAccount and RBAC), applied once per
     /// test process, as the README says.
     pub fn install(&self) {
         static INSTALLED: OnceLock<()> = OnceLock::new();
         INSTALLED.get_or_init(|| {
+            let _applying = self.applying_cluster_wide();
             self.kubectl_ok(&["apply", "-f", "deploy/crds/"]);
             self.kubectl_ok(&["apply", "-k", "deploy/operator"]);
             self.kubectl_ok(&["wait", "--for", "condition=Established", "crd/lifelonglearningjobs.sedna.io"]);

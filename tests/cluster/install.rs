@@ -9,6 +9,7 @@ use crate::harness::{cluster, repo};
 #[tokio::test]
 async fn the_crds_and_the_operator_apply_with_every_kubectl() {
     let cluster = cluster();
+    let applying = cluster.applying_cluster_wide();
     for kubectl in cluster.kubectls() {
         for args in [["apply", "-f", "deploy/crds/"], ["apply", "-k", "deploy/operator"]] {
             for _ in 0..2 {
@@ -20,6 +21,7 @@ async fn the_crds_and_the_operator_apply_with_every_kubectl() {
             }
         }
     }
+    drop(applying);
     let crd = cluster.kubectl_ok(&["get", "crd", "lifelonglearningjobs.sedna.io", "-o", "json"]);
     let crd: serde_json::Value = serde_json::from_str(&crd).expect("json");
     assert!(
