@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::harness::until;
@@ -131,6 +132,25 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
             check_sedna_contract(pod, kind, &uid, &world.node, &world.namespace);
         }
     }
+    // Finished pods do not pile up: once round 3 is deployed, round 1's Train and Eval pods are
+    // deleted (the operator keeps the newest two rounds' by default, for `kubectl logs`).
+    until("round 1's train and eval pods deleted, rounds 2 and 3 kept", Duration::from_secs(30), || async {
+        let pods = world.pods().list(&Default::default()).await.ok()?;
+        let rounds = |kind: &str| {
+            let mut rounds: Vec<&str> = pods
+                .items
+                .iter()
+                .filter(|p| {
+                    p.labels().get("lifelonglearningjob.sedna.io/worker-type").map(String::as_str) == Some(kind)
+                })
+                .filter_map(|p| p.labels().get("perennial.io/round").map(String::as_str))
+                .collect();
+            rounds.sort_unstable();
+            rounds
+        };
+        (rounds("train") == ["2", "3"] && rounds("eval") == ["2", "3"] && rounds("inference") == ["3"]).then_some(())
+    })
+    .await;
     // Sedna's conditions, in order (capped at 30: the last round and a half), each once: no
     // report applied twice.
     let conditions: Vec<String> = job["status"]["conditions"]

@@ -47,6 +47,9 @@ pub struct OperatorOptions {
     pub instance: Option<String>,
     /// The edge link's listener; `None`: no edge nodes (reports come from nowhere).
     pub link: Option<link::LinkOptions>,
+    /// Rounds whose finished Train and Eval pods are kept, the newest; older rounds' pods are
+    /// deleted once a round is deployed. 0 keeps them all (Sedna).
+    pub finished_rounds_kept: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +110,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         failures: Default::default(),
         written: Default::default(),
         written_jobs: Default::default(),
+        finished_rounds_kept: options.finished_rounds_kept,
     });
     let stop_link = match (&options.link, link_tls, changes) {
         (Some(options), Some(tls), Some(changes)) => {

@@ -24,6 +24,26 @@ pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Opti
         .map(|pod| observe(pod, stage, round, now))
 }
 
+/// The rounds, oldest first, whose Train and Eval pods go once `round` is deployed: those before
+/// the newest `kept` rounds (0 keeps every round, as Sedna does). Pods already being deleted are
+/// not asked for again.
+pub fn rounds_to_prune(pods: &[Pod], round: u64, kept: u64) -> Vec<u64> {
+    if kept == 0 {
+        return Vec::new();
+    }
+    let oldest_kept = round.saturating_sub(kept - 1);
+    let mut rounds: Vec<u64> = pods
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| matches!(label(pod, WORKER_TYPE_LABEL), Some("train" | "eval")))
+        .filter_map(|pod| label(pod, ROUND_LABEL)?.parse().ok())
+        .filter(|pod_round| *pod_round < oldest_kept)
+        .collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    rounds
+}
+
 /// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
 const STUCK: &[&str] =
     &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"];
@@ -141,6 +161,27 @@ mod tests {
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).expect("a pod")
+    }
+
+    #[test]
+    fn past_rounds_train_and_eval_pods_are_pruned_the_newest_kept() {
+        let worker = |kind: &str, round: u64, deleting: bool| {
+            let mut metadata = json!({"name": format!("{kind}-{round}"), "labels": {WORKER_TYPE_LABEL: kind, ROUND_LABEL: round.to_string()}});
+            if deleting {
+                metadata["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            pod(json!({"metadata": metadata, "spec": {"containers": []}}))
+        };
+        let mut pods: Vec<Pod> = (1..=5).flat_map(|r| [worker("train", r, false), worker("eval", r, false)]).collect();
+        pods.push(worker("inference", 1, false));
+        // Round 5 deployed, two kept: rounds 4 and 5 stay; an inference pod is never pruned here.
+        assert_eq!(rounds_to_prune(&pods, 5, 2), [1, 2, 3]);
+        assert_eq!(rounds_to_prune(&pods, 5, 1), [1, 2, 3, 4]);
+        assert_eq!(rounds_to_prune(&pods, 5, 0), Vec::<u64>::new(), "0 keeps every round");
+        assert_eq!(rounds_to_prune(&pods, 2, 5), Vec::<u64>::new());
+        // Pods already being deleted are not asked for again.
+        let deleting: Vec<Pod> = vec![worker("train", 1, true), worker("eval", 1, true), worker("train", 2, false)];
+        assert_eq!(rounds_to_prune(&deleting, 4, 2), [2]);
     }
 
     fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> Pod {

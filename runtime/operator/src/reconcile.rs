@@ -28,7 +28,7 @@ use super::patch;
 use super::watches::Stores;
 use perennial_api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, WorkerSpec};
-use perennial_workers::pod::{Credential, PodContext, build_pod, endpoint_url};
+use perennial_workers::pod::{Credential, PodContext, ROUND_LABEL, build_pod, endpoint_url};
 
 /// Holds a job until its pods are removed and its edge is told (`kubectl delete` waits for it).
 pub const FINALIZER: &str = "lifelonglearningjob.perennial.io/cleanup";
@@ -66,6 +66,8 @@ pub struct Context {
     pub written: super::written::WrittenPods,
     /// The jobs' statuses as written here, which the job store may not show yet.
     pub written_jobs: super::written::WrittenJobs,
+    /// Rounds whose finished Train and Eval pods are kept, the newest (0: all).
+    pub finished_rounds_kept: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -241,10 +243,32 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     for action in &step.actions {
         act(job, ctx, &reference, action).await?;
     }
+    if step.status.rounds_completed > before.rounds_completed {
+        prune_finished_pods(ctx, &namespace, &view.uid, &listed, step.status.round, &key).await;
+    }
     Ok(match step.recheck_after {
         Some(after) => Requeue::requeue(after.min(RESYNC)),
         None => Requeue::requeue(RESYNC),
     })
+}
+
+/// Once a round is deployed, the Train and Eval pods of rounds before the newest kept ones go, in
+/// one request: finished pods would otherwise pile up, two a round, in etcd and in every pod
+/// watch. Housekeeping only: a failure is counted and said (once a round at most), and the next
+/// round's prune takes what this one left.
+async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[Pod], round: u64, key: &str) {
+    let rounds = observe::rounds_to_prune(pods, round, ctx.finished_rounds_kept);
+    if rounds.is_empty() {
+        return;
+    }
+    let rounds = rounds.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let selector = format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} in ({rounds})");
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    if let Err(err) = api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector)).await
+    {
+        ctx.metrics.error("prune_pods");
+        tracing::warn!(job = key, "deleting the finished pods of rounds {rounds}: {err}");
+    }
 }
 
 /// The job as the API server has it now, if it is still the same job (not deleted, not

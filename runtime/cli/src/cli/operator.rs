@@ -79,6 +79,10 @@ pub struct OperatorArgs {
     /// Restarts of a stage's worker beyond which the stage fails.
     #[arg(long, default_value_t = 3)]
     restart_limit: u32,
+    /// Rounds whose finished Train and Eval pods are kept (for `kubectl logs`), the newest: once
+    /// a round is deployed, older rounds' pods are deleted. 0 keeps them all, as Sedna does.
+    #[arg(long, env = "PERENNIAL_FINISHED_ROUNDS_KEPT", default_value_t = 2)]
+    finished_rounds_kept: u64,
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
@@ -132,6 +136,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             .then(|| LeaseSettings::new(args.lease_namespace, args.lease_name, identity.clone())),
         instance: Some(identity),
         link,
+        finished_rounds_kept: args.finished_rounds_kept,
     };
     cloud::run(client, options).await?;
     Ok(())

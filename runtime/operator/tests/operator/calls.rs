@@ -214,6 +214,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
         failures: Default::default(),
         written: Default::default(),
         written_jobs: Default::default(),
+        finished_rounds_kept: 2,
     };
     let mut api =
         ApiServer { handle, events: VecDeque::new(), pods: pods_writer, datasets: datasets_writer, pods_seen };
