@@ -491,6 +491,48 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
 }
 
 #[tokio::test]
+async fn a_deployed_round_deletes_the_train_and_eval_pods_of_rounds_before_the_newest_two() {
+    let (mut api, ctx, _inbox) = setup();
+    // Round 3's new inference pod is Ready; the pods of rounds 1 to 3 are still there.
+    let mut starting = status_after(&[train_ready()]);
+    starting["stage"] = json!("Deploy");
+    starting["phase"] = json!("Starting");
+    starting["round"] = json!(3);
+    starting["roundsCompleted"] = json!(2);
+    starting["worker"] = json!({"name": "thermal-inference-3", "stage": "Deploy", "round": 3, "restarts": 0});
+    let mut pods: Vec<Value> = (1..=3)
+        .flat_map(|round| {
+            let done = json!({"phase": "Succeeded"});
+            [
+                pod("train", round, &format!("thermal-train-{round}"), done.clone()),
+                pod("eval", round, &format!("thermal-eval-{round}"), done),
+            ]
+        })
+        .collect();
+    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    pods.push(pod("inference", 3, "thermal-inference-3", ready));
+    api.show_pods(pods);
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut done = starting;
+    merge_apply(&mut done, &patch.body["status"]);
+    assert_eq!((done["stage"].as_str(), done["roundsCompleted"].as_u64()), (Some("Train"), Some(3)));
+    patch.ok(job_json(done));
+    // After the status: one request for round 1's train and eval pods; rounds 2 and 3 are kept.
+    let delete = api.expect("DELETE", PODS).await;
+    assert_eq!(
+        delete.query(),
+        format!(
+            "labelSelector=lifelonglearningjob.sedna.io/uid={UID},lifelonglearningjob.sedna.io/worker-type in (train,eval),perennial.io/round in (1)"
+        )
+    );
+    assert_eq!(delete.body["propagationPolicy"], "Background");
+    delete.ok(pod_list(vec![]));
+    assert_eq!(api.only_events().await, ["DeployCompleted"]);
+    run.await.expect("join").expect("reconciled");
+}
+
+#[tokio::test]
 async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_the_limit() {
     let (mut api, ctx, _inbox) = setup();
     let mut running = status_after(&[train_ready()]);
