@@ -105,7 +105,7 @@ impl Cluster {
 
     /// Held while cluster-wide objects (the CRDs, `deploy/operator`) are applied: two client-side
     /// applies of an object that does not exist yet both create it, and one fails with
-    /// AlreadyExists.
+    /// AlreadyExists. Not reentrant: never call [`Cluster::install`] while holding it.
     pub fn applying_cluster_wide(&self) -> MutexGuard<'static, ()> {
         static APPLYING: Mutex<()> = Mutex::new(());
         APPLYING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

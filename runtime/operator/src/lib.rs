@@ -47,8 +47,8 @@ pub struct OperatorOptions {
     pub instance: Option<String>,
     /// The edge link's listener; `None`: no edge nodes (reports come from nowhere).
     pub link: Option<link::LinkOptions>,
-    /// Rounds whose finished Train and Eval pods are kept, the newest; older rounds' pods are
-    /// deleted once a round is deployed. 0 keeps them all (Sedna).
+    /// How many of the newest rounds keep their finished Train and Eval pods; older rounds' pods
+    /// are deleted once a round completes. 0 keeps them all (Sedna).
     pub finished_rounds_kept: u64,
 }
 

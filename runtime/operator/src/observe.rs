@@ -44,6 +44,14 @@ pub fn rounds_to_prune(pods: &[Pod], round: u64, kept: u64) -> Vec<u64> {
     rounds
 }
 
+/// The selector of a job's Train and Eval pods outside the newest `kept` rounds up to `round`
+/// (`kept` ≥ 1): its size is bounded by `kept`, however many rounds are left to prune.
+pub fn prune_selector(uid: &str, round: u64, kept: u64) -> String {
+    let oldest_kept = round.saturating_sub(kept.saturating_sub(1));
+    let kept: Vec<String> = (oldest_kept..=round).map(|r| r.to_string()).collect();
+    format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin ({})", kept.join(","))
+}
+
 /// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
 const STUCK: &[&str] =
     &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"];
@@ -182,6 +190,11 @@ mod tests {
         // Pods already being deleted are not asked for again.
         let deleting: Vec<Pod> = vec![worker("train", 1, true), worker("eval", 1, true), worker("train", 2, false)];
         assert_eq!(rounds_to_prune(&deleting, 4, 2), [2]);
+        assert_eq!(
+            prune_selector("u-1", 5, 2),
+            format!("{UID_LABEL}=u-1,{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin (4,5)")
+        );
+        assert!(prune_selector("u-1", 5, 1).ends_with("notin (5)"));
     }
 
     fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> Pod {

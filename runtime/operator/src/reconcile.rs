@@ -241,7 +241,7 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         ctx.events.publish(&reference, warning, &format!("{}{}", condition.stage, condition.type_), note);
     }
     for action in &step.actions {
-        act(job, ctx, &reference, action).await?;
+        act(job, ctx, &reference, action, step.status.round).await?;
     }
     if step.status.rounds_completed > before.rounds_completed {
         prune_finished_pods(ctx, &namespace, &view.uid, &listed, step.status.round, &key).await;
@@ -252,7 +252,7 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     })
 }
 
-/// Once a round is deployed, the Train and Eval pods of rounds before the newest kept ones go, in
+/// Once a round completes, the Train and Eval pods of rounds before the newest kept ones go, in
 /// one request: finished pods would otherwise pile up, two a round, in etcd and in every pod
 /// watch. Housekeeping only: a failure is counted and said (once a round at most), and the next
 /// round's prune takes what this one left.
@@ -262,7 +262,7 @@ async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[
         return;
     }
     let rounds = rounds.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-    let selector = format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} in ({rounds})");
+    let selector = observe::prune_selector(uid, round, ctx.finished_rounds_kept);
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     if let Err(err) = api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector)).await
     {
@@ -312,11 +312,13 @@ pub fn worth_an_event(condition: &JobCondition, previous: Option<&JobCondition>)
     }
 }
 
+/// Carries out one action of the step that left the job in `round`.
 async fn act(
     job: &LifelongLearningJob,
     ctx: &Context,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
     action: &Action,
+    round: u64,
 ) -> Result<(), Error> {
     let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
     match action {
@@ -336,7 +338,12 @@ async fn act(
         Action::StopWorkers { stage } => {
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
             let uid = job.metadata.uid.clone().unwrap_or_default();
-            let selector = format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL}={}", stage.worker_kind());
+            let mut selector = format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL}={}", stage.worker_kind());
+            // A failed Train or Eval stops its own round's worker: the finished ones of the rounds
+            // kept stay for `kubectl logs`. Deploy replaces the inference pod of any round.
+            if *stage != Stage::Deploy {
+                selector.push_str(&format!(",{ROUND_LABEL}={round}"));
+            }
             pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
                 .await
                 .map_err(kube_error("delete_pods", &key))?;

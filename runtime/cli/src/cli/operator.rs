@@ -79,8 +79,8 @@ pub struct OperatorArgs {
     /// Restarts of a stage's worker beyond which the stage fails.
     #[arg(long, default_value_t = 3)]
     restart_limit: u32,
-    /// Rounds whose finished Train and Eval pods are kept (for `kubectl logs`), the newest: once
-    /// a round is deployed, older rounds' pods are deleted. 0 keeps them all, as Sedna does.
+    /// How many of the newest rounds keep their finished Train and Eval pods (for `kubectl
+    /// logs`): once a round completes, older rounds' pods are deleted. 0 keeps them all (Sedna).
     #[arg(long, env = "PERENNIAL_FINISHED_ROUNDS_KEPT", default_value_t = 2)]
     finished_rounds_kept: u64,
 }

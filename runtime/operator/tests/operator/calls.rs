@@ -512,23 +512,28 @@ async fn a_deployed_round_deletes_the_train_and_eval_pods_of_rounds_before_the_n
     let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
     pods.push(pod("inference", 3, "thermal-inference-3", ready));
     api.show_pods(pods);
-    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx.clone()));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let mut done = starting;
     merge_apply(&mut done, &patch.body["status"]);
     assert_eq!((done["stage"].as_str(), done["roundsCompleted"].as_u64()), (Some("Train"), Some(3)));
-    patch.ok(job_json(done));
+    patch.ok(job_json(done.clone()));
     // After the status: one request for round 1's train and eval pods; rounds 2 and 3 are kept.
     let delete = api.expect("DELETE", PODS).await;
     assert_eq!(
         delete.query(),
         format!(
-            "labelSelector=lifelonglearningjob.sedna.io/uid={UID},lifelonglearningjob.sedna.io/worker-type in (train,eval),perennial.io/round in (1)"
+            "labelSelector=lifelonglearningjob.sedna.io/uid={UID},lifelonglearningjob.sedna.io/worker-type in (train,eval),perennial.io/round notin (2,3)"
         )
     );
     assert_eq!(delete.body["propagationPolicy"], "Background");
     delete.ok(pod_list(vec![]));
     assert_eq!(api.only_events().await, ["DeployCompleted"]);
+    run.await.expect("join").expect("reconciled");
+
+    // The next reconcile, before the watch shows the deletion, completes no round: no request.
+    let run = tokio::spawn(reconcile::reconcile(job(done), ctx));
+    assert_eq!(api.only_events().await, Vec::<String>::new(), "nothing but events");
     run.await.expect("join").expect("reconciled");
 }
 
@@ -562,7 +567,8 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     assert_eq!(status["retries"], 1);
     patch.ok(job_json(status));
     let delete = api.expect("DELETE", PODS).await;
-    assert!(delete.query().contains("worker-type=train"), "{}", delete.query());
+    // Only this round's train worker: earlier rounds' finished pods stay for `kubectl logs`.
+    assert!(delete.query().ends_with("worker-type=train,perennial.io/round=1"), "{}", delete.query());
     delete.ok(pod_list(vec![]));
     assert_eq!(api.only_events().await, ["TrainFailed", "StageFailed"]);
     let requeue = run.await.expect("join").expect("reconciled");
