@@ -24,32 +24,22 @@ pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Opti
         .map(|pod| observe(pod, stage, round, now))
 }
 
-/// The rounds, oldest first, whose Train and Eval pods go once `round` is deployed: those before
-/// the newest `kept` rounds (0 keeps every round, as Sedna does). Pods already being deleted are
-/// not asked for again.
-pub fn rounds_to_prune(pods: &[Pod], round: u64, kept: u64) -> Vec<u64> {
-    if kept == 0 {
-        return Vec::new();
-    }
-    let oldest_kept = round.saturating_sub(kept - 1);
-    let mut rounds: Vec<u64> = pods
+/// Once `round` completes, the selector of the job's Train and Eval pods outside the newest
+/// `kept` rounds, if the job has any not already being deleted; `None` when nothing is to go (or
+/// `kept` is 0: every round stays, as in Sedna). The selector names the kept rounds (`notin`), so
+/// its size is bounded by `kept`, however many rounds are left to prune.
+pub fn prune_selector(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Option<String> {
+    let oldest_kept = round.saturating_sub(kept.checked_sub(1)?);
+    let any_older = pods
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
         .filter(|pod| matches!(label(pod, WORKER_TYPE_LABEL), Some("train" | "eval")))
-        .filter_map(|pod| label(pod, ROUND_LABEL)?.parse().ok())
-        .filter(|pod_round| *pod_round < oldest_kept)
-        .collect();
-    rounds.sort_unstable();
-    rounds.dedup();
-    rounds
-}
-
-/// The selector of a job's Train and Eval pods outside the newest `kept` rounds up to `round`
-/// (`kept` ≥ 1): its size is bounded by `kept`, however many rounds are left to prune.
-pub fn prune_selector(uid: &str, round: u64, kept: u64) -> String {
-    let oldest_kept = round.saturating_sub(kept.saturating_sub(1));
-    let kept: Vec<String> = (oldest_kept..=round).map(|r| r.to_string()).collect();
-    format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin ({})", kept.join(","))
+        .filter_map(|pod| label(pod, ROUND_LABEL)?.parse::<u64>().ok())
+        .any(|pod_round| pod_round < oldest_kept);
+    any_older.then(|| {
+        let kept: Vec<String> = (oldest_kept..=round).map(|r| r.to_string()).collect();
+        format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin ({})", kept.join(","))
+    })
 }
 
 /// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
@@ -182,19 +172,19 @@ mod tests {
         };
         let mut pods: Vec<Pod> = (1..=5).flat_map(|r| [worker("train", r, false), worker("eval", r, false)]).collect();
         pods.push(worker("inference", 1, false));
-        // Round 5 deployed, two kept: rounds 4 and 5 stay; an inference pod is never pruned here.
-        assert_eq!(rounds_to_prune(&pods, 5, 2), [1, 2, 3]);
-        assert_eq!(rounds_to_prune(&pods, 5, 1), [1, 2, 3, 4]);
-        assert_eq!(rounds_to_prune(&pods, 5, 0), Vec::<u64>::new(), "0 keeps every round");
-        assert_eq!(rounds_to_prune(&pods, 2, 5), Vec::<u64>::new());
-        // Pods already being deleted are not asked for again.
-        let deleting: Vec<Pod> = vec![worker("train", 1, true), worker("eval", 1, true), worker("train", 2, false)];
-        assert_eq!(rounds_to_prune(&deleting, 4, 2), [2]);
-        assert_eq!(
-            prune_selector("u-1", 5, 2),
-            format!("{UID_LABEL}=u-1,{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin (4,5)")
-        );
-        assert!(prune_selector("u-1", 5, 1).ends_with("notin (5)"));
+        // Round 5 done, two kept: rounds 4 and 5 stay; an inference pod is never pruned here.
+        let selector =
+            |kept: &str| format!("{UID_LABEL}=u-1,{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin ({kept})");
+        assert_eq!(prune_selector(&pods, "u-1", 5, 2), Some(selector("4,5")));
+        assert_eq!(prune_selector(&pods, "u-1", 5, 1), Some(selector("5")));
+        assert_eq!(prune_selector(&pods, "u-1", 5, 0), None, "0 keeps every round");
+        assert_eq!(prune_selector(&pods, "u-1", 2, 5), None);
+        assert_eq!(prune_selector(&[worker("inference", 1, false)], "u-1", 5, 2), None, "inference is Deploy's");
+        // Pods already being deleted are not asked for again; one left of round 2 is.
+        let deleting: Vec<Pod> = vec![worker("train", 1, true), worker("eval", 1, true)];
+        assert_eq!(prune_selector(&deleting, "u-1", 4, 2), None);
+        let deleting: Vec<Pod> = deleting.into_iter().chain([worker("train", 2, false)]).collect();
+        assert_eq!(prune_selector(&deleting, "u-1", 4, 2), Some(selector("3,4")));
     }
 
     fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> Pod {

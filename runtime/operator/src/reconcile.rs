@@ -257,17 +257,14 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
 /// watch. Housekeeping only: a failure is counted and said (once a round at most), and the next
 /// round's prune takes what this one left.
 async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[Pod], round: u64, key: &str) {
-    let rounds = observe::rounds_to_prune(pods, round, ctx.finished_rounds_kept);
-    if rounds.is_empty() {
+    let Some(selector) = observe::prune_selector(pods, uid, round, ctx.finished_rounds_kept) else {
         return;
-    }
-    let rounds = rounds.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-    let selector = observe::prune_selector(uid, round, ctx.finished_rounds_kept);
+    };
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     if let Err(err) = api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector)).await
     {
         ctx.metrics.error("prune_pods");
-        tracing::warn!(job = key, "deleting the finished pods of rounds {rounds}: {err}");
+        tracing::warn!(job = key, "deleting the finished pods of past rounds ({selector}): {err}");
     }
 }
 
