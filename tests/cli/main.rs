@@ -13,3 +13,4 @@ mod hostile;
 mod plugin;
 mod plugin_authors;
 mod plugin_swap;
+mod state_faults;

@@ -9,9 +9,69 @@ use perennial_storage::{S3Credentials, StorageError};
 /// Name of the folder, inside the output directory, where files are written before their rename.
 const TMP_DIR: &str = ".perennial-tmp";
 
-/// Whether an operator can be made for `output_dir`, without touching it (nothing is created).
+/// Whether a job may write in `output_dir`, without touching it (nothing is created): an S3
+/// prefix it has credentials for, or a local folder that [`check_local_dir`] accepts. Admission
+/// checks this once, so that a job whose round files or reports could never be taken is refused
+/// before anything of it is stored.
 pub fn check(output_dir: &str, s3: Option<&S3Credentials>) -> Result<(), StorageError> {
-    remote_operator(output_dir, s3).map(drop)
+    if remote_operator(output_dir, s3)?.is_some() {
+        return Ok(());
+    }
+    check_local_dir(std::path::Path::new(output_dir))
+        .map_err(|message| StorageError::Invalid { url: output_dir.to_owned(), message })
+}
+
+/// Folders of the system that no job writes in (nor anything under them): `/` itself, the
+/// kernel's and the packages' own.
+const SYSTEM_FOLDERS: &[&str] =
+    &["/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr"];
+
+/// A local output folder's rules, the ones the worker API holds reports to: an absolute path
+/// without `..` (a report of a model under it would be refused as climbing out), not `/` nor a
+/// system folder (a model URL anywhere under it would be accepted), and, as far as it exists, a
+/// folder this process can write in (checked through symlinks).
+pub fn check_local_dir(dir: &std::path::Path) -> Result<(), String> {
+    if !dir.is_absolute() {
+        return Err("not an absolute path".into());
+    }
+    if dir.components().any(|c| c == std::path::Component::ParentDir) {
+        return Err(
+            "has a `..` (the worker API refuses model URLs that climb with `..`); give the folder plainly".into()
+        );
+    }
+    let system = |path: &std::path::Path| {
+        path.parent().is_none() || SYSTEM_FOLDERS.iter().any(|folder| path.starts_with(folder))
+    };
+    if system(dir) {
+        return Err("is the filesystem's root or a system folder; give the job a folder of its own".into());
+    }
+    // The folder, or the nearest of its parents that exists: what would hold it.
+    let mut existing = dir;
+    while !existing.exists() {
+        match existing.parent() {
+            Some(parent) => existing = parent,
+            None => return Err("no part of it exists".into()),
+        }
+    }
+    let real = existing.canonicalize().map_err(|err| format!("{}: {err}", existing.display()))?;
+    if system(&real) {
+        return Err(format!("{} is {}, the filesystem's root or a system folder", existing.display(), real.display()));
+    }
+    if !real.is_dir() {
+        return Err(format!("{} is not a folder", existing.display()));
+    }
+    if !writable(&real) {
+        return Err(format!("{} is not writable by this process", existing.display()));
+    }
+    Ok(())
+}
+
+/// Whether this process may create files in `dir` (its permissions, a read-only mount).
+fn writable(dir: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };
+    // SAFETY: a valid NUL-terminated path; access() only reads it.
+    unsafe { libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
 /// The operator of an S3 `outputDir`; `None` for a local one; an error for any other scheme.

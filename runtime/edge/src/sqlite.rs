@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior};
 
 use crate::decisions::{Record, Recorder};
 
@@ -179,7 +179,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE decisions ADD COLUMN runs INTEGER NOT NULL DEFAULT 1;
     CREATE INDEX decisions_packed ON decisions (job, id) WHERE runs > 1;
     "#,
+    // 14: the store's identity, made when it is created, so that a state dir's two stores can
+    // tell that they belong together (a lost, emptied or foreign store is refused, not reset).
+    STORE_ID_MIGRATION,
 ];
+
+/// Gives a store its identity (a random id), as a migration of each schema that has one.
+pub const STORE_ID_MIGRATION: &str = r#"
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    INSERT INTO meta (key, value) VALUES ('store_id', lower(hex(randomblob(16))));
+"#;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -187,6 +196,11 @@ pub enum StoreError {
     Open { path: String, source: rusqlite::Error },
     #[error("state database {path} has schema version {found}, newer than this binary's {known}; upgrade perennial")]
     TooNew { path: String, found: i64, known: i64 },
+    #[error(
+        "state database {path} is corrupt ({detail}); nothing was changed. Restore it from a backup (with its -wal \
+         file), or move it away to start its jobs over"
+    )]
+    Corrupt { path: String, detail: String },
     #[error("state database: {0}")]
     Sql(#[from] rusqlite::Error),
 }
@@ -238,8 +252,9 @@ impl Store {
     fn open_once(path: &Path, migrations: &'static [&'static str]) -> Result<Store, StoreError> {
         let shown = path.display().to_string();
         let open_error = |source| StoreError::Open { path: shown.clone(), source };
-        let conn = Connection::open(path).map_err(open_error)?;
+        let mut conn = Connection::open(path).map_err(open_error)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(open_error)?;
+        check_integrity(&mut conn, &shown)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(open_error)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
@@ -311,6 +326,47 @@ impl Store {
     }
 }
 
+/// How long the integrity check at open may take: a big store is checked as far as this allows
+/// (the check is for the damage a crash or a bad disk leaves, not a full audit).
+const INTEGRITY_CHECK_BUDGET: Duration = Duration::from_secs(2);
+
+/// `PRAGMA quick_check`, bounded in time: a corrupt store is refused with what was found, before
+/// anything is written to it.
+fn check_integrity(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
+    let deadline = Instant::now() + INTEGRITY_CHECK_BUDGET;
+    let open_error = |source| StoreError::Open { path: path.to_owned(), source };
+    conn.progress_handler(10_000, Some(move || Instant::now() > deadline)).map_err(open_error)?;
+    let found: Result<Vec<String>, rusqlite::Error> = conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut statement| statement.query_map([], |row| row.get(0))?.collect());
+    conn.progress_handler(0, None::<fn() -> bool>).map_err(open_error)?;
+    match found {
+        Ok(lines) if lines.iter().all(|line| line == "ok") => Ok(()),
+        Ok(lines) => Err(StoreError::Corrupt { path: path.to_owned(), detail: lines.join("; ") }),
+        // Out of time: a store too big to check at open is taken as it is.
+        Err(err) if err.sqlite_error_code() == Some(ErrorCode::OperationInterrupted) => {
+            tracing::warn!("state database {path}: its integrity check was cut short after {INTEGRITY_CHECK_BUDGET:?}");
+            Ok(())
+        }
+        Err(err) if matches!(err.sqlite_error_code(), Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt)) => {
+            Err(StoreError::Corrupt { path: path.to_owned(), detail: err.to_string() })
+        }
+        Err(source) => Err(StoreError::Open { path: path.to_owned(), source }),
+    }
+}
+
+/// The store's identity (see [`STORE_ID_MIGRATION`]), if its schema has one.
+pub fn store_id(conn: &Connection) -> Result<Option<String>, rusqlite::Error> {
+    let has_meta: bool =
+        conn.query_row("SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'meta'", [], |r| {
+            r.get(0)
+        })?;
+    if !has_meta {
+        return Ok(None);
+    }
+    conn.query_row("SELECT value FROM meta WHERE key = 'store_id'", [], |r| r.get(0)).optional()
+}
+
 /// The schema version a database is at.
 fn user_version(conn: &Connection) -> Result<i64, rusqlite::Error> {
     conn.pragma_query_value(None, "user_version", |row| row.get(0))
@@ -360,6 +416,34 @@ mod tests {
         // Reopening keeps the data and runs no migration twice.
         let store = Store::open(&path).unwrap();
         assert_eq!(store.version().unwrap(), MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_corrupt_database_is_refused_naming_its_file_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edge.db");
+        let store = Store::open(&path).unwrap();
+        let rows: String = (0..2000).map(|i| format!("('j{i}', 'u', '{{}}'),")).collect();
+        store
+            .conn()
+            .execute_batch(&format!("INSERT INTO jobs (name, uid, spec) VALUES {} ('last', 'u', '{{}}')", rows))
+            .unwrap();
+        store.conn().pragma_update(None, "wal_checkpoint", "TRUNCATE").unwrap();
+        drop(store);
+        // A page of the jobs table overwritten (a bad disk, a copy cut short).
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 5 * 4096, "{} bytes", bytes.len());
+        bytes[3 * 4096..4 * 4096].fill(0x5a);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Store::open(&path).err().expect("refused").to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains("is corrupt"), "{err}");
+        assert!(err.contains("backup"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "the refused store was written to");
+
+        // Not a database at all.
+        std::fs::write(&path, b"this is not a database, only a file with some text in it").unwrap();
+        let err = Store::open(&path).err().expect("refused").to_string();
+        assert!(err.contains("is corrupt") && err.contains("not a database"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! Unlike Sedna: a report from a worker name this agent did not issue for that job is refused
 //! (403, with the reason); a report for an unknown job is 404; a malformed body is 400 naming
 //! the field; a model URL outside the job's output directory and dataset folder is refused (no
-//! path traversal); the report is committed before 200 is sent; a repeated report is harmless.
+//! path traversal); the report is committed before 200 is sent; a repeated report is harmless;
+//! a round's stage takes its first report, and a later, different one is 409.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -93,7 +94,10 @@ struct ApiState {
 
 /// The router, over the edge's store.
 pub fn router(store: Arc<Mutex<Store>>, on_report: OnReport) -> axum::Router {
-    axum::Router::new().route("/sedna/workers/{name}/info", post(receive)).with_state(ApiState { store, on_report })
+    axum::Router::new()
+        .route("/sedna/workers/{name}/info", post(receive))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_REPORT_BYTES))
+        .with_state(ApiState { store, on_report })
 }
 
 async fn receive(
@@ -101,7 +105,7 @@ async fn receive(
     UrlPath(name): UrlPath<String>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Answer {
-    // A body over the limit (2 MB) or cut short: said in Sedna's reply, as every other refusal.
+    // A body over the limit (MAX_REPORT_BYTES) or cut short: said in Sedna's reply, as every other refusal.
     let body = match body {
         Ok(body) => body,
         Err(rejected) => return answer(rejected.status(), format!("body: {}", rejected.body_text())),
@@ -164,6 +168,9 @@ fn check_shape(path_name: &str, report: WorkerReport) -> Result<Accepted, String
         if let Some(metrics) = model.metrics.as_ref().filter(|m| !m.is_null() && !m.is_object()) {
             return Err(format!("results[{i}].metrics: {metrics} is not an object of named metrics"));
         }
+        if let Some(serde_json::Value::Object(metrics)) = &model.metrics {
+            check_metrics(metrics).map_err(|why| format!("results[{i}].metrics: {why}"))?;
+        }
         models.push(model);
     }
     if status == "completed" && stage != "deploy" && models.is_empty() {
@@ -171,6 +178,25 @@ fn check_shape(path_name: &str, report: WorkerReport) -> Result<Accepted, String
     }
     Ok(Accepted { job: format!("{namespace}/{owner}"), stage, status, models })
 }
+
+/// The most metrics one model may carry, and their size as JSON: they go into the job's status
+/// and every view of it, so they are bounded where they are received.
+pub const MAX_METRICS: usize = 64;
+pub const MAX_METRICS_BYTES: usize = 8 << 10;
+
+fn check_metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> Result<(), String> {
+    if metrics.len() > MAX_METRICS {
+        return Err(format!("{} metrics, at most {MAX_METRICS}", metrics.len()));
+    }
+    let size = serde_json::to_string(metrics).map_or(usize::MAX, |json| json.len());
+    if size > MAX_METRICS_BYTES {
+        return Err(format!("{size} bytes as JSON, at most {MAX_METRICS_BYTES}"));
+    }
+    Ok(())
+}
+
+/// The largest report body taken (Sedna's are a few hundred bytes).
+pub const MAX_REPORT_BYTES: usize = 256 << 10;
 
 fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (StatusCode, String)> {
     let db = |err: rusqlite::Error| (StatusCode::INTERNAL_SERVER_ERROR, format!("state database: {err}"));
@@ -217,25 +243,48 @@ fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (Stat
         .optional()
         .map_err(db)?
         .flatten();
-    if last.as_deref() != Some(fingerprint.as_str()) {
-        if report.status == "completed" {
-            record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
-        }
-        let phase = if stage == "train" { Stage::Train } else { Stage::Eval };
-        let relayed = Report {
-            job: job.clone(),
-            job_uid: uid,
-            round,
-            phase,
-            status: if report.status == "completed" { Phase::Completed } else { Phase::Failed },
-            input: None,
-            output: Some(Output { models: report.models }),
-            reason: (report.status == "failed").then(|| format!("worker {worker} reported failure")),
-        };
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        report::enqueue(&tx, &relayed, now).map_err(db)?;
-        tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
+    if last.as_deref() == Some(fingerprint.as_str()) {
+        return Ok(()); // the same report again: taken once
     }
+    // A stage's result is its first report: the control plane's stage machine takes the first
+    // Completed or Failed of a round's stage and ignores what follows, so a later, different
+    // report is refused here too, and the selector decides on what the stage machine took.
+    let taken: Option<(String, String)> = tx
+        .query_row(
+            "SELECT name, last_report FROM workers
+             WHERE job = ?1 AND round = ?2 AND stage = ?3 AND last_report IS NOT NULL LIMIT 1",
+            params![job, round, stage],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(db)?;
+    if let Some((by, taken)) = taken {
+        let was = taken.split_once('|').map_or(taken.as_str(), |(status, _)| status);
+        return Err((
+            StatusCode::CONFLICT,
+            format!(
+                "round {round}'s {stage} already reported {was} (worker {by}); a stage takes its first report, \
+                 and this one is not taken"
+            ),
+        ));
+    }
+    if report.status == "completed" {
+        record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
+    }
+    let phase = if stage == "train" { Stage::Train } else { Stage::Eval };
+    let relayed = Report {
+        job: job.clone(),
+        job_uid: uid,
+        round,
+        phase,
+        status: if report.status == "completed" { Phase::Completed } else { Phase::Failed },
+        input: None,
+        output: Some(Output { models: report.models }),
+        reason: (report.status == "failed").then(|| format!("worker {worker} reported failure")),
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    report::enqueue(&tx, &relayed, now).map_err(db)?;
+    tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
     tx.commit().map_err(db)?;
     Ok(())
 }

@@ -24,6 +24,8 @@ pub struct Admitted {
     /// Each admitted job's policies as loaded to check them, with the config they were loaded
     /// for: a run starts with them rather than load them again.
     pub policies: Vec<(JobConfig, JobPolicies)>,
+    /// What storing them replaced, to take it back if the run does not start.
+    pub undo: state::Undo,
 }
 
 /// Reads, checks and stores the manifests at `paths`; nothing is stored unless all pass.
@@ -69,6 +71,14 @@ pub async fn admit(
                 if let Err(err) = perennial_edge::output::check(&job.edge_spec.output_dir, s3.as_ref()) {
                     errors.push(format!("{}: LifelongLearningJob {key}: spec.outputDir: {err}", m.origin()));
                 }
+                if let Err(err) = check_index(&job.edge_spec.dataset_url, s3.as_ref()) {
+                    errors.push(format!(
+                        "{}: LifelongLearningJob {key}: the index of Dataset {} (spec.url {}): {err}",
+                        m.origin(),
+                        job.edge_spec.dataset,
+                        job.edge_spec.dataset_url
+                    ));
+                }
                 prepared.push((*m, key, stored, job));
             }
             Err(err) => errors.push(format!("{}: {err}", m.origin())),
@@ -105,6 +115,15 @@ pub async fn admit(
     let mut admitted = store(control, &manifests)?;
     admitted.policies = policies;
     Ok(admitted)
+}
+
+/// Whether the job's dataset index can be read as one: credentials for an S3 index, and a local
+/// one that is no special file, nor in the kernel's folders.
+fn check_index(url: &str, s3: Option<&perennial_storage::S3Credentials>) -> Result<(), String> {
+    if url.starts_with("s3://") {
+        return perennial_storage::locate(url, s3).map(drop).map_err(|err| err.to_string());
+    }
+    perennial_edge::index_file::check_local_index(Path::new(url))
 }
 
 /// The folder of a manifest file: what relative paths in its templates are under.
@@ -193,7 +212,7 @@ fn store(control: &mut Store, manifests: &[Manifest]) -> Result<Admitted, RunErr
     }
     let applied: Vec<Applied<'_>> =
         rows.iter().map(|(kind, key, body, dir)| Applied { kind, key, body, dir }).collect();
-    state::apply_all(control, &applied)?;
+    admitted.undo = state::apply_all(control, &applied)?;
     Ok(admitted)
 }
 

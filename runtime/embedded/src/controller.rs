@@ -278,6 +278,9 @@ impl Controller {
             for action in &step.actions {
                 self.act(i, action, &step.status, workers, recorded.next().unwrap_or(Recorded::Nothing));
             }
+            if let Some((stage, round)) = finished_stage(&self.jobs[i].status, &step.status) {
+                workers.finish(&self.jobs[i].key, stage, round, FINISH_GRACE);
+            }
             let before = std::mem::replace(&mut self.jobs[i].status, step.status);
             self.progress.changed(&self.jobs[i], &before);
         }
@@ -483,6 +486,20 @@ fn process(
         log,
         readiness,
     }
+}
+
+/// How long a Train or Eval worker may go on after its stage is done (it reported) before it is
+/// stopped: a worker's process ends by itself moments after its report.
+const FINISH_GRACE: Duration = Duration::from_secs(10);
+
+/// The Train or Eval stage (and its round) that `before` had a worker in and `after` has left:
+/// its worker's work is done.
+fn finished_stage(before: &LifelongLearningJobStatus, after: &LifelongLearningJobStatus) -> Option<(Stage, u64)> {
+    let working =
+        |s: &LifelongLearningJobStatus| matches!(s.phase, Some(Phase::Ready | Phase::Starting | Phase::Running));
+    let stage = before.stage.filter(|stage| matches!(stage, Stage::Train | Stage::Eval) && working(before))?;
+    let still = after.stage == Some(stage) && after.round == before.round && working(after);
+    (!still).then_some((stage, before.round))
 }
 
 /// Whether the job came to Train/Waiting from a failure (its round's samples go back).

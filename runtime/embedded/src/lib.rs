@@ -7,6 +7,7 @@
 
 pub mod admit;
 pub mod controller;
+pub mod pairing;
 pub mod progress;
 pub mod state;
 
@@ -113,6 +114,11 @@ pub enum RunError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Lock(#[from] perennial_edge::state_lock::LockError),
+    #[error(transparent)]
+    Pairing(#[from] pairing::PairingError),
+    /// The run did not start, and the manifests it had stored were taken back.
+    #[error("{error}\n(the run did not start: nothing of the manifests given was kept)")]
+    TakenBack { error: Box<RunError> },
 }
 
 /// Where a job's manifest names its policy of `kind`.
@@ -127,10 +133,20 @@ fn policy_field(kind: &str) -> &'static str {
 /// Runs the jobs until the rounds are done or `stop` is set.
 pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, RunError> {
     let state_error = |source| RunError::StateDir { path: options.state_dir.display().to_string(), source };
+    // Nothing given and nothing stored: said without leaving a state dir behind.
+    if options.paths.is_empty() && !options.state_dir.join("control.db").exists() {
+        return Err(RunError::NothingToRun(options.state_dir.display().to_string()));
+    }
     std::fs::create_dir_all(&options.state_dir).map_err(state_error)?;
     let state_dir = options.state_dir.canonicalize().map_err(state_error)?;
     let _lock = perennial_edge::state_lock::lock(&state_dir, "perennial run")?;
     let mut control = state::open(&state_dir)?;
+    // The two stores checked against each other before either is written to.
+    let mut edge_store = pairing::open_edge(&state_dir, &mut control)?;
+    // The worker API's port taken first: a port in use refuses the run before anything is stored.
+    let listener = tokio::net::TcpListener::bind(options.bind)
+        .await
+        .map_err(|source| RunError::Bind { address: options.bind, source })?;
     let host =
         PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
     if let Some(exe) = &options.compiler {
@@ -141,93 +157,14 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     } else {
         admit::admit(&mut control, &state_dir, &options.paths, &host).await?
     };
-    let (job_keys, pod_keys, mut admitted_policies) = (admitted.jobs, admitted.pods, admitted.policies);
-    let datasets = state::datasets(&control)?;
-    let mut jobs_in_store = state::jobs(&control)?;
-    if !options.paths.is_empty() {
-        jobs_in_store.retain(|(key, _)| job_keys.contains(key));
-    }
-    if jobs_in_store.is_empty() {
-        return Err(RunError::NothingToRun(state_dir.display().to_string()));
-    }
-    let pods: Vec<LocalPod> = state::list::<k8s_openapi::api::core::v1::Pod>(&control, "Pod")?
-        .into_iter()
-        .filter(|(key, _)| options.paths.is_empty() || pod_keys.contains(key))
-        .map(|(key, stored)| pod_command(&key, &stored).map(|command| LocalPod { key, command }))
-        .collect::<Result<_, _>>()?;
-
-    let mut edge_store = Store::open(&state_dir.join("edge.db"))?;
-    let s3 = S3Credentials::from_env();
-    let mut controlled = Vec::new();
-    let mut runners = Vec::new();
-    for (index, (key, stored)) in jobs_in_store.into_iter().enumerate() {
-        let job = prepare_job(&state_dir, &key, &stored, &datasets)?;
-        job.make_dataset_folder()?;
-        edge::register_job(&mut edge_store, &key, &stored.uid, &job.edge_spec)?;
-        let config = job_config(&key, &stored, job.edge_spec.clone());
-        // Loaded already to admit the job, unless it was not given now (a resumed run).
-        let policies = match admitted_policies.iter().position(|(admitted, _)| same_policies(admitted, &config)) {
-            Some(at) => admitted_policies.swap_remove(at).1,
-            None => {
-                let loaded = agent::load_policies(&host, &config)
-                    .await
-                    .map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
-                loaded.release();
-                loaded
-            }
-        };
-        edge::output::clear_temporary(&job.edge_spec.output_dir);
-        let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
-            .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
-        let output = opendal::blocking::Operator::new(output).map_err(|err| RunError::Job(err.to_string()))?;
-        let index_file: Box<dyn IndexFile + Send> = if job.edge_spec.dataset_url.starts_with("s3://") {
-            Box::new(
-                S3Index::open(&job.edge_spec.dataset_url, s3.as_ref())
-                    .map_err(|err| RunError::Job(format!("job {key}: the dataset index: {err}")))?,
-            )
-        } else {
-            Box::new(LocalFile { path: job.edge_spec.dataset_url.clone().into() })
-        };
-        let dataset_dir = Path::new(&job.edge_spec.dataset_url).parent().map(|p| p.display().to_string());
-        let roots = [Some(job.edge_spec.output_dir.clone()), dataset_dir].into_iter().flatten().collect();
-        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3.clone(), roots);
-        let settings = LoopSettings { poll: options.poll, ..LoopSettings::default() };
-        let controlled_config = config.clone();
-        let runner = JobRunner { job: config, policies, index: index_file, output, read_model, settings };
-        // The policies serving now, whatever an earlier run (or a swap in it) recorded.
-        agent::record_serving(&mut edge_store, &runner);
-        let mut status = state::status(&control, &key)?;
-        status.policies.clear();
-        edge::health::apply_job(&mut status.policies, &edge::health::all(&edge_store)?, &key);
-        state::save(&mut control, &[(&key, &status)], 0, &[], 0)?;
-        runners.push(runner);
-        let (namespace, name) = key.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).unwrap_or_default();
-        let spec = &stored.object.spec;
-        let timeouts =
-            [spec.train_spec.timeout_seconds, spec.eval_spec.timeout_seconds, spec.deploy_spec.timeout_seconds]
-                .map(|t| t.map(Duration::from_secs));
-        controlled.push(ControlledJob {
-            key,
-            namespace,
-            name,
-            uid: stored.uid.clone(),
-            edge_index: index,
-            output_dir: job.edge_spec.output_dir.clone(),
-            dataset_key: job.edge_spec.dataset.clone(),
-            dataset_url: job.edge_spec.dataset_url.clone(),
-            commands: job.commands,
-            view: JobView { uid: stored.uid, timeouts },
-            status,
-            samples: 0,
-            deleted: false,
-            config: controlled_config,
-        });
-    }
+    let undo = admitted.undo.clone();
+    let started = start(&options, &state_dir, &mut control, &mut edge_store, admitted, &host).await;
+    let (controlled, mut runners, pods) = match started {
+        Ok(started) => started,
+        Err(err) => return Err(take_back(&mut control, &mut edge_store, &undo, err)),
+    };
     let edge_store = Arc::new(Mutex::new(edge_store));
 
-    let listener = tokio::net::TcpListener::bind(options.bind)
-        .await
-        .map_err(|source| RunError::Bind { address: options.bind, source })?;
     let address = listener.local_addr()?;
     let (wake_control, woken) = mpsc::channel::<()>();
     let on_report: worker_api::OnReport = {
@@ -303,6 +240,120 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         Ok(true) => Ok(RunEnd::RoundsDone),
         Ok(false) => Ok(RunEnd::Stopped),
         Err(err) => Err(RunError::Job(err.to_string())),
+    }
+}
+
+/// What a run starts with: the jobs as the control plane drives them, as the edge runs them, and
+/// the stored Pods.
+type Started = (Vec<ControlledJob>, Vec<JobRunner>, Vec<LocalPod>);
+
+/// Everything a run needs before its threads start: the jobs to run (the admitted ones, or every
+/// stored one), each registered on the edge with its policies, output and index.
+async fn start(
+    options: &RunOptions,
+    state_dir: &Path,
+    control: &mut Store,
+    edge_store: &mut Store,
+    admitted: admit::Admitted,
+    host: &PolicyHost,
+) -> Result<Started, RunError> {
+    let (job_keys, pod_keys, mut admitted_policies) = (admitted.jobs, admitted.pods, admitted.policies);
+    let datasets = state::datasets(control)?;
+    let mut jobs_in_store = state::jobs(control)?;
+    if !options.paths.is_empty() {
+        jobs_in_store.retain(|(key, _)| job_keys.contains(key));
+    }
+    if jobs_in_store.is_empty() {
+        return Err(RunError::NothingToRun(state_dir.display().to_string()));
+    }
+    let pods: Vec<LocalPod> = state::list::<k8s_openapi::api::core::v1::Pod>(control, "Pod")?
+        .into_iter()
+        .filter(|(key, _)| options.paths.is_empty() || pod_keys.contains(key))
+        .map(|(key, stored)| pod_command(&key, &stored).map(|command| LocalPod { key, command }))
+        .collect::<Result<_, _>>()?;
+
+    let s3 = S3Credentials::from_env();
+    let mut controlled = Vec::new();
+    let mut runners = Vec::new();
+    for (index, (key, stored)) in jobs_in_store.into_iter().enumerate() {
+        let job = prepare_job(state_dir, &key, &stored, &datasets)?;
+        job.make_dataset_folder()?;
+        edge::register_job(edge_store, &key, &stored.uid, &job.edge_spec)?;
+        let config = job_config(&key, &stored, job.edge_spec.clone());
+        // Loaded already to admit the job, unless it was not given now (a resumed run).
+        let policies = match admitted_policies.iter().position(|(admitted, _)| same_policies(admitted, &config)) {
+            Some(at) => admitted_policies.swap_remove(at).1,
+            None => {
+                let loaded = agent::load_policies(host, &config)
+                    .await
+                    .map_err(|err| RunError::Job(format!("job {key}: {err}")))?;
+                loaded.release();
+                loaded
+            }
+        };
+        edge::output::clear_temporary(&job.edge_spec.output_dir);
+        let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
+            .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
+        let output = opendal::blocking::Operator::new(output).map_err(|err| RunError::Job(err.to_string()))?;
+        let index_file: Box<dyn IndexFile + Send> = if job.edge_spec.dataset_url.starts_with("s3://") {
+            Box::new(
+                S3Index::open(&job.edge_spec.dataset_url, s3.as_ref())
+                    .map_err(|err| RunError::Job(format!("job {key}: the dataset index: {err}")))?,
+            )
+        } else {
+            Box::new(LocalFile { path: job.edge_spec.dataset_url.clone().into() })
+        };
+        let dataset_dir = Path::new(&job.edge_spec.dataset_url).parent().map(|p| p.display().to_string());
+        let roots = [Some(job.edge_spec.output_dir.clone()), dataset_dir].into_iter().flatten().collect();
+        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3.clone(), roots);
+        let settings = LoopSettings { poll: options.poll, ..LoopSettings::default() };
+        let controlled_config = config.clone();
+        let runner = JobRunner { job: config, policies, index: index_file, output, read_model, settings };
+        // The policies serving now, whatever an earlier run (or a swap in it) recorded.
+        agent::record_serving(edge_store, &runner);
+        let mut status = state::status(control, &key)?;
+        status.policies.clear();
+        edge::health::apply_job(&mut status.policies, &edge::health::all(edge_store)?, &key);
+        state::save(control, &[(&key, &status)], 0, &[], 0)?;
+        runners.push(runner);
+        let (namespace, name) = key.split_once('/').map(|(n, m)| (n.to_owned(), m.to_owned())).unwrap_or_default();
+        let spec = &stored.object.spec;
+        let timeouts =
+            [spec.train_spec.timeout_seconds, spec.eval_spec.timeout_seconds, spec.deploy_spec.timeout_seconds]
+                .map(|t| t.map(Duration::from_secs));
+        controlled.push(ControlledJob {
+            key,
+            namespace,
+            name,
+            uid: stored.uid.clone(),
+            edge_index: index,
+            output_dir: job.edge_spec.output_dir.clone(),
+            dataset_key: job.edge_spec.dataset.clone(),
+            dataset_url: job.edge_spec.dataset_url.clone(),
+            commands: job.commands,
+            view: JobView { uid: stored.uid, timeouts },
+            status,
+            samples: 0,
+            deleted: false,
+            config: controlled_config,
+        });
+    }
+    Ok((controlled, runners, pods))
+}
+
+/// A run that was refused after its manifests were stored takes them back (and the edge forgets
+/// the jobs that were new), so that the next run does not meet them; the error says so.
+fn take_back(control: &mut Store, edge: &mut Store, undo: &state::Undo, err: RunError) -> RunError {
+    if matches!(err, RunError::NothingToRun(_)) {
+        return err;
+    }
+    let new_jobs = undo.new_keys("LifelongLearningJob");
+    let taken_back = state::take_back(control, undo)
+        .map_err(|e| e.to_string())
+        .and_then(|()| new_jobs.iter().try_for_each(|job| edge::forget_job(edge, job)).map_err(|e| e.to_string()));
+    match taken_back {
+        Ok(()) => RunError::TakenBack { error: Box::new(err) },
+        Err(why) => RunError::Job(format!("{err}\n(and the manifests stored for it could not be taken back: {why})")),
     }
 }
 

@@ -9,7 +9,8 @@ use rusqlite::{OptionalExtension, params};
 use perennial_api::{Dataset, LifelongLearningJob, LifelongLearningJobStatus};
 use perennial_edge::sqlite::{Store, StoreError};
 
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
     CREATE TABLE objects (
         kind TEXT NOT NULL,        -- Dataset, LifelongLearningJob, Pod
         key TEXT NOT NULL,         -- namespace/name
@@ -32,7 +33,9 @@ const MIGRATIONS: &[&str] = &["
         applied_seq INTEGER NOT NULL
     );
     INSERT INTO link (id, applied_seq) VALUES (1, 0);
-"];
+",
+    perennial_edge::sqlite::STORE_ID_MIGRATION,
+];
 
 /// Opens the job store in `state_dir`.
 pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
@@ -55,18 +58,35 @@ pub struct Applied<'a> {
     pub dir: &'a Path,
 }
 
+/// What an object was before [`apply_all`] stored over it (`None`: it was new), so that a run
+/// that fails to start can take back what it stored.
+#[derive(Clone, Debug, Default)]
+pub struct Undo {
+    previous: Vec<(String, String, Option<(String, String, String)>)>,
+}
+
+impl Undo {
+    /// The keys of the objects that were new.
+    pub fn new_keys(&self, kind: &str) -> Vec<String> {
+        self.previous.iter().filter(|(k, _, was)| k == kind && was.is_none()).map(|(_, key, _)| key.clone()).collect()
+    }
+}
+
 /// Stores objects (create or update, as `kubectl apply`) in one transaction: all or none. A new
 /// one gets a uid, an updated one keeps its uid and status.
-pub fn apply_all(store: &mut Store, objects: &[Applied<'_>]) -> rusqlite::Result<()> {
+pub fn apply_all(store: &mut Store, objects: &[Applied<'_>]) -> rusqlite::Result<Undo> {
     let tx = store.write()?;
+    let mut undo = Undo::default();
     for object in objects {
-        let known: Option<String> = tx
-            .query_row("SELECT uid FROM objects WHERE kind = ?1 AND key = ?2", params![object.kind, object.key], |r| {
-                r.get(0)
-            })
+        let known: Option<(String, String, String)> = tx
+            .query_row(
+                "SELECT uid, body, dir FROM objects WHERE kind = ?1 AND key = ?2",
+                params![object.kind, object.key],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
             .optional()?;
-        let uid = match known {
-            Some(uid) => uid,
+        let uid = match &known {
+            Some((uid, _, _)) => uid.clone(),
             None => new_uid().map_err(|err| rusqlite::Error::ToSqlConversionFailure(Box::new(err)))?,
         };
         tx.execute(
@@ -74,6 +94,29 @@ pub fn apply_all(store: &mut Store, objects: &[Applied<'_>]) -> rusqlite::Result
              ON CONFLICT (kind, key) DO UPDATE SET body = excluded.body, dir = excluded.dir",
             params![object.kind, object.key, uid, object.body.to_string(), object.dir.display().to_string()],
         )?;
+        undo.previous.push((object.kind.to_owned(), object.key.to_owned(), known));
+    }
+    tx.commit()?;
+    Ok(undo)
+}
+
+/// Puts back what [`apply_all`] replaced and removes what it added (with any status a new job
+/// got since), in one transaction.
+pub fn take_back(store: &mut Store, undo: &Undo) -> rusqlite::Result<()> {
+    let tx = store.write()?;
+    for (kind, key, was) in undo.previous.iter().rev() {
+        match was {
+            Some((uid, body, dir)) => tx.execute(
+                "UPDATE objects SET uid = ?3, body = ?4, dir = ?5 WHERE kind = ?1 AND key = ?2",
+                params![kind, key, uid, body, dir],
+            )?,
+            None => {
+                if kind == "LifelongLearningJob" {
+                    tx.execute("DELETE FROM status WHERE job = ?1", [key])?;
+                }
+                tx.execute("DELETE FROM objects WHERE kind = ?1 AND key = ?2", params![kind, key])?
+            }
+        };
     }
     tx.commit()
 }
@@ -171,4 +214,44 @@ pub fn delete_job(store: &mut Store, key: &str) -> rusqlite::Result<bool> {
     tx.execute("DELETE FROM status WHERE job = ?1", [key])?;
     tx.commit()?;
     Ok(gone > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(store: &Store) -> Vec<(String, String, String)> {
+        let mut statement = store.conn().prepare("SELECT kind, key, body FROM objects ORDER BY kind, key").unwrap();
+        statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect()
+    }
+
+    #[test]
+    fn what_a_run_stored_is_taken_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path()).unwrap();
+        let (old, new) = (serde_json::json!({"v": 1}), serde_json::json!({"v": 2}));
+        let object = |kind, key, body| Applied { kind, key, body, dir: Path::new("/m") };
+        apply_all(
+            &mut store,
+            &[object("Dataset", "default/d", &old), object("LifelongLearningJob", "default/a", &old)],
+        )
+        .unwrap();
+        let before = stored(&store);
+        let undo = apply_all(
+            &mut store,
+            &[object("LifelongLearningJob", "default/a", &new), object("LifelongLearningJob", "default/b", &new)],
+        )
+        .unwrap();
+        assert_eq!(undo.new_keys("LifelongLearningJob"), ["default/b"]);
+        save(&mut store, &[("default/b", &LifelongLearningJobStatus::default())], 0, &[], 0).unwrap();
+        take_back(&mut store, &undo).unwrap();
+        assert_eq!(stored(&store), before);
+        assert!(
+            store
+                .conn()
+                .query_row("SELECT count(*) FROM status WHERE job = 'default/b'", [], |r| r.get::<_, i64>(0))
+                .unwrap()
+                == 0
+        );
+    }
 }

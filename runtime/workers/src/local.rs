@@ -62,6 +62,8 @@ struct Process {
     ended: Option<(WorkerPhase, String, Timestamp)>,
     /// Not started yet: a stopping process of the same owner and stage has not ended.
     after_stop: bool,
+    /// Its stage is done: stopped if still running then, never restarted.
+    finish_by: Option<Instant>,
 }
 
 /// A process told to end (SIGTERM), killed with its group when it ends or its grace is over.
@@ -112,6 +114,7 @@ impl LocalWorkers {
             probe: None,
             ended: None,
             after_stop: false,
+            finish_by: None,
         };
         if self.stopping.iter().any(|s| s.owner == process.spec.owner && s.stage == process.spec.stage) {
             process.after_stop = true;
@@ -121,9 +124,24 @@ impl LocalWorkers {
         self.processes.push(process);
     }
 
+    /// The stage of `owner`'s `round` is done: its processes get `grace` to end by themselves,
+    /// are stopped after that, and are not restarted (a worker that reports and lingers, or
+    /// whose container would restart, does not outlive its stage).
+    pub fn finish(&mut self, owner: &str, stage: Stage, round: u64, grace: Duration) {
+        let by = Instant::now() + grace;
+        let of_stage = |p: &&mut Process| p.spec.owner == owner && p.spec.stage == Some(stage) && p.spec.round == round;
+        for process in self.processes.iter_mut().filter(of_stage) {
+            process.spec.restart_policy = RestartPolicy::Never;
+            process.restart_at = None;
+            process.finish_by.get_or_insert(by);
+        }
+    }
+
     /// Reaps exited processes and restarts them by their policy. Returns the names of those that
     /// changed, for logging.
     pub fn poll(&mut self) -> Vec<String> {
+        let now = Instant::now();
+        self.stop_where(|p| p.child.is_some() && p.finish_by.is_some_and(|by| by <= now));
         self.follow_stopping();
         let mut changed = Vec::new();
         for process in &mut self.processes {

@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use perennial_api::{LifelongLearningJobStatus, Phase, PolicyStatus};
 use perennial_edge::sqlite::Store;
 use perennial_edge::{health, rounds};
-use perennial_embedded::{progress::metrics, state};
+use perennial_embedded::{pairing, progress::metrics, state};
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -28,22 +28,29 @@ enum Output {
 
 pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let path = args.state_dir.join("control.db");
-    if !path.exists() {
-        anyhow::bail!(
+    match std::fs::metadata(&path) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
             "--state-dir {}: no jobs here (no control.db); run `perennial run` first",
             args.state_dir.display()
-        );
+        ),
+        Err(err) => anyhow::bail!("{}: {err}", path.display()),
+        Ok(_) => {}
     }
     let control = state::open(&args.state_dir)?;
     let jobs = state::jobs(&control)?;
     // Why each job waits, as the edge says it now (the status may predate its last look).
     let edge = args.state_dir.join("edge.db");
-    let (waiting, healths, faults) = match edge.exists() {
-        true => {
-            let edge = Store::open(&edge)?;
-            (rounds::waiting_reasons(&edge)?, health::all(&edge)?, rounds::faults(edge.conn())?)
-        }
-        false => Default::default(),
+    let edge = match std::fs::metadata(&edge).is_ok_and(|m| m.len() > 0) {
+        true => Some(Store::open(&edge)?),
+        false => None,
+    };
+    // What `perennial run` would refuse: said first, since what follows is only control.db's view.
+    if let Err(err) = pairing::check_readonly(&args.state_dir, &control, edge.as_ref()) {
+        eprintln!("warning: {err}");
+    }
+    let (waiting, healths, faults) = match &edge {
+        Some(edge) => (rounds::waiting_reasons(edge)?, health::all(edge)?, rounds::faults(edge.conn())?),
+        None => Default::default(),
     };
     let mut rows = Vec::new();
     for (key, stored) in &jobs {
@@ -96,6 +103,10 @@ fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
             metrics,
         ]);
     }
+    // A cell is cut to a width a terminal shows (a model URL or metrics can be long).
+    for cell in table.iter_mut().flatten() {
+        *cell = cut(cell, MAX_CELL);
+    }
     let widths: Vec<usize> =
         (0..7).map(|c| table.iter().map(|row| row[c].chars().count()).max().unwrap_or(0)).collect();
     for (i, row) in table.iter().enumerate() {
@@ -119,6 +130,19 @@ fn print_table(rows: &[(String, LifelongLearningJobStatus, Option<u64>)]) {
             println!("  {label}: {message}");
         }
     }
+}
+
+/// The widest a table cell is shown.
+const MAX_CELL: usize = 120;
+
+/// `text` cut to `max` characters, with an ellipsis when it was longer.
+fn cut(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut kept: String = text.chars().take(max.saturating_sub(1)).collect();
+    kept.push('…');
+    kept
 }
 
 /// A policy's lines: what serves (plugin, component and config digests, health), why it fails
