@@ -5,6 +5,7 @@
 //! refused or contained with a message that names what and why, and nothing is trained twice.
 
 use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -371,7 +372,11 @@ fn a_kernel_file_where_the_index_was_is_never_read_as_the_index() {
     std::fs::rename(&index, &aside).unwrap();
     std::os::unix::fs::symlink("/proc/self/mem", &index).unwrap();
     while !std::fs::read_to_string(&log).unwrap().contains("not a data file") {
-        assert!(Instant::now() < deadline, "the kernel file was never said: {}", std::fs::read_to_string(&log).unwrap());
+        assert!(
+            Instant::now() < deadline,
+            "the kernel file was never said: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // The real index put back: read on from where it was, not again from its first byte.
@@ -386,4 +391,115 @@ fn a_kernel_file_where_the_index_was_is_never_read_as_the_index() {
     assert_eq!(example.status()[0]["samples"], samples_before);
     let errors = said.lines().filter(|l| l.contains("ERROR") && l.contains("not a data file")).count();
     assert_eq!(errors, 1, "said once (then counted), not in a loop: {said}");
+}
+
+/// An eval worker whose model is 2 GiB (sparse: a marker at each end) and whose report repeats
+/// with another accuracy, then as `failed`.
+const BIG_MODEL_EVAL: &str = r#"
+import json, os, sys, urllib.request, urllib.error
+sys.dont_write_bytecode = True
+output = os.environ["OUTPUT_URL"]
+round_ = os.path.basename(output.rstrip("/"))
+os.makedirs(output, exist_ok=True)
+model = os.path.join(output, "model.bin")
+with open(model, "wb") as f:
+    f.write(f"round-{round_}".encode())
+    f.truncate(2 << 30)
+    f.seek((2 << 30) - 16)
+    f.write(f"end-{round_}".encode().ljust(16, b"."))
+url = f'{os.environ["LC_SERVER"]}/sedna/workers/{os.environ["WORKER_NAME"]}/info'
+def post(status, accuracy):
+    body = {"name": os.environ["WORKER_NAME"], "namespace": "default", "ownerName": os.environ["JOB_NAME"],
+            "ownerKind": "lifelonglearningjob", "kind": "eval", "status": status,
+            "results": [{"format": "bin", "url": model, "metrics": {"accuracy": accuracy}}] if status == "completed" else []}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            print(f"{status} {accuracy}: {reply.status}", flush=True)
+    except urllib.error.HTTPError as err:
+        print(f"{status} {accuracy}: {err.code}", flush=True)
+post("completed", 0.5)
+post("completed", 0.99)
+post("failed", None)
+"#;
+
+/// kill -9 at 50 random moments across rounds whose eval reports a 2 GiB model and then repeats
+/// its report with other values: no sample is trained twice, no round is decided on a report the
+/// stage did not take, and the deployed model is always whole.
+#[test]
+fn killed_at_random_while_big_models_deploy_and_reports_repeat_nothing_is_lost_or_doubled() {
+    let example = quick_example(|name, text| {
+        if name == "job.yaml" {
+            text.replace("command: [\"python3\", \"eval.py\"]", "command: [\"python3\", \"big_model_eval.py\"]")
+        } else {
+            text
+        }
+    });
+    std::fs::write(example.manifests.join("big_model_eval.py"), BIG_MODEL_EVAL).unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    eprintln!("kill -9 with big models: seed {seed}");
+    let mut state = seed | 1;
+    let mut random = |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    for _ in 0..50 {
+        let mut run = example.start(&[]);
+        std::thread::sleep(Duration::from_millis(200 + random(1800)));
+        let _ = run.kill(); // SIGKILL
+        run.wait().unwrap();
+    }
+    let rounds = example.live_status().and_then(|s| s["roundsCompleted"].as_u64()).unwrap_or(0) + 2;
+    let out = wait_exit(&mut example.start(&["--rounds", &rounds.to_string()]), Duration::from_secs(300));
+    assert!(out.status.success(), "after the kills: {}", stderr(&out));
+    let status = &example.status()[0]["status"];
+    assert_eq!(status["roundsCompleted"], rounds, "{status:#}");
+
+    // Decided on the report each stage took (0.5), never on the repeat (0.99).
+    let decisions = example.decisions("default/thermal-comfort");
+    let selected: Vec<&serde_json::Value> = decisions.iter().filter(|d| d["kind"] == "selector").collect();
+    assert!(selected.len() as u64 >= rounds, "{} selector decisions for {rounds} rounds", selected.len());
+    for decision in &selected {
+        for candidate in decision["input"]["candidates"].as_array().unwrap() {
+            assert_eq!(candidate["metrics"]["accuracy"], 0.5, "decided on an ignored report: {decision}");
+        }
+    }
+    assert_eq!(status["deployed"]["metrics"]["accuracy"], 0.5, "{status:#}");
+
+    // The deployed model is whole: its length, and the markers of the round it came from.
+    let path = example.output().join("deploy/index.pkl");
+    let round = status["deployed"]["round"].as_u64().unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(len, 2 << 30, "the deployed model is cut short");
+    let mut file = std::fs::File::open(&path).unwrap();
+    let mut head = vec![0u8; format!("round-{round}").len()];
+    file.read_exact(&mut head).unwrap();
+    assert_eq!(head, format!("round-{round}").as_bytes());
+    file.seek(SeekFrom::Start(len - 16)).unwrap();
+    let mut tail = [0u8; 16];
+    file.read_exact(&mut tail).unwrap();
+    assert_eq!(String::from_utf8_lossy(&tail), format!("{:.<16}", format!("end-{round}")));
+
+    // No sample trained twice: each round's rows against the lines the index holds.
+    let index = std::fs::read_to_string(example.state.join("data/thermal-comfort/index.csv")).unwrap();
+    let mut left: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for line in index.lines().skip(1) {
+        *left.entry(line).or_default() += 1;
+    }
+    let db = rusqlite::Connection::open(example.state.join("edge.db")).unwrap();
+    let mut kept =
+        db.prepare("SELECT DISTINCT train_round FROM batches WHERE train_round IS NOT NULL ORDER BY 1").unwrap();
+    let kept: Vec<i64> = kept.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    for round in kept {
+        for row in example.rows(&format!("data/train/{round}/data.csv")) {
+            let copies = left.get_mut(row.as_str()).unwrap_or_else(|| panic!("sample {row} is not in the index"));
+            assert!(*copies > 0, "sample {row} trained more often than the index holds it (again in round {round})");
+            *copies -= 1;
+        }
+    }
+    let tmp: Vec<_> = std::fs::read_dir(example.output().join(".perennial-tmp")).unwrap().flatten().collect();
+    assert!(tmp.is_empty(), "temporary files left behind: {tmp:?}");
 }

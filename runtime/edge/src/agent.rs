@@ -3,7 +3,7 @@
 //! time. Each turn ingests a batch of what is new, then does what the job's stage asks
 //! (rounds.rs).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -246,6 +246,7 @@ fn run_loop(
             }
         }
         flush_records(store, false);
+        watch.retry();
         let next = due
             .iter()
             .zip(&removed)
@@ -681,6 +682,18 @@ fn turn(
     let splitter_shadow: rounds::Shadow<'_> = policies.shadows.splitter.is_some().then_some(&ask);
     let selector_shadow: rounds::Shadow<'_> = policies.shadows.selector.is_some().then_some(&ask);
     let mut recheck = settings.poll;
+    // A job whose history this edge lacks reads nothing and starts nothing: it says why.
+    let held = rounds::held(lock(store).conn(), &job.name);
+    if let Ok(Some(why)) = held {
+        if let Err(err) = rounds::set_waiting(&mut lock(store), &job.name, Some(&why)) {
+            tracing::warn!(job = job.name, "recording why the job waits: {err}");
+        }
+        if !faults.held_said {
+            tracing::error!(job = job.name, "{why}");
+            faults.held_said = true;
+        }
+        return (recheck, false, false);
+    }
     let limits = IngestLimits { batches_per_call: 1, ..settings.limits };
     let csv = job.spec.dataset_format.eq_ignore_ascii_case("csv");
     // The store is locked for each read and each commit only: the worker API and the link never
@@ -688,9 +701,13 @@ fn turn(
     let split = Split { policy: policies.splitter.as_ref(), train_prob: job.spec.train_prob, shadow: splitter_shadow };
     let mut more = false;
     let mut ingest_fault = None;
+    let mut index_missing = None;
     match ingest(store, &job.name, index.as_mut(), csv, &split, limits) {
         Ok(done) => {
             more = done.batches > 0;
+            if done.state == FileState::Missing {
+                index_missing = Some(format!("the dataset index {} does not exist (yet)", index.name()));
+            }
             match (&done.state, faults.missing_said) {
                 (FileState::Missing, false) => {
                     tracing::warn!(job = job.name, "waiting for the dataset index {}", index.name());
@@ -760,8 +777,8 @@ fn turn(
     if let Err(err) = rounds::set_fault(&mut store, &job.name, fault.as_deref()) {
         tracing::warn!(job = job.name, "recording the job's fault: {err}");
     }
-    // A fault that repeats is why the job waits, with its count, first.
-    let why = match (why, fault) {
+    // A fault that repeats is why the job waits, with its count, first; else a missing index.
+    let why = match (why, fault.or(index_missing)) {
         (Some(Some(reason)), Some(fault)) => Some(Some(format!("{fault}; {reason}"))),
         (_, Some(fault)) => Some(Some(fault)),
         (why, None) => why,
@@ -847,11 +864,44 @@ struct IndexWatch {
     indexes: Arc<Mutex<Vec<(usize, PathBuf)>>>,
     /// How many watched indexes each watched folder holds.
     folders: HashMap<PathBuf, usize>,
+    /// Folders that could not be watched (not there yet): tried again, their jobs polled meanwhile.
+    unwatched: HashSet<PathBuf>,
+    /// When the unwatched folders were last tried.
+    tried: Instant,
 }
+
+/// How often folders that could not be watched are tried again.
+const WATCH_RETRY: Duration = Duration::from_secs(2);
 
 impl IndexWatch {
     fn new(wake: mpsc::Sender<Wake>) -> Self {
-        IndexWatch { wake, watcher: None, indexes: Arc::default(), folders: HashMap::new() }
+        let (folders, unwatched) = (HashMap::new(), HashSet::new());
+        IndexWatch { wake, watcher: None, indexes: Arc::default(), folders, unwatched, tried: Instant::now() }
+    }
+
+    /// Tries the folders that could not be watched again (at most every [`WATCH_RETRY`]); a
+    /// folder watched now wakes its jobs, as its index may have appeared meanwhile.
+    fn retry(&mut self) {
+        if self.unwatched.is_empty() || self.tried.elapsed() < WATCH_RETRY {
+            return;
+        }
+        self.tried = Instant::now();
+        let Some(watcher) = &mut self.watcher else { return };
+        let now_watched: Vec<PathBuf> = self
+            .unwatched
+            .iter()
+            .filter(|folder| watcher.watch(folder, RecursiveMode::NonRecursive).is_ok())
+            .cloned()
+            .collect();
+        for folder in now_watched {
+            tracing::info!("watching {} now", folder.display());
+            self.unwatched.remove(&folder);
+            for (job, index) in self.indexes.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                if folder_of(index) == folder {
+                    let _ = self.wake.send(Wake::Job(*job));
+                }
+            }
+        }
     }
 
     /// Watches job `job`'s index from now on, if it is a local file (S3 is polled).
@@ -870,8 +920,9 @@ impl IndexWatch {
         if let Some(watcher) = &mut self.watcher
             && let Err(err) = watcher.watch(&folder, RecursiveMode::NonRecursive)
         {
-            // The stat fallback still sees the file grow.
-            tracing::warn!("cannot watch {}: {err}; polling it instead", folder.display());
+            // The stat fallback still sees the file grow, until the folder can be watched.
+            tracing::warn!("cannot watch {}: {err}; polling it until it can be", folder.display());
+            self.unwatched.insert(folder);
         }
     }
 
@@ -889,6 +940,7 @@ impl IndexWatch {
             *count -= 1;
             if *count == 0 {
                 self.folders.remove(&folder);
+                self.unwatched.remove(&folder);
                 if let Some(watcher) = &mut self.watcher {
                     let _ = watcher.unwatch(&folder);
                 }
@@ -954,4 +1006,28 @@ pub fn model_reader(
             perennial_storage::ReadLimit { max_bytes: MAX_MODEL_BYTES, ..perennial_storage::ReadLimit::DEFAULT };
         runtime.block_on(perennial_storage::read_limited(url, s3.as_ref(), limit)).map_err(|err| err.to_string())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dataset's folder that does not exist when its job comes is watched once it does: the
+    /// job is woken by the index's changes again, not polled for the life of the process.
+    #[test]
+    fn a_folder_made_after_its_job_came_is_watched_once_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("later");
+        let (wake, woken) = mpsc::channel();
+        let mut watch = IndexWatch::new(wake);
+        watch.add(0, &crate::LocalFile::new(folder.join("index.csv")));
+        assert!(watch.unwatched.contains(&folder));
+        std::fs::create_dir(&folder).unwrap();
+        watch.tried = Instant::now() - WATCH_RETRY;
+        watch.retry();
+        assert!(watch.unwatched.is_empty());
+        assert!(matches!(woken.recv_timeout(Duration::from_secs(1)), Ok(Wake::Job(0))), "woken when watched");
+        std::fs::write(folder.join("index.csv"), "a,b\n1,2\n").unwrap();
+        assert!(matches!(woken.recv_timeout(Duration::from_secs(5)), Ok(Wake::Job(0))), "woken by a change");
+    }
 }

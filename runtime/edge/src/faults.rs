@@ -59,6 +59,8 @@ pub struct Faults {
     open: Vec<Fault>,
     /// Whether the missing index was said (it is a wait, not a fault: said once).
     pub missing_said: bool,
+    /// Whether the job's hold (the edge lacks its history) was said: once, not every turn.
+    pub held_said: bool,
 }
 
 impl Faults {

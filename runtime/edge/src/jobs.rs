@@ -8,8 +8,13 @@ pub use perennial_types::{DEFAULT_EVAL_SET_SIZE, JobSpec};
 
 /// The stored spec of `job`.
 pub fn job_spec(store: &Store, job: &str) -> Result<Option<JobSpec>, rusqlite::Error> {
+    job_spec_in(store.conn(), job)
+}
+
+/// [`job_spec`] on a connection or the caller's transaction.
+pub fn job_spec_in(conn: &rusqlite::Connection, job: &str) -> Result<Option<JobSpec>, rusqlite::Error> {
     let spec: Option<String> =
-        store.conn().query_row("SELECT spec FROM jobs WHERE name = ?1", [job], |row| row.get(0)).optional()?;
+        conn.query_row("SELECT spec FROM jobs WHERE name = ?1", [job], |row| row.get(0)).optional()?;
     Ok(spec.and_then(|spec| serde_json::from_str(&spec).ok()))
 }
 
@@ -56,7 +61,7 @@ pub fn forget_job(store: &mut Store, name: &str) -> Result<(), rusqlite::Error> 
 }
 
 pub(crate) fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
-    for table in ["batches", "results", "outbox", "workers", "decisions", "shadows"] {
+    for table in ["batches", "results", "outbox", "workers", "decisions", "shadows", "held_reports"] {
         tx.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [name])?;
     }
     tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;

@@ -131,6 +131,10 @@ impl EdgeState for Store {
                     params![worker.name, key, worker.round, worker.stage.report_kind()],
                 )
                 .map_err(sql)?;
+                // A report the worker sent before its name reached this agent is taken now.
+                for refused in crate::worker_api::release_held(&tx, &worker.name).map_err(sql)? {
+                    tracing::warn!(job = key, "{refused}");
+                }
             }
         }
         for key in &changes.removed_jobs {

@@ -203,6 +203,15 @@ pub fn apply_notice_in(
     if round < edge_round {
         return Ok(false);
     }
+    // Behind: the edge starts every round, so a control plane at a round the edge never started
+    // means the edge lost the job's history (its store removed or replaced). Going on from that
+    // round would read the index from its first byte and train again on samples already trained:
+    // the job is held, and says why, until the store is put back or the job made anew.
+    if round > edge_round {
+        let why = lost_history(round);
+        tx.execute("UPDATE jobs SET lost = ?2 WHERE name = ?1 AND lost IS NOT ?2", params![job, why])?;
+        return Ok(false);
+    }
     if failed && stage == Stage::Train {
         tx.execute("UPDATE batches SET train_round = NULL WHERE job = ?1 AND train_round = ?2", params![job, round])?;
     }
@@ -211,6 +220,23 @@ pub fn apply_notice_in(
         params![job, stage.to_string(), round],
     )?;
     Ok(true)
+}
+
+/// Why a job whose history the edge lacks is held.
+fn lost_history(round: i64) -> String {
+    format!(
+        "held: the control plane has this job at round {round}, which this edge never started: its state (edge.db) \
+         was lost or replaced, and going on would train again on samples already trained. Put back edge.db from a \
+         backup, or delete and create the job again to start it over"
+    )
+}
+
+/// Why the edge holds the job (it lacks its history), if it does.
+pub fn held(conn: &rusqlite::Connection, job: &str) -> Result<Option<String>, rusqlite::Error> {
+    conn.prepare_cached("SELECT lost FROM jobs WHERE name = ?1")?
+        .query_row([job], |r| r.get(0))
+        .optional()
+        .map(Option::flatten)
 }
 
 /// Records why the job waits on the edge (`None`: it does not); writes only a change.
@@ -257,7 +283,8 @@ pub fn record_result(
     Ok(())
 }
 
-fn result(store: &Store, job: &str, round: i64, stage: &str) -> Result<Option<Vec<Model>>, rusqlite::Error> {
+/// The result a round's stage took (its first completed report), if it has one.
+pub fn stage_result(store: &Store, job: &str, round: i64, stage: &str) -> Result<Option<Vec<Model>>, rusqlite::Error> {
     let body: Option<String> = store
         .conn()
         .query_row(
@@ -429,7 +456,7 @@ pub fn eval_waiting(
             Ok(due) => due,
             Err(wait) => return Ok(wait),
         };
-        let Some(models) = result(&store, job, round, "train")?.filter(|models| !models.is_empty()) else {
+        let Some(models) = stage_result(&store, job, round, "train")?.filter(|models| !models.is_empty()) else {
             return Ok(Outcome::wait(format!("waiting for the train result of round {round}")));
         };
         let recent = recent_eval(&store, job, eval_set_size)?;
@@ -472,7 +499,7 @@ pub fn deploy_waiting(
             Ok(due) => due,
             Err(wait) => return Ok(wait),
         };
-        let candidates = result(&store, job, round, "eval")?.unwrap_or_default();
+        let candidates = stage_result(&store, job, round, "eval")?.unwrap_or_default();
         (row, round, candidates)
     };
     let deployed: Option<Model> = row.deployed.as_deref().and_then(|d| serde_json::from_str(d).ok());
@@ -733,4 +760,31 @@ fn write_samples<'r>(
         .write(&index_path, data_index)
         .map_err(|source| RoundError::Write { path: index_path.clone(), source })?;
     Ok(Some(index_path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A control plane at a round this edge never started: the edge lost the job's history (its
+    /// store removed or replaced). It is held with why, not fast-forwarded to re-train.
+    #[test]
+    fn a_notice_ahead_of_the_edge_holds_the_job_instead_of_skipping_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+        crate::register_job(&mut store, "default/a", "u1", &crate::JobSpec::default()).unwrap();
+        let notice = |round| StageNotice { stage: Stage::Train, round, failed: false };
+        // Its own round (0, none yet): applied as ever.
+        assert!(apply_notice(&mut store, "default/a", &notice(0)).unwrap());
+        assert_eq!(held(store.conn(), "default/a").unwrap(), None);
+        // Round 2 on the control plane, never started here.
+        assert!(!apply_notice(&mut store, "default/a", &notice(2)).unwrap());
+        let why = held(store.conn(), "default/a").unwrap().expect("held");
+        assert!(why.contains("round 2") && why.contains("(edge.db) was lost or replaced"), "{why}");
+        let round: i64 = store.conn().query_row("SELECT round FROM jobs", [], |r| r.get(0)).unwrap();
+        assert_eq!(round, 0, "the edge skipped to the control plane's round");
+        // The job made anew (another uid) starts over, not held.
+        crate::register_job(&mut store, "default/a", "u2", &crate::JobSpec::default()).unwrap();
+        assert_eq!(held(store.conn(), "default/a").unwrap(), None);
+    }
 }

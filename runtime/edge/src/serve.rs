@@ -1,8 +1,9 @@
-//! The worker API's HTTP server, bounded ([`Limits::DEFAULT`]): at most 128 connections open at
+//! The worker API's HTTP server, bounded ([`Limits::DEFAULT`]): at most 256 connections open at
 //! once (more wait in the kernel's backlog, so idle or slow clients cannot take the process's
 //! file descriptors from ingestion), one request per connection (Sedna's library opens one per
-//! report), the request's head within 10 s and the whole exchange within 30 s (a partial body
-//! is not held open). Bodies are capped by the router (axum's 2 MB default).
+//! report), the request's head within 3 s (a worker sends it as it connects: idle connections
+//! hold a slot that long at most) and the whole exchange within 30 s (a partial body is not held
+//! open). Bodies are capped by the router (`worker_api::MAX_REPORT_BYTES`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,8 +28,8 @@ pub struct Limits {
 
 impl Limits {
     pub const DEFAULT: Limits = Limits {
-        max_connections: 128,
-        head_timeout: Duration::from_secs(10),
+        max_connections: 256,
+        head_timeout: Duration::from_secs(3),
         connection_timeout: Duration::from_secs(30),
     };
 }

@@ -182,6 +182,21 @@ const MIGRATIONS: &[&str] = &[
     // 14: the store's identity, made when it is created, so that a state dir's two stores can
     // tell that they belong together (a lost, emptied or foreign store is refused, not reset).
     STORE_ID_MIGRATION,
+    // 15: why the edge will not run a job whose history it lacks (the control plane has it at a
+    // round the edge never started: its edge.db was lost or replaced).
+    "ALTER TABLE jobs ADD COLUMN lost TEXT;",
+    // 16: reports from workers the control plane has not named to a linked agent yet (held until
+    // it does, or until they expire: worker_api.rs).
+    r#"
+    CREATE TABLE held_reports (
+        seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+        worker   TEXT NOT NULL,
+        job      TEXT NOT NULL,
+        body     TEXT NOT NULL,                          -- JSON: the checked report
+        expires  INTEGER NOT NULL                        -- unix seconds
+    );
+    CREATE INDEX held_reports_by_worker ON held_reports (worker);
+    "#,
 ];
 
 /// Gives a store its identity (a random id), as a migration of each schema that has one.

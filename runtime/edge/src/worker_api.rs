@@ -10,6 +10,7 @@
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path as UrlPath, State};
@@ -18,7 +19,7 @@ use axum::routing::post;
 use rusqlite::{OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use super::jobs::job_spec;
+use super::jobs::job_spec_in;
 use super::report::{self, Model, Output, Report};
 use super::rounds::record_result;
 use crate::sqlite::Store;
@@ -75,6 +76,7 @@ fn answer(status: StatusCode, message: impl Into<String>) -> Answer {
 }
 
 /// A checked report, ready to commit.
+#[derive(Debug, Serialize, Deserialize)]
 struct Accepted {
     job: String,
     stage: String,
@@ -90,18 +92,26 @@ pub type OnReport = Arc<dyn Fn() + Send + Sync>;
 struct ApiState {
     store: Arc<Mutex<Store>>,
     on_report: OnReport,
+    /// How long a report from a worker not named yet is held (`None`: refused at once).
+    hold: Option<Duration>,
 }
 
-/// The router, over the edge's store.
-pub fn router(store: Arc<Mutex<Store>>, on_report: OnReport) -> axum::Router {
+/// How long a linked agent holds a report from a worker the control plane has not named to it
+/// yet: the link is back within this after an operator's restart or failover.
+pub const HOLD_UNKNOWN_WORKERS: Duration = Duration::from_secs(600);
+
+/// The router, over the edge's store. `hold`: how long a report from a worker this agent has
+/// not heard of is held for the control plane to name it (a linked agent); `None` refuses it
+/// (the embedded mode, where every worker is named before it starts).
+pub fn router(store: Arc<Mutex<Store>>, on_report: OnReport, hold: Option<Duration>) -> axum::Router {
     axum::Router::new()
         .route("/sedna/workers/{name}/info", post(receive))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_REPORT_BYTES))
-        .with_state(ApiState { store, on_report })
+        .with_state(ApiState { store, on_report, hold })
 }
 
 async fn receive(
-    State(ApiState { store, on_report }): State<ApiState>,
+    State(ApiState { store, on_report, hold }): State<ApiState>,
     UrlPath(name): UrlPath<String>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Answer {
@@ -117,14 +127,18 @@ async fn receive(
     // SQLite work off the async threads.
     let outcome = tokio::task::spawn_blocking(move || {
         let mut store = crate::sqlite::lock(&store);
-        commit(&mut store, &name, accepted)
+        commit(&mut store, &name, accepted, hold)
     })
     .await;
     match outcome {
-        Ok(Ok(())) => {
+        Ok(Ok(Taken::Taken)) => {
             on_report();
             answer(StatusCode::OK, "OK")
         }
+        Ok(Ok(Taken::Held)) => answer(
+            StatusCode::OK,
+            "held: this agent has not been told of this worker yet; the report is taken when it is",
+        ),
         Ok(Err((status, message))) => answer(status, message),
         Err(join) => answer(StatusCode::INTERNAL_SERVER_ERROR, format!("the report was not stored: {join}")),
     }
@@ -198,13 +212,110 @@ fn check_metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> Result
 /// The largest report body taken (Sedna's are a few hundred bytes).
 pub const MAX_REPORT_BYTES: usize = 256 << 10;
 
-fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (StatusCode, String)> {
-    let db = |err: rusqlite::Error| (StatusCode::INTERNAL_SERVER_ERROR, format!("state database: {err}"));
-    let Some(spec) = job_spec(store, &report.job).map_err(db)? else {
+/// What became of a report that was not refused.
+#[derive(Debug, PartialEq)]
+enum Taken {
+    Taken,
+    /// From a worker the control plane has not named to this agent yet: held until it does.
+    Held,
+}
+
+type Refusal = (StatusCode, String);
+
+fn db(err: rusqlite::Error) -> Refusal {
+    (StatusCode::INTERNAL_SERVER_ERROR, format!("state database: {err}"))
+}
+
+/// Checks and commits a report in one transaction; one from a worker this agent has not heard
+/// of is held (when `hold` says how long) or refused.
+fn commit(store: &mut Store, worker: &str, report: Accepted, hold: Option<Duration>) -> Result<Taken, Refusal> {
+    let tx = store.write().map_err(db)?;
+    let Some(spec) = job_spec_in(&tx, &report.job).map_err(db)? else {
         return Err((StatusCode::NOT_FOUND, format!("job {} is not known to this agent", report.job)));
     };
-    let issued: Option<(String, i64, String)> = store
-        .conn()
+    let dataset_dir = Path::new(&spec.dataset_url).parent().map(|p| p.display().to_string()).unwrap_or_default();
+    let roots = [spec.output_dir.as_str(), dataset_dir.as_str()];
+    for (i, model) in report.models.iter().enumerate() {
+        if let Err(why) = check_model_url(&model.url, &roots) {
+            return Err((StatusCode::FORBIDDEN, format!("results[{i}].url: {why}")));
+        }
+    }
+    let known: bool =
+        tx.query_row("SELECT count(*) > 0 FROM workers WHERE name = ?1", [worker], |r| r.get(0)).map_err(db)?;
+    let taken = match hold {
+        Some(grace) if !known => {
+            hold_report(&tx, worker, &report, grace)?;
+            Taken::Held
+        }
+        _ => {
+            take(&tx, worker, report)?;
+            Taken::Taken
+        }
+    };
+    tx.commit().map_err(db)?;
+    Ok(taken)
+}
+
+/// The most reports held at once for one job's unknown workers.
+pub const MAX_HELD_PER_JOB: i64 = 32;
+
+/// Holds a report from a worker not named yet (a linked agent learns a worker's name from the
+/// control plane, which may start the worker before the link is back after a restart): durably,
+/// for `grace`, at most [`MAX_HELD_PER_JOB`] a job. [`release_held`] takes it when the name
+/// arrives; a name that never arrives (a forged one) is dropped with it.
+fn hold_report(
+    tx: &rusqlite::Transaction<'_>,
+    worker: &str,
+    report: &Accepted,
+    grace: Duration,
+) -> Result<(), Refusal> {
+    let now = crate::decisions::now_ms() / 1000;
+    tx.execute("DELETE FROM held_reports WHERE expires < ?1", [now as i64]).map_err(db)?;
+    let held: i64 =
+        tx.query_row("SELECT count(*) FROM held_reports WHERE job = ?1", [&report.job], |r| r.get(0)).map_err(db)?;
+    if held >= MAX_HELD_PER_JOB {
+        return Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "worker {worker} is not known to this agent, and {held} reports of job {}'s unknown workers are \
+                 held already",
+                report.job
+            ),
+        ));
+    }
+    let body =
+        serde_json::to_string(report).map_err(|err| db(rusqlite::Error::ToSqlConversionFailure(Box::new(err))))?;
+    tx.execute(
+        "INSERT INTO held_reports (worker, job, body, expires) VALUES (?1, ?2, ?3, ?4)",
+        params![worker, report.job, body, (now + grace.as_secs()) as i64],
+    )
+    .map_err(db)?;
+    tracing::info!(job = report.job, worker, "a report from a worker not named yet is held for {grace:?}");
+    Ok(())
+}
+
+/// Takes the reports held for `worker`, now that the control plane named it, in the caller's
+/// transaction (the one that records the name). Returns why any of them was refused.
+pub fn release_held(tx: &rusqlite::Transaction<'_>, worker: &str) -> Result<Vec<String>, rusqlite::Error> {
+    let now = (crate::decisions::now_ms() / 1000) as i64;
+    let bodies: Vec<String> = tx
+        .prepare_cached("SELECT body FROM held_reports WHERE worker = ?1 AND expires >= ?2 ORDER BY seq")?
+        .query_map(params![worker, now], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    tx.execute("DELETE FROM held_reports WHERE worker = ?1", [worker])?;
+    let mut refused = Vec::new();
+    for body in bodies {
+        let Ok(report) = serde_json::from_str::<Accepted>(&body) else { continue };
+        if let Err((status, why)) = take(tx, worker, report) {
+            refused.push(format!("the held report of worker {worker}: {status}: {why}"));
+        }
+    }
+    Ok(refused)
+}
+
+/// Takes a report from a worker this agent issued or was told of, in `tx`.
+fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Result<(), Refusal> {
+    let issued: Option<(String, i64, String)> = tx
         .query_row("SELECT job, round, stage FROM workers WHERE name = ?1", [worker], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
@@ -222,19 +333,10 @@ fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (Stat
             ),
         ));
     }
-    let dataset_dir = Path::new(&spec.dataset_url).parent().map(|p| p.display().to_string()).unwrap_or_default();
-    let roots = [spec.output_dir.as_str(), dataset_dir.as_str()];
-    for (i, model) in report.models.iter().enumerate() {
-        if let Err(why) = check_model_url(&model.url, &roots) {
-            return Err((StatusCode::FORBIDDEN, format!("results[{i}].url: {why}")));
-        }
-    }
     if report.status == "running" || stage == "deploy" {
         return Ok(()); // nothing to keep: Sedna's control plane ignores these too
     }
-    let uid: String =
-        store.conn().query_row("SELECT uid FROM jobs WHERE name = ?1", [&job], |r| r.get(0)).map_err(db)?;
-    let tx = store.write().map_err(db)?;
+    let uid: String = tx.query_row("SELECT uid FROM jobs WHERE name = ?1", [&job], |r| r.get(0)).map_err(db)?;
     // A repeat of the worker's last report (same status, same results) is not relayed again.
     let body = serde_json::to_string(&report.models).unwrap_or_default();
     let fingerprint = format!("{}|{body}", report.status);
@@ -285,7 +387,6 @@ fn commit(store: &mut Store, worker: &str, report: Accepted) -> Result<(), (Stat
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     report::enqueue(&tx, &relayed, now).map_err(db)?;
     tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
-    tx.commit().map_err(db)?;
     Ok(())
 }
 
@@ -348,6 +449,57 @@ mod tests {
             let started = std::time::Instant::now();
             let _ = read_report("w", &body);
             prop_assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        }
+    }
+
+    // Any sequence of reports from a round's eval workers (two of them, as after a restart):
+    // the stage keeps its first Completed or Failed, relays it once, refuses a different later
+    // one with 409, takes an identical repeat as a no-op, and keeps no `running` report.
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn a_stage_keeps_its_first_report(reports in proptest::collection::vec((0usize..2, 0u8..3, 0u32..3), 1..10)) {
+            use super::{Accepted, commit, issue_worker_name};
+            use crate::report::{Model, pending};
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = crate::sqlite::Store::open(&dir.path().join("edge.db")).unwrap();
+            let spec = crate::JobSpec { output_dir: "/out".into(), dataset_url: "/data/index.csv".into(), ..Default::default() };
+            crate::register_job(&mut store, "default/j", "u1", &spec).unwrap();
+            let workers: Vec<String> =
+                (0..2).map(|_| issue_worker_name(store.conn(), "default/j", 1, "eval").unwrap()).collect();
+            let mut first: Option<(usize, String, u32)> = None;
+            for (worker, kind, accuracy) in reports {
+                let status = ["completed", "failed", "running"][kind as usize].to_owned();
+                let models = if status == "completed" {
+                    let metrics = serde_json::json!({"accuracy": accuracy});
+                    vec![Model { format: "json".into(), url: "/out/eval/1/m.json".into(), metrics: Some(metrics) }]
+                } else {
+                    Vec::new()
+                };
+                let report = Accepted { job: "default/j".into(), stage: "eval".into(), status: status.clone(), models };
+                let got = commit(&mut store, &workers[worker], report, None).map(drop).map_err(|(code, _)| code.as_u16());
+                let expected = match &first {
+                    _ if status == "running" => Ok(()),
+                    None => {
+                        first = Some((worker, status.clone(), accuracy));
+                        Ok(())
+                    }
+                    Some((w, s, a)) if *w == worker && *s == status && (status == "failed" || *a == accuracy) => Ok(()),
+                    Some(_) => Err(409),
+                };
+                prop_assert_eq!(got, expected);
+            }
+            let relayed = pending(&store, 100).unwrap();
+            prop_assert_eq!(relayed.len(), usize::from(first.is_some()));
+            let result = crate::rounds::stage_result(&store, "default/j", 1, "eval").unwrap();
+            match &first {
+                Some((_, status, accuracy)) if status == "completed" => {
+                    let models = result.expect("the first completed report's result");
+                    prop_assert_eq!(models[0].metrics.clone(), Some(serde_json::json!({"accuracy": accuracy})));
+                }
+                _ => prop_assert!(result.is_none()),
+            }
         }
     }
 

@@ -173,7 +173,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
             let _ = wake.send(());
         })
     };
-    let api = worker_api::router(edge_store.clone(), on_report.clone());
+    let api = worker_api::router(edge_store.clone(), on_report.clone(), None);
 
     let wakes = Wakes::new();
     let edge_wake = wakes.sender();

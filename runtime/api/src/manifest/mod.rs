@@ -98,6 +98,9 @@ pub fn load_file(path: &Path) -> Result<Vec<Manifest>, ManifestError> {
     if !meta.is_file() {
         return Err(refused("not a regular file".into()));
     }
+    if perennial_types::files::kernel_file(path) {
+        return Err(refused("not a data file (a file of the kernel's: procfs, sysfs or the like)".into()));
+    }
     let file = std::fs::File::open(path).map_err(|source| read_error(path, source))?;
     let meta = file.metadata().map_err(|source| read_error(path, source))?;
     if !meta.is_file() {

@@ -171,7 +171,10 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let address = SocketAddr::new(args.bind_address, args.bind_port);
     let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("worker API on {address}"))?;
     tracing::info!("worker report API on {}", listener.local_addr()?);
-    let api = worker_api::router(store.clone(), Arc::new(move || outbox.notify_one()));
+    // Linked, a worker's name arrives with the desired state, which may come after the worker's
+    // report (the operator restarted): held for the link to name it.
+    let hold = args.cloud_url.is_some().then_some(worker_api::HOLD_UNKNOWN_WORKERS);
+    let api = worker_api::router(store.clone(), Arc::new(move || outbox.notify_one()), hold);
     perennial_edge::serve::serve(listener, api, shutdown_signal()).await;
     stop.store(true, Ordering::Relaxed);
     stop_link.send_replace(true);

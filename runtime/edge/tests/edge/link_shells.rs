@@ -203,7 +203,7 @@ fn node_job(key: &str, uid: &str) -> Value {
             "spec": {"dataset": "ml/readings", "datasetUrl": "/data/index.txt", "datasetFormat": "txt", "outputDir": "/out", "trainProb": 0.8},
             "trigger": {"plugin": "builtin:threshold-trigger"}
         },
-        "notice": {"stage": "Train", "round": 1}
+        "notice": {"stage": "Train", "round": 0}
     })
 }
 
@@ -353,7 +353,8 @@ async fn the_desired_state_lands_in_the_edge_store_then_its_changes_follow() {
     let mut next = one_job();
     next.jobs.insert("ml/second".into(), node_job("ml/second", "uid-2"));
     let mut moved = node_job(JOB, "uid-1");
-    moved["notice"] = json!({"stage": "Eval", "round": 1});
+    // (Round 0: the edge's own; a notice of a round the edge never started holds the job.)
+    moved["notice"] = json!({"stage": "Eval", "round": 0});
     next.jobs.insert(JOB.into(), moved);
     side.desired.send_replace(Arc::new(next.clone()));
     until("the change applied", Duration::from_secs(10), || {

@@ -25,6 +25,11 @@ async fn start() -> Api {
 }
 
 async fn start_with(limits: Limits) -> Api {
+    start_holding(limits, None).await
+}
+
+/// A linked agent's API: reports from workers not named yet are held for `hold`.
+async fn start_holding(limits: Limits, hold: Option<std::time::Duration>) -> Api {
     // The process's one rustls provider, as `perennial` installs it (reqwest here has none).
     perennial_tls::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
@@ -43,7 +48,7 @@ async fn start_with(limits: Limits) -> Api {
     let store = Arc::new(Mutex::new(store));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let router = worker_api::router(store.clone(), std::sync::Arc::new(|| {}));
+    let router = worker_api::router(store.clone(), std::sync::Arc::new(|| {}), hold);
     tokio::spawn(serve_with(listener, router, limits, std::future::pending()));
     Api { base, store, db, _dir: dir }
 }
@@ -103,6 +108,74 @@ async fn a_sedna_report_is_committed_before_ok_and_a_repeat_is_harmless() {
 
     assert_eq!(api.post(&worker, body).await.0, 200, "a repeat is accepted");
     assert_eq!(api.outbox().len(), 1, "and relayed once");
+}
+
+impl Api {
+    /// What the link does when the control plane's desired state names `worker`.
+    fn name(&self, worker: &str, round: i64, stage: &str) -> Vec<String> {
+        let mut store = self.store.lock().unwrap();
+        let tx = store.write().unwrap();
+        tx.execute(
+            "INSERT OR IGNORE INTO workers (name, job, round, stage) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![worker, JOB, round, stage],
+        )
+        .unwrap();
+        let refused = worker_api::release_held(&tx, worker).unwrap();
+        tx.commit().unwrap();
+        refused
+    }
+}
+
+/// A linked agent after the operator restarted: the worker reports before the link is back and
+/// names it. The report is held, not refused, and taken once when the name arrives; a name that
+/// never arrives takes nothing, and a flood of unknown names is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_before_its_workers_name_is_held_and_taken_once_named() {
+    let api = start_holding(Limits::DEFAULT, Some(std::time::Duration::from_secs(600))).await;
+    let worker = worker_api::new_worker_name("train").unwrap();
+    let body = sedna_body(&worker, "train", "/output/train/3/index.pkl");
+    let (status, reply) = api.post(&worker, body.clone()).await;
+    assert_eq!(status, 200, "{reply:?}");
+    assert!(reply.message.starts_with("held"), "{reply:?}");
+    assert!(api.outbox().is_empty(), "relayed before the worker was named");
+    // Held durably: in the database file, not in memory.
+    let other = rusqlite::Connection::open(&api.db).unwrap();
+    let held: i64 = other.query_row("SELECT count(*) FROM held_reports", [], |r| r.get(0)).unwrap();
+    assert_eq!(held, 1);
+    // A model outside the job's folders is refused at once, named or not.
+    let outside = sedna_body(&worker, "train", "/etc/passwd");
+    assert_eq!(api.post(&worker, outside).await.0, 403);
+
+    assert!(api.name(&worker, 3, "train").is_empty());
+    let relayed = api.outbox();
+    assert_eq!(relayed.len(), 1, "{relayed:?}");
+    assert_eq!((relayed[0].phase, relayed[0].status, relayed[0].round), (Stage::Train, Phase::Completed, 3));
+    // Named again (the desired state resent), and the worker's own repeat: taken once.
+    assert!(api.name(&worker, 3, "train").is_empty());
+    assert_eq!(api.post(&worker, body).await, (200, Reply { status: 200, message: "OK".into() }));
+    assert_eq!(api.outbox().len(), 1);
+
+    // Names that never arrive: at most MAX_HELD_PER_JOB held for the job, then 503.
+    for i in 0..worker_api::MAX_HELD_PER_JOB {
+        let forged = worker_api::new_worker_name("eval").unwrap();
+        let (status, reply) = api.post(&forged, sedna_body(&forged, "eval", "/output/eval/9/m.pkl")).await;
+        assert_eq!(status, 200, "held {i}: {reply:?}");
+    }
+    let forged = worker_api::new_worker_name("eval").unwrap();
+    let (status, reply) = api.post(&forged, sedna_body(&forged, "eval", "/output/eval/9/m.pkl")).await;
+    assert_eq!(status, 503, "{reply:?}");
+    assert_eq!(api.outbox().len(), 1, "a forged name took something");
+}
+
+/// Held reports expire: a name that arrives after the grace takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_report_expires_after_its_grace() {
+    let api = start_holding(Limits::DEFAULT, Some(std::time::Duration::ZERO)).await;
+    let worker = worker_api::new_worker_name("train").unwrap();
+    assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await.0, 200);
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert!(api.name(&worker, 1, "train").is_empty());
+    assert!(api.outbox().is_empty(), "an expired report was taken");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,10 +267,13 @@ async fn repeats_are_relayed_once_and_a_completed_report_needs_a_model() {
     assert_eq!(api.post(&worker, failed.clone()).await.0, 200);
     assert_eq!(api.post(&worker, failed).await.0, 200);
     assert_eq!(api.outbox().len(), 1, "a repeated failure is relayed once");
-    // A different report from the same worker (completed after failed) is relayed.
-    assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await.0, 200);
+    // A different report from the same worker (completed after failed) is refused: the stage
+    // took its first report, as the stage machine does.
+    let (status, reply) = api.post(&worker, sedna_body(&worker, "train", "/output/train/1/index.pkl")).await;
+    assert_eq!(status, 409, "{reply:?}");
+    assert!(reply.message.contains("round 1's train already reported failed"), "{reply:?}");
     let statuses: Vec<Phase> = api.outbox().iter().map(|r| r.status).collect();
-    assert_eq!(statuses, [Phase::Failed, Phase::Completed]);
+    assert_eq!(statuses, [Phase::Failed]);
 }
 
 /// Idle connections and partial bodies cannot hold the API (nor the process's file descriptors):
