@@ -18,5 +18,6 @@ mod failover;
 mod harness;
 mod identity;
 mod install;
+mod restart;
 mod rounds;
 mod stack;

@@ -35,6 +35,8 @@ pub struct World {
     pub edge_port: u16,
     operator_kubeconfig: PathBuf,
     lines: Mutex<usize>,
+    /// How many operator processes were started (each logs to a file of its own).
+    operator_logs: std::sync::atomic::AtomicUsize,
 }
 
 /// One `perennial operator` replica.
@@ -74,6 +76,7 @@ impl World {
             edge_port: free_port(),
             operator_kubeconfig,
             lines: Mutex::new(0),
+            operator_logs: Default::default(),
             root,
         }
     }
@@ -85,7 +88,11 @@ impl World {
     /// A replica of `perennial operator`, as its ServiceAccount, scoped to this namespace,
     /// competing for this world's Lease.
     pub fn start_operator(&self, identity: &str) -> Operator {
-        let (metrics_port, link_port) = (free_port(), free_port());
+        self.start_operator_at(identity, free_port(), free_port())
+    }
+
+    /// [`World::start_operator`] on given ports (a replica restarted where it was).
+    pub fn start_operator_at(&self, identity: &str, metrics_port: u16, link_port: u16) -> Operator {
         let file = |name: &str| self.path(name).display().to_string();
         let args: Vec<String> = [
             "operator",
@@ -116,7 +123,7 @@ impl World {
         ]
         .map(str::to_owned)
         .to_vec();
-        let log = self.path(&format!("operator-{identity}.log"));
+        let log = self.path(&format!("operator-{identity}-{}.log", self.operator_logs.fetch_add(1, Ordering::SeqCst)));
         let process = Process::start(&args, log, &[("RUST_LOG", "info,perennial=debug")]);
         Operator { process, metrics_port, link_port }
     }
@@ -250,8 +257,15 @@ impl World {
     pub fn kubelet(&self) -> Kubelet {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let held = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(kubelet(self.pods(), self.namespace.clone(), seen.clone(), held.clone()));
-        Kubelet { task, seen, held }
+        let manual_train = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(kubelet(
+            self.pods(),
+            self.namespace.clone(),
+            seen.clone(),
+            held.clone(),
+            manual_train.clone(),
+        ));
+        Kubelet { task, seen, held, manual_train }
     }
 
     /// Every line of the operator's logs that says the API server forbade a call.
@@ -277,6 +291,8 @@ pub struct Kubelet {
     pub seen: Arc<Mutex<Vec<Pod>>>,
     /// While set, workers start but hold their report.
     pub held: Arc<AtomicBool>,
+    /// While set, train pods are seen but not run: the test plays their workers itself.
+    pub manual_train: Arc<AtomicBool>,
 }
 
 impl Drop for Kubelet {
@@ -325,7 +341,13 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 /// workers report their result to the edge agent at `LC_SERVER` as Sedna's library does (retried,
 /// as it retries), then exit 0; an inference worker runs and is ready. Pods being deleted are
 /// removed at once (the kubelet's part of a graceful delete).
-async fn kubelet(pods: Api<Pod>, namespace: String, seen: Arc<Mutex<Vec<Pod>>>, held: Arc<AtomicBool>) {
+async fn kubelet(
+    pods: Api<Pod>,
+    namespace: String,
+    seen: Arc<Mutex<Vec<Pod>>>,
+    held: Arc<AtomicBool>,
+    manual_train: Arc<AtomicBool>,
+) {
     let mut handled = HashSet::new();
     loop {
         let listed = match pods.list(&ListParams::default()).await {
@@ -346,6 +368,11 @@ async fn kubelet(pods: Api<Pod>, namespace: String, seen: Arc<Mutex<Vec<Pod>>>, 
                 continue;
             }
             seen.lock().expect("seen").push(pod.clone());
+            if manual_train.load(Ordering::SeqCst)
+                && label(&pod, "lifelonglearningjob.sedna.io/worker-type") == Some("train")
+            {
+                continue;
+            }
             let pods = pods.clone();
             let (namespace, held) = (namespace.clone(), held.clone());
             tokio::spawn(async move { run_worker(&pods, &namespace, &pod, &held).await });

@@ -371,7 +371,7 @@ fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Resul
         ));
     }
     if report.status == "completed" {
-        record_result(&tx, &job, round, &stage, &report.models).map_err(db)?;
+        record_result(tx, &job, round, &stage, &report.models).map_err(db)?;
     }
     let phase = if stage == "train" { Stage::Train } else { Stage::Eval };
     let relayed = Report {
@@ -385,7 +385,7 @@ fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Resul
         reason: (report.status == "failed").then(|| format!("worker {worker} reported failure")),
     };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    report::enqueue(&tx, &relayed, now).map_err(db)?;
+    report::enqueue(tx, &relayed, now).map_err(db)?;
     tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
     Ok(())
 }

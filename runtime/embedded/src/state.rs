@@ -62,8 +62,12 @@ pub struct Applied<'a> {
 /// that fails to start can take back what it stored.
 #[derive(Clone, Debug, Default)]
 pub struct Undo {
-    previous: Vec<(String, String, Option<(String, String, String)>)>,
+    /// Each object stored: its kind, its key, and what it was.
+    previous: Vec<(String, String, Option<Row>)>,
 }
+
+/// A stored object's uid, body and folder, as its row holds them.
+type Row = (String, String, String);
 
 impl Undo {
     /// The keys of the objects that were new.
@@ -78,7 +82,7 @@ pub fn apply_all(store: &mut Store, objects: &[Applied<'_>]) -> rusqlite::Result
     let tx = store.write()?;
     let mut undo = Undo::default();
     for object in objects {
-        let known: Option<(String, String, String)> = tx
+        let known: Option<Row> = tx
             .query_row(
                 "SELECT uid, body, dir FROM objects WHERE kind = ?1 AND key = ?2",
                 params![object.kind, object.key],

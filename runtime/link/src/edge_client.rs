@@ -132,10 +132,10 @@ pub async fn run<S: EdgeState>(
     let mut sender = Sender::new();
     let mut backoff = settings.min_backoff;
     while !*stop.borrow() {
-        let started = Instant::now();
         let mut session_stop = stop.clone();
+        let mut established = false;
         let ended = tokio::select! {
-            ended = session(&settings, &state, &outbox, events.as_ref(), &mut sender, &mut session_stop) => ended,
+            ended = session(&settings, &state, &outbox, events.as_ref(), &mut sender, &mut session_stop, &mut established) => ended,
             _ = until_true(&mut stop) => Ok(()),
         };
         sender.disconnected();
@@ -145,8 +145,10 @@ pub async fn run<S: EdgeState>(
             Ok(()) => tracing::warn!(url = settings.url, "the link closed; connecting again"),
             Err(err) => tracing::warn!(url = settings.url, "the link is down: {err}"),
         }
-        // A connection that lasted starts the backoff over.
-        if started.elapsed() > settings.max_backoff {
+        // A session that was welcomed starts the backoff over: an operator that restarts (or
+        // fails over) is reached again in moments, not after a wait doubled by earlier outages.
+        // Failed connects in a row still double it.
+        if established {
             backoff = settings.min_backoff;
         }
         let wait = jittered(backoff);
@@ -208,6 +210,7 @@ async fn session<S: EdgeState>(
     events: &dyn LinkEvents,
     sender: &mut Sender,
     stop: &mut watch::Receiver<bool>,
+    established: &mut bool,
 ) -> Result<(), SessionError> {
     let mut desired = DesiredReceiver::new(with_state(state, |s| s.last_applied_desired()).await?);
     let greeting = hello(&settings.node, desired.last_applied());
@@ -227,6 +230,7 @@ async fn session<S: EdgeState>(
         with_state(state, move |s| s.delete(delete)).await?;
     }
     desired.connected();
+    *established = true;
     events.connected(true);
     tracing::info!(url = settings.url, node = settings.node, "link up");
     let epoch = Instant::now();
