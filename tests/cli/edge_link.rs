@@ -35,6 +35,7 @@ impl Cloud {
             tls: server_tls(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes()).expect("server TLS"),
             tokens: watch::channel(Arc::new(NodeTokens::new([("edge-1", "token-one")]))).1,
             reviewer: None,
+            refusals: Default::default(),
             heartbeat_secs: 1,
         };
         let (stop, stopped) = watch::channel(false);

@@ -15,6 +15,7 @@ mod sedna_worker;
 mod service_account;
 
 mod failover;
+mod flood;
 mod harness;
 mod identity;
 mod install;

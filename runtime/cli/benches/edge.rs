@@ -298,6 +298,7 @@ fn linked_memory() {
         tls: server_tls(cert.pem().as_bytes(), key.serialize_pem().as_bytes()).unwrap(),
         tokens: watch::channel(Arc::new(NodeTokens::new([(NODE, TOKEN)]))).1,
         reviewer: None,
+        refusals: Default::default(),
         heartbeat_secs: 15,
     };
     let (stop, stopped) = watch::channel(false);

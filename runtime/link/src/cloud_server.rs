@@ -20,6 +20,7 @@ use super::desired::{DesiredSender, Kind};
 use super::heartbeat::{Heartbeat, HeartbeatAction};
 use super::messages::Message;
 use super::receiver::{Receiver, Verdict};
+use super::refusals::Refusals;
 use super::scope;
 use super::socket::{self, Credential, LinkError, NodeTokens, Reviewer, ServerStream};
 use super::until_true;
@@ -61,6 +62,8 @@ pub struct ServerSettings {
     /// tokens only.
     pub reviewer: Option<Arc<dyn Reviewer>>,
     pub heartbeat_secs: u32,
+    /// Refused connections, counted and throttled per source.
+    pub refusals: Arc<Refusals>,
 }
 
 /// The lock a node's session holds while it runs.
@@ -116,16 +119,27 @@ pub async fn serve<C: CloudSide>(
             },
             _ = until_true(&mut stop) => break,
         };
+        // A source that keeps failing is dropped here: no TLS, no token review for it.
+        if !settings.refusals.admits(peer.ip(), Instant::now()) {
+            drop(tcp);
+            continue;
+        }
         let _ = tcp.set_nodelay(true);
         let (acceptor, tokens, side, nodes, stop) =
             (acceptor.clone(), settings.tokens.clone(), side.clone(), nodes.clone(), stop.clone());
         let (reviewer, heartbeat_secs) = (settings.reviewer.clone(), settings.heartbeat_secs);
+        let refusals = settings.refusals.clone();
         sessions.spawn(async move {
             let reviewer = reviewer.as_deref();
-            if let Err(err) =
-                connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop).await
-            {
-                tracing::warn!(%peer, "link connection ended: {err}");
+            match connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop).await {
+                Ok(()) => {}
+                // Counted and summed up, not a line each: a flood of bad tokens (or of anything
+                // that is no link client) costs no log, and its source is throttled.
+                Err(SessionError::Handshake(LinkError::Refused(reason))) => {
+                    refusals.refused(peer.ip(), &reason, Instant::now())
+                }
+                Err(SessionError::Handshake(err)) => refusals.refused(peer.ip(), &err.to_string(), Instant::now()),
+                Err(err) => tracing::warn!(%peer, "link connection ended: {err}"),
             }
         });
         // Reap the finished ones so the set does not grow with every reconnect.
@@ -138,6 +152,9 @@ pub async fn serve<C: CloudSide>(
 enum SessionError {
     #[error(transparent)]
     Link(#[from] LinkError),
+    /// Before the node was known: TLS, the upgrade, its token.
+    #[error(transparent)]
+    Handshake(LinkError),
     #[error("node {node}: {message}")]
     Protocol { node: String, message: String },
     #[error("node {node}: report {seq} could not be applied, the edge will resend it: {message}")]
@@ -158,7 +175,8 @@ async fn connection<C: CloudSide>(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let known = tokens.borrow_and_update().clone();
-    let (node, credential, mut ws) = socket::upgrade(tcp, acceptor, &known, reviewer).await?;
+    let (node, credential, mut ws) =
+        socket::upgrade(tcp, acceptor, &known, reviewer).await.map_err(SessionError::Handshake)?;
     // Whether the tokens can still change (their source may be gone: then they stay as read).
     // A static token is checked again whenever they do: a revoked one ends its session. A
     // reviewed token (a projected ServiceAccount token, short-lived and rotated by the kubelet)

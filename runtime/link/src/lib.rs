@@ -26,6 +26,7 @@ pub mod handshake;
 pub mod heartbeat;
 pub mod messages;
 pub mod receiver;
+pub mod refusals;
 pub mod scope;
 pub mod sender;
 pub mod socket;

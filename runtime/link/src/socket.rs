@@ -208,7 +208,8 @@ pub async fn upgrade(
             (None, None) => Err("the link needs a node's bearer token: this one is missing or unknown".to_owned()),
         };
         if let Err(reason) = &verdict {
-            tracing::warn!(peer, "link refused: {reason}");
+            // Summed up by the server's refusals (a line a minute), not a line each.
+            tracing::debug!(peer, "link refused: {reason}");
         }
         // The shape tungstenite's `Callback` asks for.
         #[allow(clippy::result_large_err)]
@@ -223,9 +224,14 @@ pub async fn upgrade(
             }
         };
         let replayed = Replayed::new(head, stream);
-        let ws = tokio_tungstenite::accept_hdr_async_with_config(replayed, answer, Some(ws_config()))
-            .await
-            .map_err(|err| LinkError::WebSocket(format!("from {peer}: {err}")))?;
+        let ws = match tokio_tungstenite::accept_hdr_async_with_config(replayed, answer, Some(ws_config())).await {
+            Ok(ws) => ws,
+            // Refused: tungstenite answered 401 and says so; the reason is ours.
+            Err(_) if verdict.is_err() => {
+                return Err(LinkError::Refused(verdict.err().unwrap_or_default()));
+            }
+            Err(err) => return Err(LinkError::WebSocket(format!("from {peer}: {err}"))),
+        };
         match verdict {
             Ok((node, credential)) => Ok((node, credential, ws)),
             // tungstenite answered 401 and returned an error above; this is a safeguard.

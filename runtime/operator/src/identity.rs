@@ -156,11 +156,33 @@ pub struct TokenReviewer {
     client: Client,
     settings: IdentitySettings,
     cache: std::sync::Mutex<HashMap<[u8; 32], (String, Instant)>>,
+    /// Tokens the review refused lately, with why: the same bad token again costs no review.
+    refused: std::sync::Mutex<HashMap<[u8; 32], (String, Instant)>>,
 }
+
+/// How long a token the review refused is refused without another review.
+const REFUSED_FOR: Duration = Duration::from_secs(30);
 
 impl TokenReviewer {
     pub fn new(client: Client, settings: IdentitySettings) -> TokenReviewer {
-        TokenReviewer { client, settings, cache: std::sync::Mutex::default() }
+        let (cache, refused) = (std::sync::Mutex::default(), std::sync::Mutex::default());
+        TokenReviewer { client, settings, cache, refused }
+    }
+
+    fn refused_lately(&self, key: &[u8; 32]) -> Option<String> {
+        let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        refused.get(key).filter(|(_, until)| *until > Instant::now()).map(|(why, _)| why.clone())
+    }
+
+    fn keep_refusal(&self, key: [u8; 32], why: &str) {
+        let now = Instant::now();
+        let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        if refused.len() >= MAX_CACHED {
+            refused.retain(|_, (_, until)| *until > now);
+        }
+        if refused.len() < MAX_CACHED {
+            refused.insert(key, (why.to_owned(), now + REFUSED_FOR));
+        }
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<String> {
@@ -196,6 +218,9 @@ impl TokenReviewer {
             tracing::debug!(peer, node, "link token admitted (a recent review)");
             return Ok(node);
         }
+        if let Some(why) = self.refused_lately(&key) {
+            return Err(why);
+        }
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -215,7 +240,8 @@ impl TokenReviewer {
                 return Err(format!("the token could not be reviewed within {CALL_TIMEOUT:?}"));
             }
         };
-        let bound = reviewed_pod(answer.status.as_ref(), &self.settings)?;
+        let bound =
+            reviewed_pod(answer.status.as_ref(), &self.settings).inspect_err(|why| self.keep_refusal(key, why))?;
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
         let pod = match tokio::time::timeout(CALL_TIMEOUT, pods.get_opt(&bound.name)).await {
             Ok(Ok(pod)) => pod,

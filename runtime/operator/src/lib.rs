@@ -186,7 +186,14 @@ fn start_link(
             return;
         }
         metrics.set_ready(true);
-        if let Err(err) = link::listen(&options, tls, read_tokens, side, stopped).await {
+        let counted = metrics.clone();
+        let refusals = Arc::new(perennial_link::refusals::Refusals::new(move |refusal| {
+            counted.link_refusal(match refusal {
+                perennial_link::refusals::Refusal::Refused => "refused",
+                perennial_link::refusals::Refusal::Throttled => "throttled",
+            })
+        }));
+        if let Err(err) = link::listen(&options, tls, read_tokens, side, refusals, stopped).await {
             tracing::error!("{err}");
             metrics.set_ready(false);
         }

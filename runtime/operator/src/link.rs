@@ -337,6 +337,7 @@ pub async fn listen(
     tls: Arc<ServerConfig>,
     tokens: watch::Receiver<Arc<NodeTokens>>,
     side: Arc<OperatorSide>,
+    refusals: Arc<perennial_link::refusals::Refusals>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), LinkSetupError> {
     let listener = tokio::net::TcpListener::bind(options.addr)
@@ -352,7 +353,8 @@ pub async fn listen(
         options.tokens_namespace,
         options.tokens_secret
     );
-    let settings = ServerSettings { tls, tokens, reviewer: Some(reviewer), heartbeat_secs: options.heartbeat_secs };
+    let settings =
+        ServerSettings { tls, tokens, reviewer: Some(reviewer), heartbeat_secs: options.heartbeat_secs, refusals };
     serve(listener, settings, side, stop).await;
     Ok(())
 }

@@ -27,6 +27,12 @@ pub struct TransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `refused` (a bad token) or `throttled` (dropped on accept: its source failed too often).
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PodLabels {
     /// `train`, `eval` or `inference`.
     pub worker: String,
@@ -38,6 +44,7 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     pub transitions: Family<TransitionLabels, Counter>,
     pub pods_created: Family<PodLabels, Counter>,
+    pub link_refusals: Family<RefusalLabels, Counter>,
     registry: Registry,
     /// Set once the controller runs (the leader) or waits as a standby: the process is healthy.
     healthy: AtomicBool,
@@ -52,15 +59,22 @@ impl Default for Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let transitions = Family::<TransitionLabels, Counter>::default();
         let pods_created = Family::<PodLabels, Counter>::default();
+        let link_refusals = Family::<RefusalLabels, Counter>::default();
         registry.register("reconciles", "Reconciles of LifelongLearningJobs", reconciles.clone());
         registry.register("errors", "Errors by kind", errors.clone());
         registry.register("stage_transitions", "Stage transitions (conditions written)", transitions.clone());
         registry.register("pods_created", "Worker pods created", pods_created.clone());
+        registry.register(
+            "link_refusals",
+            "Edge link connections refused (a bad token) or throttled (their source failed too often)",
+            link_refusals.clone(),
+        );
         Metrics {
             reconciles,
             errors,
             transitions,
             pods_created,
+            link_refusals,
             registry,
             healthy: AtomicBool::new(true),
             ready: AtomicBool::new(false),
@@ -69,6 +83,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub fn link_refusal(&self, outcome: &str) {
+        self.link_refusals.get_or_create(&RefusalLabels { outcome: outcome.into() }).inc();
+    }
+
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&ErrorLabels { kind: kind.into() }).inc();
     }

@@ -95,6 +95,7 @@ async fn start_cloud(pki: &Pki, side: Arc<TestCloud>, heartbeat_secs: u32) -> Cl
         tls: server_tls(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes()).expect("server TLS"),
         tokens: admitted,
         reviewer: None,
+        refusals: Default::default(),
         heartbeat_secs,
     };
     let (stop, stopped) = watch::channel(false);
