@@ -253,11 +253,17 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
     // An Event per stage transition and per pod created (events.k8s.io/v1, as 1.24 serves them),
     // published off the reconcile path: the last round's last ones may follow its status.
     let reasons = ["TrainReady", "WorkerCreated", "EvalCompleted", "DeployCompleted"];
-    until("the rounds' events in `kubectl describe`", Duration::from_secs(30), || async {
+    let described = until("the rounds' events in `kubectl describe`", Duration::from_secs(30), || async {
         let described = world.cluster.kubectl_ok(&["describe", "ll", JOB, "-n", &world.namespace]);
         reasons.iter().all(|reason| described.contains(reason)).then_some(described)
     })
     .await;
+    // Each round and stage its own event, not folded into round 1's series ("(x5)").
+    for round in 1..=4 {
+        for said in [format!("round {round}: created the train pod"), format!("round {round}: created the eval pod")] {
+            assert!(described.contains(&said), "{said:?} in:\n{described}");
+        }
+    }
 
     // Deleting the job: its finalizer removes its pods, the edge forgets it.
     world.cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=false"]);

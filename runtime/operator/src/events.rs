@@ -33,13 +33,15 @@ impl Events {
         Events { queue, metrics }
     }
 
-    /// Queues an event on `reference`; never waits.
-    pub fn publish(&self, reference: &ObjectReference, warning: bool, reason: &str, note: String) {
+    /// Queues an event on `reference`; never waits. `action` says what it is about (`Round3Train`):
+    /// Kubernetes folds the events of one object with the same reason and action into one series
+    /// that shows only its first note, so each round and stage gets series of its own.
+    pub fn publish(&self, reference: &ObjectReference, warning: bool, reason: &str, action: String, note: String) {
         let event = Event {
             type_: if warning { EventType::Warning } else { EventType::Normal },
             reason: reason.to_owned(),
             note: Some(truncate(note, NOTE_MAX)),
-            action: "Reconcile".into(),
+            action,
             secondary: None,
         };
         if self.queue.try_send((reference.clone(), event)).is_err() {

@@ -167,7 +167,7 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     // trigger's window...) waits here for an edit, said once per change on the job.
     if let Err(errors) = perennial_api::validate_job(job, &|_| true) {
         ctx.metrics.error("invalid_spec");
-        ctx.events.publish(&job.object_ref(&()), true, "InvalidSpec", errors.to_string());
+        ctx.events.publish(&job.object_ref(&()), true, "InvalidSpec", "Validate".into(), errors.to_string());
         return Ok(Requeue::await_change());
     }
 
@@ -238,7 +238,11 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
             None => format!("round {}", step.status.round),
         };
         let warning = condition.type_ == Phase::Failed;
-        ctx.events.publish(&reference, warning, &format!("{}{}", condition.stage, condition.type_), note);
+        let (reason, action) = (
+            format!("{}{}", condition.stage, condition.type_),
+            format!("Round{}{}", step.status.round, condition.stage),
+        );
+        ctx.events.publish(&reference, warning, &reason, action, note);
     }
     for action in &step.actions {
         act(job, ctx, &reference, action, step.status.round).await?;
@@ -323,12 +327,19 @@ async fn act(
             Ok(pod) => {
                 ctx.metrics.pod_created(spec.stage.worker_kind());
                 let note = format!("round {}: created the {} pod {pod}", spec.round, spec.stage.worker_kind());
-                ctx.events.publish(reference, false, "WorkerCreated", note);
+                ctx.events.publish(
+                    reference,
+                    false,
+                    "WorkerCreated",
+                    format!("Round{}{}", spec.round, spec.stage),
+                    note,
+                );
             }
             // Said on the job; the next reconcile finds no pod and tries again (counted).
             Err(err) => {
                 ctx.metrics.error(err.kind());
-                ctx.events.publish(reference, true, "WorkerNotCreated", err.to_string());
+                let action = format!("Round{}{}", spec.round, spec.stage);
+                ctx.events.publish(reference, true, "WorkerNotCreated", action, err.to_string());
                 return Err(err);
             }
         },
@@ -350,7 +361,7 @@ async fn act(
             tracing::debug!(job = key, round = notice.round, "the edge waits for {}", notice.stage)
         }
         Action::Event { warning, reason, message } => {
-            ctx.events.publish(reference, *warning, reason, message.clone());
+            ctx.events.publish(reference, *warning, reason, format!("Round{round}"), message.clone());
         }
     }
     Ok(())
@@ -426,7 +437,7 @@ async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Er
     ctx.written.forget(&uid);
     ctx.written_jobs.forget(&uid);
     let note = "the job's pods are deleted and its edge forgets it".to_owned();
-    ctx.events.publish(&job.object_ref(&()), false, "Deleted", note);
+    ctx.events.publish(&job.object_ref(&()), false, "Deleted", "Delete".into(), note);
     tracing::info!(job = key, "deleted: its pods are removed");
     Ok(Requeue::await_change())
 }
