@@ -93,6 +93,7 @@ fn rand_suffix() -> u128 {
 
 fn trigger_latency() {
     use perennial_edge::agent::{self, JobConfig, LoopSettings};
+    use perennial_edge::model_copy::model_copier;
     use perennial_edge::report;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,8 +129,9 @@ fn trigger_latency() {
     let worker = {
         let (store, stop, job) = (store.clone(), stop.clone(), job.clone());
         let index = Box::new(edge::LocalFile { path: index.clone() });
-        let read_model = agent::model_reader(rt.handle().clone(), None, vec![output.display().to_string()]);
-        let mut runners = vec![agent::JobRunner { job, policies, index, output: op, read_model, settings }];
+        let output = output.display().to_string();
+        let copy_model = model_copier(rt.handle().clone(), None, output.clone(), vec![output]);
+        let mut runners = vec![agent::JobRunner { job, policies, index, output: op, copy_model, settings }];
         std::thread::spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}, None))
     };
     std::thread::sleep(Duration::from_millis(300));
