@@ -82,7 +82,8 @@ impl ModelCopy {
     }
 
     /// The model, checked before a byte is copied: a local one inside the roots, a regular
-    /// file outside procfs and sysfs; any one of at most the limit's size.
+    /// file outside procfs, sysfs and the other kernel filesystems; any one at most the limit's
+    /// size.
     fn open_source(&self, url: &str, deadline: &Deadline) -> Result<Source, String> {
         let local = if url.contains("://") { url.strip_prefix("file://") } else { Some(url) };
         let Some(path) = local else {

@@ -197,8 +197,9 @@ pub async fn read_limited(url: &str, s3: Option<&S3Credentials>, limit: ReadLimi
 
 /// Opens the local file at `path` (links followed) to read it whole, within bounds: a regular
 /// file, never a FIFO (a writer may never come), a device (a link to /dev/zero never ends) or a
-/// folder; never a file of procfs or sysfs (their stated size is not what a read gives); at
-/// most `max_bytes`. Returns the file and its size. Errors name `url`, the file as given.
+/// folder; never a file of procfs, sysfs or another kernel filesystem (their stated size is not
+/// what a read gives); at most `max_bytes`. Returns the file and its size. Errors name `url`,
+/// the file as given.
 pub fn open_regular(url: &str, path: &Path, max_bytes: u64) -> Result<(std::fs::File, u64), StorageError> {
     use std::os::unix::fs::OpenOptionsExt;
 
@@ -234,28 +235,33 @@ fn refuse_unless_regular(url: &str, metadata: &std::fs::Metadata) -> Result<(), 
     Err(StorageError::Invalid { url: url.to_owned(), message: kind.to_owned() })
 }
 
-/// `procfs` or `sysfs` when `file` is on one of them: their files state a size of 0 or 4096
-/// whatever they hold, and some change at each read.
+/// The kernel filesystem `file` is on, if it is on one (procfs, sysfs, debugfs, ...): their
+/// files state a size of 0 or 4096 whatever they hold, and some change at each read.
 #[cfg(target_os = "linux")]
-// `f_type`'s type differs by target (i64 on x86_64 glibc, i32 on armv7, u32 on musl).
-#[allow(clippy::unnecessary_cast)]
 fn pseudo_filesystem(file: &std::fs::File) -> Option<&'static str> {
     use std::os::fd::AsRawFd;
 
+    const KERNEL_FILESYSTEMS: &[(u32, &str)] = &[
+        (0x9fa0, "procfs"),
+        (0x6265_6572, "sysfs"),
+        (0x6462_6720, "debugfs"),
+        (0x7363_6673, "securityfs"),
+        (0x0027_e0eb, "cgroupfs"),
+        (0x6367_7270, "cgroup2fs"),
+        (0x7472_6163, "tracefs"),
+        (0xcafe_4a11, "bpffs"),
+        (0x6265_6570, "configfs"),
+        (0xde5e_81e4, "efivarfs"),
+    ];
     let mut stats = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: fstatfs(2) fills `stats` from an open descriptor we own; it is read only on success.
     if unsafe { libc::fstatfs(file.as_raw_fd(), stats.as_mut_ptr()) } != 0 {
         return None;
     }
-    // SAFETY: fstatfs returned 0, so `stats` is initialized.
-    let kind = unsafe { stats.assume_init() }.f_type as i64;
-    if kind == libc::PROC_SUPER_MAGIC as i64 {
-        Some("procfs")
-    } else if kind == libc::SYSFS_MAGIC as i64 {
-        Some("sysfs")
-    } else {
-        None
-    }
+    // SAFETY: fstatfs returned 0, so `stats` is initialized. Magic numbers are 32 bits, whatever
+    // the width of `f_type` on the target.
+    let kind = unsafe { stats.assume_init() }.f_type as u32;
+    KERNEL_FILESYSTEMS.iter().find(|(magic, _)| *magic == kind).map(|(_, name)| *name)
 }
 
 #[cfg(not(target_os = "linux"))]
