@@ -10,6 +10,9 @@
 //! - linked memory (printed): RSS of a `perennial edge` process linked to a cloud served here
 //!   (`cloud_server::serve` on 127.0.0.1, TLS from a CA made here), with no jobs and with 100
 //!   idle jobs in its desired state.
+//! - deploy memory (printed): the peak RSS above idle and the wall time of deploying a 2 GiB
+//!   sparse model and a 1 GiB dense one, local to local, through the job's model copier; with
+//!   `PERENNIAL_BENCH_DEPLOY_WHOLE=1` also of the whole-file read it replaced (needs ~4 GiB).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -24,9 +27,13 @@ const LINES: usize = 1_000_000;
 const JOB: &str = "default/bench";
 
 fn main() {
-    // `PERENNIAL_BENCH_ONLY=trigger|memory|ingest` runs one part.
+    // `PERENNIAL_BENCH_ONLY=deploy|trigger|memory|ingest` runs one part.
     let only = std::env::var("PERENNIAL_BENCH_ONLY").unwrap_or_default();
     let runs = |part: &str| only.is_empty() || only == part;
+    // First: the process's peak memory is still its own.
+    if runs("deploy") {
+        deploy_memory();
+    }
     if runs("trigger") {
         trigger_latency();
     }
@@ -93,6 +100,7 @@ fn rand_suffix() -> u128 {
 
 fn trigger_latency() {
     use perennial_edge::agent::{self, JobConfig, LoopSettings};
+    use perennial_edge::model_copy::model_copier;
     use perennial_edge::report;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,8 +136,9 @@ fn trigger_latency() {
     let worker = {
         let (store, stop, job) = (store.clone(), stop.clone(), job.clone());
         let index = Box::new(edge::LocalFile { path: index.clone() });
-        let read_model = agent::model_reader(rt.handle().clone(), None, vec![output.display().to_string()]);
-        let mut runners = vec![agent::JobRunner { job, policies, index, output: op, read_model, settings }];
+        let output = output.display().to_string();
+        let copy_model = model_copier(rt.handle().clone(), None, output.clone(), vec![output]);
+        let mut runners = vec![agent::JobRunner { job, policies, index, output: op, copy_model, settings }];
         std::thread::spawn(move || agent::run_jobs(&store, &mut runners, &stop, agent::Wakes::new(), &|| {}, None))
     };
     std::thread::sleep(Duration::from_millis(300));
@@ -204,6 +213,95 @@ fn rss_kb(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// A `kB` line (`VmRSS`, `VmHWM`) of this process's status, in kB.
+fn own_status_kb(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `deploy` and prints its peak RSS above the RSS before it (the peak is reset first
+/// through `/proc/self/clear_refs`) and its wall time.
+fn measure_deploy(what: &str, deploy: impl FnOnce() -> u64, deployed: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+
+    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let idle = own_status_kb("VmRSS");
+    let started = std::time::Instant::now();
+    let bytes = deploy();
+    let took = started.elapsed();
+    let peak = own_status_kb("VmHWM");
+    let blocks = std::fs::metadata(deployed).map(|m| m.blocks()).unwrap_or(0);
+    println!(
+        "deploy, {what}: peak RSS {:.1} MiB above idle ({:.1} MiB idle{}), {:.0} ms, {:.0} MiB/s of model, \
+         {:.1} MiB allocated for {:.0} MiB",
+        peak.saturating_sub(idle) as f64 / 1024.0,
+        idle as f64 / 1024.0,
+        if reset { "" } else { "; peak not reset: an upper bound" },
+        took.as_secs_f64() * 1e3,
+        bytes as f64 / (1 << 20) as f64 / took.as_secs_f64(),
+        blocks as f64 * 512.0 / (1 << 20) as f64,
+        bytes as f64 / (1 << 20) as f64,
+    );
+}
+
+fn deploy_memory() {
+    use perennial_edge::model_copy::model_copier;
+    use std::os::unix::fs::FileExt;
+
+    const SPARSE: u64 = 2 << 30;
+    const DENSE: usize = 1 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("output");
+    std::fs::create_dir_all(output.join("eval/1")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let output_dir = output.display().to_string();
+    let copy = model_copier(rt.handle().clone(), None, output_dir.clone(), vec![output_dir.clone()]);
+    let deployed = output.join("deploy/index.pkl");
+
+    // As eval reported it in issue #32: 2 GiB, mostly a hole, a few extents written.
+    let sparse = output.join("eval/1/sparse.pkl");
+    let file = std::fs::File::create(&sparse).unwrap();
+    file.set_len(SPARSE).unwrap();
+    for at in [0, 1 << 20, 1 << 30, SPARSE - (4 << 20)] {
+        file.write_all_at(&[0x5a; 1 << 20], at).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+    let url = sparse.display().to_string();
+    measure_deploy("2 GiB sparse (4 MiB written)", || copy(&url, "deploy/index.pkl").unwrap(), &deployed);
+
+    let dense = output.join("eval/1/dense.pkl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&dense).unwrap());
+    let block: Vec<u8> = (0..1 << 20).map(|i: usize| (i % 251) as u8).collect();
+    for _ in 0..DENSE >> 20 {
+        file.write_all(&block).unwrap();
+    }
+    file.into_inner().unwrap().sync_all().unwrap();
+    let url = dense.display().to_string();
+    measure_deploy("1 GiB dense", || copy(&url, "deploy/index.pkl").unwrap(), &deployed);
+
+    if std::env::var("PERENNIAL_BENCH_DEPLOY_WHOLE").is_ok_and(|v| v == "1") {
+        // What deploy did before: the whole model read into memory, then written through OpenDAL.
+        let op = {
+            let _guard = rt.enter();
+            opendal::blocking::Operator::new(edge::output::output_operator(&output_dir, None).unwrap()).unwrap()
+        };
+        let url = sparse.display().to_string();
+        let whole = || {
+            let limit = perennial_storage::ReadLimit { max_bytes: 4 << 30, ..perennial_storage::ReadLimit::DEFAULT };
+            let bytes = rt.block_on(perennial_storage::read_limited(&url, None, limit)).unwrap();
+            let size = bytes.len() as u64;
+            op.write("deploy/index.pkl", bytes).unwrap();
+            size
+        };
+        measure_deploy("2 GiB sparse, the whole-file read it replaced", whole, &deployed);
+    }
 }
 
 fn idle_memory() {

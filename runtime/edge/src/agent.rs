@@ -18,6 +18,7 @@ use super::health;
 use super::index_file::IndexFile;
 use super::ingest::IngestError;
 use super::ingest::{FileState, IngestLimits, Split, ingest};
+use super::model_copy::ModelCopier;
 use super::rounds::RoundError;
 use super::rounds::{self, Clock, Index, Outcome, OutputDir};
 use super::shadow::{self, Question, ShadowQueue, Shadows};
@@ -168,9 +169,6 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Reads a model a worker reported, by URL.
-pub type ModelReader = Box<dyn Fn(&str) -> Result<Vec<u8>, String> + Send>;
-
 /// Everything one job needs to run on this node.
 pub struct JobRunner {
     pub job: JobConfig,
@@ -179,8 +177,9 @@ pub struct JobRunner {
     pub index: Box<dyn IndexFile + Send>,
     /// The job's output directory.
     pub output: opendal::blocking::Operator,
-    /// Reads a model a worker reported (a path or an `s3://` URL), to deploy it.
-    pub read_model: ModelReader,
+    /// Copies a model a worker reported (a path or an `s3://` URL) into the output directory, to
+    /// deploy it ([`model_copier`](crate::model_copy::model_copier)).
+    pub copy_model: ModelCopier,
     pub settings: LoopSettings,
 }
 
@@ -675,7 +674,7 @@ fn turn(
     faults: &mut Faults,
     shadows: &ShadowQueue,
 ) -> (Duration, bool, bool) {
-    let JobRunner { job, policies, index, output, read_model, settings } = runner;
+    let JobRunner { job, policies, index, output, copy_model, settings } = runner;
     // Each kind's shadow, if the job has one, asked through the queue.
     let ask = |question: Question| shadows.ask(&policies.shadows, question, now());
     let trigger_shadow: rounds::Shadow<'_> = policies.shadows.trigger.is_some().then_some(&ask);
@@ -755,11 +754,11 @@ fn turn(
             rounds::eval_waiting(store, &job.name, &mut index, &out, job.spec.eval_set_size(), clock)
         }
         Some((Stage::Deploy, Phase::Waiting)) => {
-            let read_model = read_model.as_ref();
+            let copy_model = copy_model.as_ref();
             let outcome =
-                rounds::deploy_waiting(store, &job.name, &out, read_model, &policies.selector, clock, selector_shadow);
+                rounds::deploy_waiting(store, &job.name, &out, copy_model, &policies.selector, clock, selector_shadow);
             with_fallback(store, &job.name, "selector", outcome, policies.fallback_selector.as_ref(), |selector| {
-                rounds::deploy_waiting(store, &job.name, &out, read_model, selector, clock, selector_shadow)
+                rounds::deploy_waiting(store, &job.name, &out, copy_model, selector, clock, selector_shadow)
             })
         }
         _ => Ok(Outcome::NotDue { reason: "no edge step in this stage".into() }),
@@ -975,37 +974,6 @@ impl IndexWatch {
 
 fn folder_of(index: &Path) -> PathBuf {
     index.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_owned()
-}
-
-/// Largest model the agent copies when deploying.
-pub const MAX_MODEL_BYTES: u64 = 4 << 30;
-
-/// Reads a reported model through OpenDAL (a path or `s3://`), from a thread outside the async
-/// runtime. A local model must resolve, symlinks followed, inside one of `roots` (the job's
-/// output directory and dataset folder): a worker cannot make the agent deploy any other file.
-pub fn model_reader(
-    runtime: tokio::runtime::Handle,
-    s3: Option<perennial_storage::S3Credentials>,
-    roots: Vec<String>,
-) -> ModelReader {
-    Box::new(move |url: &str| {
-        if !url.contains("://") {
-            let real = std::fs::canonicalize(url).map_err(|err| format!("{url}: {err}"))?;
-            let inside = roots
-                .iter()
-                .filter(|root| !root.is_empty() && !root.contains("://"))
-                .filter_map(|root| std::fs::canonicalize(root).ok())
-                .any(|root| real.starts_with(root));
-            if !inside {
-                return Err(format!("{url} resolves to {}, outside the job's output and dataset", real.display()));
-            }
-        }
-        // Bounded by the one mechanism every read uses: a regular file (never a FIFO), the size
-        // checked before reading, a time limit; S3 models alike.
-        let limit =
-            perennial_storage::ReadLimit { max_bytes: MAX_MODEL_BYTES, ..perennial_storage::ReadLimit::DEFAULT };
-        runtime.block_on(perennial_storage::read_limited(url, s3.as_ref(), limit)).map_err(|err| err.to_string())
-    })
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod ingest;
 pub mod jobs;
 pub mod lines;
 pub mod link_state;
+pub mod model_copy;
 pub mod output;
 pub mod replay;
 pub mod report;

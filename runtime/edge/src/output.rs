@@ -1,13 +1,13 @@
-//! Writing a job's output: round sample files and the deployed model, through OpenDAL, so that
-//! a reader never sees a half-written file (a temporary name then a rename on the node's
-//! filesystem; a single put on S3).
+//! Writing a job's output: round sample files through OpenDAL, so that a reader never sees a
+//! half-written file (a temporary name then a rename on the node's filesystem; a single put on
+//! S3). The deployed model is copied the same way, streamed (`model_copy`).
 
 use opendal::{Operator, services};
 
 use perennial_storage::{S3Credentials, StorageError};
 
 /// Name of the folder, inside the output directory, where files are written before their rename.
-const TMP_DIR: &str = ".perennial-tmp";
+pub(crate) const TMP_DIR: &str = ".perennial-tmp";
 
 /// Whether a job may write in `output_dir`, without touching it (nothing is created): an S3
 /// prefix it has credentials for, or a local folder that [`check_local_dir`] accepts. Admission
@@ -75,7 +75,7 @@ fn writable(dir: &std::path::Path) -> bool {
 }
 
 /// The operator of an S3 `outputDir`; `None` for a local one; an error for any other scheme.
-fn remote_operator(output_dir: &str, s3: Option<&S3Credentials>) -> Result<Option<Operator>, StorageError> {
+pub(crate) fn remote_operator(output_dir: &str, s3: Option<&S3Credentials>) -> Result<Option<Operator>, StorageError> {
     if let Some(rest) = output_dir.strip_prefix("s3://") {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         return perennial_storage::s3_operator(output_dir, bucket, &format!("/{prefix}"), s3).map(Some);

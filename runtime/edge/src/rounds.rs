@@ -488,7 +488,7 @@ pub fn deploy_waiting(
     store: &Mutex<Store>,
     job: &str,
     output: &OutputDir<'_>,
-    read_model: &dyn Fn(&str) -> Result<Vec<u8>, String>,
+    copy_model: &dyn Fn(&str, &str) -> Result<u64, String>,
     selector: &SelectorPolicy,
     clock: Clock,
     shadow: Shadow<'_>,
@@ -535,11 +535,9 @@ pub fn deploy_waiting(
         return commit_report(store, &row, report, None, decided, clock);
     };
     let deploy_path = "deploy/index.pkl";
-    let copied = read_model(&chosen.url).and_then(|bytes| {
-        output.op.write(deploy_path, bytes).map(drop).map_err(|err| format!("writing {deploy_path}: {err}"))
-    });
-    match copied {
-        Ok(()) => {
+    // Streamed, the store unlocked: a model may be gigabytes.
+    match copy_model(&chosen.url, deploy_path) {
+        Ok(_) => {
             let deployed = Model {
                 format: chosen.format.clone(),
                 url: super::output::url_in(output.url, deploy_path),

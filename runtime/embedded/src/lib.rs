@@ -22,6 +22,7 @@ use self::state::Stored;
 use perennial_api::manifest;
 use perennial_api::{self as resources, Dataset, LifelongLearningJob};
 use perennial_edge::agent::{self, JobConfig, JobRunner, LoopSettings, Wakes};
+use perennial_edge::model_copy::model_copier;
 use perennial_edge::sqlite::Store;
 use perennial_edge::{self as edge, IndexFile, JobSpec, LocalFile, S3Index, worker_api};
 use perennial_lifecycle::{JobView, Settings};
@@ -305,10 +306,11 @@ async fn start(
         };
         let dataset_dir = Path::new(&job.edge_spec.dataset_url).parent().map(|p| p.display().to_string());
         let roots = [Some(job.edge_spec.output_dir.clone()), dataset_dir].into_iter().flatten().collect();
-        let read_model = agent::model_reader(tokio::runtime::Handle::current(), s3.clone(), roots);
+        let output_dir = job.edge_spec.output_dir.clone();
+        let copy_model = model_copier(tokio::runtime::Handle::current(), s3.clone(), output_dir, roots);
         let settings = LoopSettings { poll: options.poll, ..LoopSettings::default() };
         let controlled_config = config.clone();
-        let runner = JobRunner { job: config, policies, index: index_file, output, read_model, settings };
+        let runner = JobRunner { job: config, policies, index: index_file, output, copy_model, settings };
         // The policies serving now, whatever an earlier run (or a swap in it) recorded.
         agent::record_serving(edge_store, &runner);
         let mut status = state::status(control, &key)?;

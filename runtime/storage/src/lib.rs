@@ -3,6 +3,7 @@
 //! A path without a scheme is the node's filesystem; `s3://bucket/key` is S3 with credentials
 //! in Sedna's format; `https://host/path` is read-only HTTP.
 
+use std::path::Path;
 use std::time::Duration;
 
 use opendal::{Operator, services};
@@ -172,15 +173,9 @@ pub async fn read_limited(url: &str, s3: Option<&S3Credentials>, limit: ReadLimi
     let io = |source| StorageError::Io { url: url.to_owned(), source };
     let read = async {
         let size = if !url.contains("://") || url.starts_with("file://") {
-            // Follows links: a link to /dev/zero is a device.
-            let metadata = tokio::fs::metadata(&path)
-                .await
-                .map_err(|err| StorageError::Invalid { url: url.to_owned(), message: err.to_string() })?;
-            if !metadata.is_file() {
-                let kind = if metadata.is_dir() { "a folder" } else { "not a regular file (a FIFO or a device?)" };
-                return Err(StorageError::Invalid { url: url.to_owned(), message: kind.to_owned() });
-            }
-            metadata.len()
+            // The checks only: the bytes are read through the operator, to the size stated.
+            let (_, size) = open_regular(url, Path::new(&path), limit.max_bytes)?;
+            size
         } else {
             op.stat(&path).await.map_err(io)?.content_length()
         };
@@ -198,6 +193,46 @@ pub async fn read_limited(url: &str, s3: Option<&S3Credentials>, limit: ReadLimi
     tokio::time::timeout(limit.timeout, read)
         .await
         .map_err(|_| StorageError::Timeout { url: url.to_owned(), limit: limit.timeout })?
+}
+
+/// Opens the local file at `path` (links followed) to read it whole, within bounds: a regular
+/// file, never a FIFO (a writer may never come), a device (a link to /dev/zero never ends) or a
+/// folder; never a file of procfs, sysfs or another kernel filesystem (their stated size is not
+/// what a read gives); at most `max_bytes`. Returns the file and its size. Errors name `url`,
+/// the file as given.
+pub fn open_regular(url: &str, path: &Path, max_bytes: u64) -> Result<(std::fs::File, u64), StorageError> {
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let invalid = |message: String| StorageError::Invalid { url: url.to_owned(), message };
+    // Looked at before the open too: opening a device can act on it (a tape rewinds).
+    let metadata = std::fs::metadata(path).map_err(|err| invalid(err.to_string()))?;
+    refuse_unless_regular(url, &metadata)?;
+    // O_NONBLOCK: a file swapped for a FIFO meanwhile cannot make the open wait for a writer
+    // (it has no effect on a regular file's reads).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|err| invalid(err.to_string()))?;
+    // What was opened is what counts: the path may have changed since the look above.
+    let metadata = file.metadata().map_err(|err| invalid(err.to_string()))?;
+    refuse_unless_regular(url, &metadata)?;
+    if let Some(kind) = perennial_types::files::kernel_filesystem_of(&file) {
+        return Err(invalid(format!("a file of {kind}, whose size says nothing of its content")));
+    }
+    let size = metadata.len();
+    if size > max_bytes {
+        return Err(StorageError::TooLarge { url: url.to_owned(), size, limit: max_bytes });
+    }
+    Ok((file, size))
+}
+
+fn refuse_unless_regular(url: &str, metadata: &std::fs::Metadata) -> Result<(), StorageError> {
+    if metadata.is_file() {
+        return Ok(());
+    }
+    let kind = if metadata.is_dir() { "a folder" } else { "not a regular file (a FIFO, a device or a socket?)" };
+    Err(StorageError::Invalid { url: url.to_owned(), message: kind.to_owned() })
 }
 
 #[cfg(test)]
@@ -243,6 +278,25 @@ mod tests {
         assert!(err.ends_with("1000 bytes, over the 999-byte limit"), "{err}");
         let fits = ReadLimit { max_bytes: 1000, ..limit };
         assert_eq!(read_limited(big.to_str().unwrap(), None, fits).await.unwrap().len(), 1000);
+    }
+
+    /// A file of procfs or sysfs states a size that says nothing of what a read gives (0 for
+    /// /proc/self/status): it is refused, by name.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn files_of_procfs_and_sysfs_are_refused() {
+        let err = open_regular("/proc/self/status", Path::new("/proc/self/status"), 1 << 20).unwrap_err().to_string();
+        assert!(err.starts_with("/proc/self/status: a file of procfs"), "{err}");
+        let sys = "/sys/kernel/uevent_seqnum";
+        if Path::new(sys).exists() {
+            let err = open_regular(sys, Path::new(sys), 1 << 20).unwrap_err().to_string();
+            assert!(err.starts_with("/sys/kernel/uevent_seqnum: a file of sysfs"), "{err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.pkl");
+        std::fs::write(&file, b"model").unwrap();
+        let (_, size) = open_regular("model.pkl", &file, 5).unwrap();
+        assert_eq!(size, 5);
     }
 
     #[test]

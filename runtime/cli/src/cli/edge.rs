@@ -15,6 +15,7 @@ use anyhow::Context;
 use clap::Args;
 use perennial_edge::agent::{self, JobConfig, LoopSettings, Wake};
 use perennial_edge::link_state::{NodeJob, desired_jobs, node_job};
+use perennial_edge::model_copy::{ModelCopier, model_copier};
 use perennial_edge::sqlite::{self, Store};
 use perennial_edge::{self as edge, IndexFile, LocalFile, S3Index, worker_api};
 use perennial_link::Changes;
@@ -255,11 +256,11 @@ async fn runner(host: &PolicyHost, job: JobConfig, settings: &RunnerSettings) ->
         .flatten()
         .map(|root| settings.host_path(&root))
         .collect();
-    let read = agent::model_reader(tokio::runtime::Handle::current(), s3, roots);
-    // Workers report host paths.
+    let copy = model_copier(tokio::runtime::Handle::current(), s3, output_dir, roots);
+    // Workers report paths as the host has them, under the root prefix here.
     let paths = settings.clone();
-    let read_model: agent::ModelReader = Box::new(move |url: &str| read(&paths.host_path(url)));
-    Ok(agent::JobRunner { job, policies, index, output, read_model, settings: loop_settings })
+    let copy_model: ModelCopier = Box::new(move |url: &str, dest: &str| copy(&paths.host_path(url), dest));
+    Ok(agent::JobRunner { job, policies, index, output, copy_model, settings: loop_settings })
 }
 
 /// The jobs the loop runs, by name: their index in it and their config.

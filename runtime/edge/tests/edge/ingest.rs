@@ -293,9 +293,10 @@ fn a_job_added_to_the_running_loop_is_woken_by_the_change_notification() {
     let store = Arc::new(Mutex::new(Store::open(&f.dir.path().join("state.db")).unwrap()));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let policies = rt.block_on(agent::load_policies(&PolicyHost::new(None, None).unwrap(), &job)).unwrap();
+    let output_dir = output.display().to_string();
     let op = {
         let _guard = rt.enter();
-        let output = edge::output::output_operator(output.to_str().unwrap(), None).unwrap();
+        let output = edge::output::output_operator(&output_dir, None).unwrap();
         opendal::blocking::Operator::new(output).unwrap()
     };
     let runner = agent::JobRunner {
@@ -303,7 +304,7 @@ fn a_job_added_to_the_running_loop_is_woken_by_the_change_notification() {
         policies,
         index: Box::new(LocalFile { path: f.index() }),
         output: op,
-        read_model: agent::model_reader(rt.handle().clone(), None, vec![]),
+        copy_model: perennial_edge::model_copy::model_copier(rt.handle().clone(), None, output_dir, vec![]),
         // The stat fallback is a minute away: only the change notification can be this quick.
         settings: LoopSettings { poll: Duration::from_secs(60), ..LoopSettings::default() },
     };

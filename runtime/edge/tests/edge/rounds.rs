@@ -6,6 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::support::s3::S3Server;
+use perennial_edge::model_copy::{self, ModelCopier, ModelCopy, model_copier};
 use perennial_edge::report::{self, Model};
 use perennial_edge::rounds::{self, Clock, Index, Outcome, OutputDir};
 use perennial_edge::sqlite::Store;
@@ -110,9 +111,14 @@ impl Edge {
 
     fn deploy(&mut self) -> Outcome {
         let output = OutputDir { url: &self.output_url, op: &self.op };
-        let (rt, s3) = (self.rt.clone(), self.s3.clone());
-        let read = move |url: &str| rt.block_on(perennial_storage::read(url, s3.as_ref())).map_err(|e| e.to_string());
-        rounds::deploy_waiting(&self.store, JOB, &output, &read, &self.selector, CLOCK, None).unwrap()
+        let copy = self.copier();
+        rounds::deploy_waiting(&self.store, JOB, &output, &copy, &self.selector, CLOCK, None).unwrap()
+    }
+
+    /// The job's model copier, as the agent makes it: models inside its output directory.
+    fn copier(&self) -> ModelCopier {
+        let output_url = self.output_url.clone();
+        model_copier(self.rt.clone(), self.s3.clone(), output_url.clone(), vec![output_url])
     }
 
     fn stage(&self, stage: &str) {
@@ -250,6 +256,55 @@ fn two_rounds_on_s3() {
     assert!(server.root.path().join("models/thermal/deploy/index.pkl").exists());
 }
 
+/// A model bigger than an upload part goes to an S3 output directory as a streamed multipart
+/// upload, and a model on S3 comes to a local output directory as its body arrives: byte for
+/// byte both ways. What is refused names the object, and leaves the deployed model as it was.
+#[test]
+fn a_model_is_streamed_to_and_from_s3() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(S3Server::start());
+    std::fs::create_dir_all(server.root.path().join("models")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("output");
+    std::fs::create_dir_all(output.join("eval/1")).unwrap();
+    let bytes: Vec<u8> = (0..(20 << 20) + 333).map(|i: usize| (i % 251) as u8).collect();
+    let model = output.join("eval/1/index.pkl");
+    std::fs::write(&model, &bytes).unwrap();
+    let size = bytes.len() as u64;
+
+    let creds = Some(server.credentials());
+    let to_s3 = model_copier(
+        rt.handle().clone(),
+        creds.clone(),
+        "s3://models/thermal".into(),
+        vec![output.display().to_string()],
+    );
+    assert_eq!(to_s3(&model.display().to_string(), "deploy/index.pkl").unwrap(), size);
+    let on_s3 = server.root.path().join("models/thermal/deploy/index.pkl");
+    assert!(std::fs::read(&on_s3).unwrap() == bytes, "the uploaded model differs");
+
+    let local = dir.path().join("local");
+    let to_local = model_copier(rt.handle().clone(), creds.clone(), local.display().to_string(), vec![]);
+    assert_eq!(to_local("s3://models/thermal/deploy/index.pkl", "deploy/index.pkl").unwrap(), size);
+    assert!(std::fs::read(local.join("deploy/index.pkl")).unwrap() == bytes, "the downloaded model differs");
+    assert_eq!(std::fs::read_dir(local.join(".perennial-tmp")).unwrap().count(), 0);
+
+    let err = to_local("s3://models/thermal/missing.pkl", "deploy/index.pkl").unwrap_err();
+    assert!(err.starts_with("s3://models/thermal/missing.pkl: "), "{err}");
+    let small = ModelCopy {
+        runtime: rt.handle().clone(),
+        s3: creds,
+        output_dir: "s3://models/thermal".into(),
+        roots: vec![],
+        limit: perennial_storage::ReadLimit { max_bytes: size - 1, ..model_copy::DEPLOY_LIMIT },
+    };
+    let err = small.copy("s3://models/thermal/deploy/index.pkl", "deploy/index.pkl").unwrap_err();
+    assert!(err.ends_with(&format!("{size} bytes, over the {}-byte limit", size - 1)), "{err}");
+    let err = small.copy(&model.display().to_string(), "deploy/index.pkl").unwrap_err();
+    assert!(err.contains("outside the job's output and dataset"), "{err}");
+    assert!(std::fs::read(&on_s3).unwrap() == bytes, "the deployed model stays");
+}
+
 /// A dataset that grows one line at a time: each line is a batch of one, where Sedna's per-batch
 /// rule (floor(0.8 × 1) = 0) would send every sample to eval and never train. The cumulative
 /// rule trains floor(0.8 × n) of the first n lines, so `num_of_samples > 50` holds at line 64
@@ -352,10 +407,13 @@ fn a_model_that_resolves_outside_the_job_is_not_deployed() {
     let secret = dir.path().join("secret.db");
     std::fs::write(&secret, b"not for workers").unwrap();
     std::os::unix::fs::symlink(&secret, output.join("eval/1/link.pkl")).unwrap();
-    let read = perennial_edge::agent::model_reader(rt.handle().clone(), None, vec![output.display().to_string()]);
-    assert_eq!(read(&output.join("eval/1/index.pkl").display().to_string()).unwrap(), b"model");
-    let err = read(&output.join("eval/1/link.pkl").display().to_string()).unwrap_err();
+    let output_dir = output.display().to_string();
+    let copy = model_copier(rt.handle().clone(), None, output_dir.clone(), vec![output_dir]);
+    assert_eq!(copy(&output.join("eval/1/index.pkl").display().to_string(), "deploy/index.pkl").unwrap(), 5);
+    assert_eq!(std::fs::read(output.join("deploy/index.pkl")).unwrap(), b"model");
+    let err = copy(&output.join("eval/1/link.pkl").display().to_string(), "deploy/index.pkl").unwrap_err();
     assert!(err.contains("outside the job's output and dataset"), "{err}");
+    assert_eq!(std::fs::read(output.join("deploy/index.pkl")).unwrap(), b"model", "the deployed model stays");
 }
 
 /// The job's index as a step reads it, noting each read made while the store was locked.
@@ -424,14 +482,15 @@ fn the_store_is_free_while_a_step_reads_the_index_and_copies_the_model() {
     let candidate = edge.model("eval/1/index.pkl", b"evaluated-model-1", 0.9);
     edge.worker_result(1, "eval", vec![candidate]);
     let copies_under_lock = std::cell::Cell::new(0);
-    let read = |url: &str| {
+    let copier = edge.copier();
+    let copy = |url: &str, dest: &str| {
         if edge.store.try_lock().is_err() {
             copies_under_lock.set(copies_under_lock.get() + 1);
         }
-        std::fs::read(url).map_err(|err| err.to_string())
+        copier(url, dest)
     };
     let deployed =
-        reported(rounds::deploy_waiting(&edge.store, JOB, &output, &read, &edge.selector, CLOCK, None).unwrap());
+        reported(rounds::deploy_waiting(&edge.store, JOB, &output, &copy, &edge.selector, CLOCK, None).unwrap());
     assert_eq!(deployed.status, Phase::Ready);
     assert_eq!(copies_under_lock.get(), 0, "the model was copied while the store was locked");
 }
@@ -448,13 +507,14 @@ fn a_step_commits_nothing_when_the_job_moves_while_it_works() {
     let candidate = edge.model("eval/1/index.pkl", b"evaluated-model-1", 0.9);
     edge.worker_result(1, "eval", vec![candidate]);
     let output = OutputDir { url: &edge.output_url, op: &edge.op };
-    let read = |url: &str| {
+    let copier = edge.copier();
+    let copy = |url: &str, dest: &str| {
         // The control plane's word arrives meanwhile: the round failed, back to Train.
         let notice = perennial_types::StageNotice { stage: Stage::Train, round: 1, failed: true };
         assert!(rounds::apply_notice(&mut edge.store(), JOB, &notice).unwrap());
-        std::fs::read(url).map_err(|err| err.to_string())
+        copier(url, dest)
     };
-    let outcome = rounds::deploy_waiting(&edge.store, JOB, &output, &read, &edge.selector, CLOCK, None).unwrap();
+    let outcome = rounds::deploy_waiting(&edge.store, JOB, &output, &copy, &edge.selector, CLOCK, None).unwrap();
     assert!(waiting(outcome).contains("the job changed while the step ran"));
     let phases: Vec<String> = report::pending(&edge.store(), 10)
         .unwrap()
