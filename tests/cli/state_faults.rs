@@ -145,6 +145,7 @@ def post(label, status, metrics):
     except urllib.error.HTTPError as err:
         print(f"{label}: {err.code} {err.read().decode()}", flush=True)
 post("huge", "completed", {f"m{i}": i for i in range(95001)})
+post("ctrl", "completed", {"\x1b[31mRED\x1b[0m": 1, "line\nbreak": 2})
 post("many", "completed", {f"m{i}": 0.5 for i in range(5000)})
 post("first", "completed", {"accuracy": 0.5})
 post("second", "completed", {"accuracy": 0.99})
@@ -172,7 +173,8 @@ fn a_stage_takes_its_first_report_and_metrics_are_bounded() {
         .expect("the eval worker's log");
     let said = std::fs::read_to_string(&eval_log).unwrap();
     let got = |label: &str| said.lines().find(|l| l.starts_with(&format!("{label}: "))).unwrap_or_default().to_owned();
-    assert!(got("huge").starts_with("huge: 413"), "{said}");
+    assert!(got("huge").starts_with("huge: 413") && got("huge").contains("at most 256 KiB"), "{said}");
+    assert!(got("ctrl").starts_with("ctrl: 400") && got("ctrl").contains("control character"), "{said}");
     assert!(
         got("many").contains("400") && got("many").contains("results[0].metrics: 5000 metrics, at most 64"),
         "{said}"
@@ -202,9 +204,11 @@ fn output_folders_that_could_never_finish_a_round_are_refused_at_admission() {
     let cases: Vec<(String, &str)> = vec![
         ("../x".into(), "has a `..`"),
         ("/a/../b".into(), "has a `..`"),
-        ("/".into(), "the filesystem's root or a system folder"),
-        ("/etc/perennial-out".into(), "the filesystem's root or a system folder"),
-        ("/proc/self".into(), "the filesystem's root or a system folder"),
+        ("/".into(), "the filesystem's root, a system folder"),
+        ("/etc/perennial-out".into(), "the filesystem's root, a system folder"),
+        ("/proc/self".into(), "the filesystem's root, a system folder"),
+        ("/tmp".into(), "or one all share"),
+        (".".into(), "holds the state dir"),
         (file.display().to_string(), "is not a folder"),
         (file.join("inside").display().to_string(), "is not a folder"),
     ];
@@ -502,4 +506,53 @@ fn killed_at_random_while_big_models_deploy_and_reports_repeat_nothing_is_lost_o
     }
     let tmp: Vec<_> = std::fs::read_dir(example.output().join(".perennial-tmp")).unwrap().flatten().collect();
     assert!(tmp.is_empty(), "temporary files left behind: {tmp:?}");
+}
+
+/// A store put back from an older backup than the other is refused, naming both rounds; starting
+/// the job over as the refusal says runs it again (not a job that waits forever).
+#[test]
+fn an_older_store_put_back_is_refused_and_starting_over_works() {
+    let example = quick_example(|_, text| text);
+    let out = wait_exit(&mut example.start(&["--rounds", "1"]), Duration::from_secs(180));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let backup = example.root.path().join("backup");
+    copy_stores(&example.state, &backup, "edge.db");
+    let out = wait_exit(&mut example.start(&["--rounds", "2"]), Duration::from_secs(180));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let round_2 = example.rows("data/train/2/data.csv");
+
+    remove_store(&example.state, "edge.db");
+    copy_stores(&backup, &example.state, "edge.db");
+    let out = wait_exit(&mut example.start(&["--rounds", "3"]), Duration::from_secs(60));
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("at round 2") && said.contains("at round 1") && said.contains("edge.db is older"), "{said}");
+    assert_eq!(example.rows("data/train/2/data.csv"), round_2, "a past round's file rewritten");
+
+    // As the refusal says: delete the job, run it again.
+    remove_store(&example.state, "edge.db");
+    let deleted = perennial(&["delete", "default/thermal-comfort"], &example.state);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    std::fs::rename(example.output(), example.root.path().join("kept-output")).unwrap();
+    let out = wait_exit(&mut example.start(&["--rounds", "1"]), Duration::from_secs(180));
+    assert!(out.status.success(), "the job started over never completed a round: {}", stderr(&out));
+    assert_eq!(example.status()[0]["status"]["roundsCompleted"], 1);
+}
+
+/// edge.db removed while the run goes on: the run stops at once and says so, rather than write
+/// its rounds into a file no one reads again.
+#[test]
+fn a_store_removed_under_a_running_run_stops_it() {
+    let example = quick_example(|_, text| text);
+    let mut run = example.start(&[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while example.live_status().is_none() {
+        assert!(Instant::now() < deadline, "the run never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    remove_store(&example.state, "edge.db");
+    let out = wait_exit(&mut run, Duration::from_secs(30));
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("edge.db was removed or replaced while this run used it"), "{said}");
 }

@@ -94,6 +94,16 @@ pub fn check_local_index(path: &Path) -> Result<(), String> {
     if under_kernel(path) || path.canonicalize().is_ok_and(|real| under_kernel(&real)) {
         return Err("is in /proc, /sys or /dev: a dataset index is a file of data".into());
     }
+    // Workers may report models under the dataset's folder: not one that holds the system.
+    let folder = path.parent().unwrap_or(Path::new("/"));
+    let real = folder.canonicalize().unwrap_or_else(|_| folder.to_owned());
+    if crate::output::system_folder(folder) || crate::output::system_folder(&real) {
+        return Err(format!(
+            "its folder {} is the filesystem's root, a system folder or one all share (workers may report models \
+             under a dataset's folder); keep the dataset in a folder of its own",
+            folder.display()
+        ));
+    }
     LocalFile::new(path).stat().map(drop).map_err(|err| err.to_string())
 }
 

@@ -134,6 +134,7 @@ impl ModelCopy {
     fn write_local(&self, source: Source, dest: &str, deadline: &Deadline) -> Result<u64, String> {
         let output = Path::new(&self.output_dir);
         let target = output.join(dest);
+        real_folders(output, &output.join(TMP_DIR))?;
         let (mut temp, temp_path) = create_temporary(&output.join(TMP_DIR), dest)?;
         let written = (|| {
             let named = |err: std::io::Error| format!("{}: {err}", temp_path.display());
@@ -148,6 +149,7 @@ impl ModelCopy {
             temp.sync_all().map_err(named)?;
             let folder = target.parent().unwrap_or(output);
             std::fs::create_dir_all(folder).map_err(|err| format!("{}: {err}", folder.display()))?;
+            real_folders(output, folder)?;
             std::fs::rename(&temp_path, &target).map_err(|err| format!("{}: {err}", target.display()))?;
             // The rename itself lasts only once its folder is synced.
             if let Err(err) = File::open(folder).and_then(|folder| folder.sync_all()) {
@@ -271,6 +273,24 @@ async fn send(source: &Source, writer: &mut Writer, target: &str, deadline: &Dea
             Ok(sent)
         }
     }
+}
+
+/// Refuses a folder between `output` and `folder` that is a symlink: workers write in the output
+/// directory, and one that turned `deploy/` or `.perennial-tmp` into a link would have the agent
+/// write (or rename) the model wherever it points.
+fn real_folders(output: &Path, folder: &Path) -> Result<(), String> {
+    let Ok(relative) = folder.strip_prefix(output) else { return Ok(()) };
+    let mut at = output.to_path_buf();
+    for part in relative.components() {
+        at.push(part);
+        if std::fs::symlink_metadata(&at).is_ok_and(|meta| meta.file_type().is_symlink()) {
+            return Err(format!(
+                "{} is a symlink: the model is written only into the output directory's own folders",
+                at.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A new file in `folder` (created if missing) for `dest`'s bytes, under a name no other copy
@@ -433,6 +453,22 @@ mod tests {
             let entries = std::fs::read_dir(self.output().join(TMP_DIR)).into_iter().flatten().flatten();
             entries.map(|entry| entry.file_name().to_string_lossy().into_owned()).collect()
         }
+    }
+
+    /// A worker that turned `deploy/` into a link to another folder does not get the model
+    /// written there.
+    #[test]
+    fn a_deploy_folder_turned_into_a_symlink_is_refused() {
+        let job = Job::new();
+        let model = job.output().join("eval/1/index.pkl");
+        std::fs::write(&model, b"model").unwrap();
+        let elsewhere = job.dir.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, job.output().join("deploy")).unwrap();
+        let err = job.copy(&model).unwrap_err();
+        assert!(err.contains("deploy is a symlink"), "{err}");
+        assert!(!elsewhere.join("index.pkl").exists(), "written through the link");
+        assert!(job.temporary().is_empty(), "{:?}", job.temporary());
     }
 
     /// A 2 GiB model that is mostly a hole, as an eval worker may leave it: deployed whole (same

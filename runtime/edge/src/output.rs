@@ -26,6 +26,19 @@ pub fn check(output_dir: &str, s3: Option<&S3Credentials>) -> Result<(), Storage
 const SYSTEM_FOLDERS: &[&str] =
     &["/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr"];
 
+/// Folders that everything on the machine shares: a job's output folder (or a dataset's folder,
+/// under which the worker API takes model URLs) may be inside one, never one itself.
+const SHARED_FOLDERS: &[&str] =
+    &["/root", "/run", "/tmp", "/var", "/var/tmp", "/var/lib", "/home", "/srv", "/mnt", "/opt", "/media"];
+
+/// Whether `path` is `/`, a system folder or in one, or a shared folder itself.
+pub fn system_folder(path: &std::path::Path) -> bool {
+    let path: std::path::PathBuf = path.components().collect(); // `/tmp/` as `/tmp`
+    path.parent().is_none()
+        || SYSTEM_FOLDERS.iter().any(|folder| path.starts_with(folder))
+        || SHARED_FOLDERS.iter().any(|folder| path == std::path::Path::new(folder))
+}
+
 /// A local output folder's rules, the ones the worker API holds reports to: an absolute path
 /// without `..` (a report of a model under it would be refused as climbing out), not `/` nor a
 /// system folder (a model URL anywhere under it would be accepted), and, as far as it exists, a
@@ -39,15 +52,18 @@ pub fn check_local_dir(dir: &std::path::Path) -> Result<(), String> {
             "has a `..` (the worker API refuses model URLs that climb with `..`); give the folder plainly".into()
         );
     }
-    let system = |path: &std::path::Path| {
-        path.parent().is_none() || SYSTEM_FOLDERS.iter().any(|folder| path.starts_with(folder))
-    };
+    let system = system_folder;
     if system(dir) {
-        return Err("is the filesystem's root or a system folder; give the job a folder of its own".into());
+        return Err(
+            "is the filesystem's root, a system folder or one all share; give the job a folder of its own".into()
+        );
     }
     // The folder, or the nearest of its parents that exists: what would hold it.
     let mut existing = dir;
     while !existing.exists() {
+        if std::fs::symlink_metadata(existing).is_ok() {
+            return Err(format!("{} is a symlink to nothing (its target does not exist)", existing.display()));
+        }
         match existing.parent() {
             Some(parent) => existing = parent,
             None => return Err("no part of it exists".into()),
@@ -55,7 +71,11 @@ pub fn check_local_dir(dir: &std::path::Path) -> Result<(), String> {
     }
     let real = existing.canonicalize().map_err(|err| format!("{}: {err}", existing.display()))?;
     if system(&real) {
-        return Err(format!("{} is {}, the filesystem's root or a system folder", existing.display(), real.display()));
+        return Err(format!(
+            "{} is {}, the filesystem's root, a system folder or one all share",
+            existing.display(),
+            real.display()
+        ));
     }
     if !real.is_dir() {
         return Err(format!("{} is not a folder", existing.display()));

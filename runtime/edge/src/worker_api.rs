@@ -118,7 +118,14 @@ async fn receive(
     // A body over the limit (MAX_REPORT_BYTES) or cut short: said in Sedna's reply, as every other refusal.
     let body = match body {
         Ok(body) => body,
-        Err(rejected) => return answer(rejected.status(), format!("body: {}", rejected.body_text())),
+        Err(rejected) => {
+            let limit = format!(" (a report is at most {} KiB)", MAX_REPORT_BYTES >> 10);
+            let over = rejected.status() == StatusCode::PAYLOAD_TOO_LARGE;
+            return answer(
+                rejected.status(),
+                format!("body: {}{}", rejected.body_text(), if over { limit.as_str() } else { "" }),
+            );
+        }
     };
     let accepted = match read_report(&name, &body) {
         Ok(accepted) => accepted,
@@ -170,6 +177,9 @@ fn check_shape(path_name: &str, report: WorkerReport) -> Result<Accepted, String
     if !["completed", "failed", "running"].contains(&status.as_str()) {
         return Err(format!("status: {status:?} is not completed, failed or running"));
     }
+    if report.results.len() > MAX_MODELS {
+        return Err(format!("results: {} models, at most {MAX_MODELS} a report", report.results.len()));
+    }
     let mut models = Vec::new();
     for (i, result) in report.results.into_iter().enumerate() {
         let model: Model = serde_json::from_value(result).map_err(|err| format!("results[{i}]: {err}"))?;
@@ -202,12 +212,21 @@ fn check_metrics(metrics: &serde_json::Map<String, serde_json::Value>) -> Result
     if metrics.len() > MAX_METRICS {
         return Err(format!("{} metrics, at most {MAX_METRICS}", metrics.len()));
     }
+    // Names are printed in status tables and round lines: no control or bidi-override
+    // characters that would forge or hide a line.
+    let unprintable = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if let Some(name) = metrics.keys().find(|name| name.chars().any(unprintable)) {
+        return Err(format!("the metric name {name:?} has a control character"));
+    }
     let size = serde_json::to_string(metrics).map_or(usize::MAX, |json| json.len());
     if size > MAX_METRICS_BYTES {
         return Err(format!("{size} bytes as JSON, at most {MAX_METRICS_BYTES}"));
     }
     Ok(())
 }
+
+/// The most models one report may carry (Sedna's workers report one or two).
+pub const MAX_MODELS: usize = 16;
 
 /// The largest report body taken (Sedna's are a few hundred bytes).
 pub const MAX_REPORT_BYTES: usize = 256 << 10;

@@ -68,8 +68,16 @@ pub async fn admit(
     for (m, key, stored) in &jobs {
         match super::prepare_job(state_dir, key, stored, &datasets) {
             Ok(job) => {
-                if let Err(err) = perennial_edge::output::check(&job.edge_spec.output_dir, s3.as_ref()) {
+                let output_dir = &job.edge_spec.output_dir;
+                if let Err(err) = perennial_edge::output::check(output_dir, s3.as_ref()) {
                     errors.push(format!("{}: LifelongLearningJob {key}: spec.outputDir: {err}", m.origin()));
+                } else if !output_dir.contains("://") && state_dir.starts_with(Path::new(output_dir)) {
+                    errors.push(format!(
+                        "{}: LifelongLearningJob {key}: spec.outputDir: {output_dir} holds the state dir {} (workers \
+                         may report models under the output folder); give the job a folder inside it or elsewhere",
+                        m.origin(),
+                        state_dir.display()
+                    ));
                 }
                 if let Err(err) = check_index(&job.edge_spec.dataset_url, s3.as_ref()) {
                     errors.push(format!(

@@ -69,6 +69,8 @@ pub struct Controller {
     pub progress: Progress,
     /// The binary that runs `reap` (see [`perennial_workers::reaper`]).
     pub reaper: Option<PathBuf>,
+    /// The stores' files as opened, looked at every sweep.
+    pub store_files: StoreFiles,
 }
 
 /// How often the controller looks at its processes when nothing wakes it.
@@ -99,6 +101,47 @@ struct Swept {
 pub enum ControlError {
     #[error("job store: {0}")]
     Store(#[from] rusqlite::Error),
+    /// A state store's file was removed or replaced while the run used it.
+    #[error("{0}")]
+    StoreGone(String),
+}
+
+/// A file's identity (device and inode): another file at the same path has another.
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|meta| (meta.dev(), meta.ino()))
+}
+
+/// The state stores' files as the run opened them: a store removed or replaced under a running
+/// run would take its writes into a file that no one reads again (and the next run would meet a
+/// store without its history), so the run stops at once and says so.
+pub struct StoreFiles {
+    files: Vec<(PathBuf, Option<(u64, u64)>)>,
+}
+
+impl StoreFiles {
+    pub fn of(state_dir: &std::path::Path) -> StoreFiles {
+        let files = ["control.db", "edge.db"].map(|name| {
+            let path = state_dir.join(name);
+            let identity = file_identity(&path);
+            (path, identity)
+        });
+        StoreFiles { files: files.into() }
+    }
+
+    fn check(&self) -> Result<(), ControlError> {
+        for (path, opened) in &self.files {
+            if file_identity(path) != *opened {
+                return Err(ControlError::StoreGone(format!(
+                    "{} was removed or replaced while this run used it: the run stops (its writes would go to a \
+                     file no one reads again). Put back the file the run had, or see the next `perennial run`'s \
+                     word on the state dir",
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Controller {
@@ -200,6 +243,7 @@ impl Controller {
 
     /// One pass over every job: apply new reports, follow the workers, act, commit, acknowledge.
     fn sweep(&mut self, workers: &mut LocalWorkers) -> Result<Swept, ControlError> {
+        self.store_files.check()?;
         self.drop_deleted(workers)?;
         if self.reload.try_recv().is_ok() {
             while self.reload.try_recv().is_ok() {}

@@ -89,8 +89,8 @@ pub enum RunEnd {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("--state-dir {path}: {source}")]
-    StateDir { path: String, source: std::io::Error },
+    #[error("--state-dir {path}: {cause}")]
+    StateDir { path: String, cause: std::io::Error },
     #[error(transparent)]
     Manifest(#[from] manifest::ManifestError),
     #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
@@ -109,8 +109,8 @@ pub enum RunError {
     Store(#[from] perennial_edge::sqlite::StoreError),
     #[error("job store: {0}")]
     Sql(#[from] rusqlite::Error),
-    #[error("worker API on {address}: {source}")]
-    Bind { address: SocketAddr, source: std::io::Error },
+    #[error("worker API on {address}: {cause}{}", bind_hint(cause))]
+    Bind { address: SocketAddr, cause: std::io::Error },
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -120,6 +120,15 @@ pub enum RunError {
     /// The run did not start, and the manifests it had stored were taken back.
     #[error("{error}\n(the run did not start: nothing of the manifests given was kept)")]
     TakenBack { error: Box<RunError> },
+}
+
+/// What to do about a port that cannot be taken.
+fn bind_hint(cause: &std::io::Error) -> &'static str {
+    if cause.kind() == std::io::ErrorKind::AddrInUse {
+        " (another process holds it: stop it, or give --bind-port another port, 0 for any free one)"
+    } else {
+        ""
+    }
 }
 
 /// Where a job's manifest names its policy of `kind`.
@@ -133,7 +142,7 @@ fn policy_field(kind: &str) -> &'static str {
 
 /// Runs the jobs until the rounds are done or `stop` is set.
 pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, RunError> {
-    let state_error = |source| RunError::StateDir { path: options.state_dir.display().to_string(), source };
+    let state_error = |cause| RunError::StateDir { path: options.state_dir.display().to_string(), cause };
     // Nothing given and nothing stored: said without leaving a state dir behind.
     if options.paths.is_empty() && !options.state_dir.join("control.db").exists() {
         return Err(RunError::NothingToRun(options.state_dir.display().to_string()));
@@ -147,7 +156,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     // The worker API's port taken first: a port in use refuses the run before anything is stored.
     let listener = tokio::net::TcpListener::bind(options.bind)
         .await
-        .map_err(|source| RunError::Bind { address: options.bind, source })?;
+        .map_err(|cause| RunError::Bind { address: options.bind, cause })?;
     let host =
         PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
     if let Some(exe) = &options.compiler {
@@ -215,6 +224,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         rounds: options.rounds,
         progress,
         reaper: options.reaper.clone(),
+        store_files: controller::StoreFiles::of(&state_dir),
     };
     let (finished_tx, finished) = tokio::sync::oneshot::channel();
     let control_thread = {
@@ -292,6 +302,10 @@ async fn start(
                 loaded
             }
         };
+        // Checked again at every start, not only at admission: a symlink on its path may point
+        // elsewhere now, a mount may have turned read-only.
+        edge::output::check(&job.edge_spec.output_dir, s3.as_ref())
+            .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
         edge::output::clear_temporary(&job.edge_spec.output_dir);
         let output = edge::output::output_operator(&job.edge_spec.output_dir, s3.as_ref())
             .map_err(|err| RunError::Job(format!("job {key}: spec.outputDir: {err}")))?;
@@ -346,7 +360,8 @@ async fn start(
 /// A run that was refused after its manifests were stored takes them back (and the edge forgets
 /// the jobs that were new), so that the next run does not meet them; the error says so.
 fn take_back(control: &mut Store, edge: &mut Store, undo: &state::Undo, err: RunError) -> RunError {
-    if matches!(err, RunError::NothingToRun(_)) {
+    // Nothing given now (a resumed run): nothing to take back.
+    if matches!(err, RunError::NothingToRun(_)) || undo.is_empty() {
         return err;
     }
     let new_jobs = undo.new_keys("LifelongLearningJob");

@@ -53,6 +53,9 @@ pub enum Mismatch {
     EdgeLost { jobs: Vec<JobHistory>, replaced: bool },
     /// The edge store holds jobs that have run, and `control.db` does not know them.
     ControlLost { jobs: Vec<JobHistory> },
+    /// The same job at rounds that cannot go together: one store was put back from an older
+    /// backup (the edge starts each round, so it is at the control plane's round or one ahead).
+    RoundsApart { job: String, control_round: u64, edge_round: u64 },
 }
 
 /// Decides whether the two stores belong together.
@@ -60,6 +63,13 @@ pub fn decide(view: &View) -> Result<Decision, Mismatch> {
     let started_control: Vec<&JobHistory> = view.control_jobs.iter().filter(|j| j.started).collect();
     let started_edge: Vec<&JobHistory> = view.edge_jobs.iter().filter(|j| j.started).collect();
     let same_job = |a: &JobHistory, b: &JobHistory| a.key == b.key && a.uid == b.uid;
+    for control in &view.control_jobs {
+        let Some(edge) = view.edge_jobs.iter().find(|edge| same_job(control, edge)) else { continue };
+        if edge.round < control.round || edge.round > control.round + 1 {
+            let (control_round, edge_round) = (control.round, edge.round);
+            return Err(Mismatch::RoundsApart { job: control.key.clone(), control_round, edge_round });
+        }
+    }
     match (&view.paired_with, &view.edge_id) {
         (Some(paired), Some(edge)) if paired == edge => return Ok(Decision::Paired),
         // Paired once with an edge store that is not this one (or is gone): whatever history
@@ -121,15 +131,25 @@ impl Mismatch {
             Mismatch::EdgeLost { jobs, replaced } => format!(
                 "{dir}/edge.db {} does not hold the history of {} that {dir}/control.db has run: which samples \
                  went into which round is lost, and going on would train again on samples already trained. Put \
-                 back edge.db (with edge.db-wal) from a backup, or start over with `perennial delete JOB \
-                 --state-dir {dir}` for each job, then `perennial run` again",
+                 back the edge.db (with edge.db-wal) that goes with this control.db from a backup, or start \
+                 over with `perennial delete JOB --state-dir {dir}` for each job (move its output folder away \
+                 first to keep its files: the new rounds write over them), then `perennial run` again",
                 if *replaced {
-                    "is not the edge store this state dir ran with (made anew or replaced):"
+                    "is not the edge store that control.db was run with (one of the two was made anew or replaced):"
                 } else {
                     "is missing or empty:"
                 },
                 list(jobs)
             ),
+            Mismatch::RoundsApart { job, control_round, edge_round } => {
+                let older = if edge_round < control_round { "edge.db" } else { "control.db" };
+                format!(
+                    "{dir}/control.db has job {job} at round {control_round} and {dir}/edge.db at round \
+                     {edge_round}: {older} is older than the other (put back from an older backup?), and going on \
+                     would write round files again or wait forever. Put back the {older} that goes with the other \
+                     store, or start the job over with `perennial delete {job} --state-dir {dir}`"
+                )
+            }
             Mismatch::ControlLost { jobs } => format!(
                 "{dir}/control.db does not know {}, which {dir}/edge.db has run: control.db was removed, emptied or \
                  replaced. Put back control.db (with control.db-wal) from a backup, or move edge.db away to start \
@@ -204,7 +224,13 @@ pub fn open_edge(state_dir: &Path, control: &mut Store) -> Result<Store, Pairing
     };
     if decision == Decision::Pair {
         let id = store_id(edge.conn()).map_err(edge_sql)?.unwrap_or_default();
+        // Another edge store than the one paired before (nothing of the old one's is lost: it
+        // had no history): its outbox numbers reports from 1 again.
+        let another = view.paired_with.as_ref().is_some_and(|paired| *paired != id);
         let tx = control.write().map_err(control_sql)?;
+        if another {
+            tx.execute("UPDATE link SET applied_seq = 0 WHERE id = 1", []).map_err(control_sql)?;
+        }
         tx.execute(
             "INSERT INTO meta (key, value) VALUES ('edge_store', ?1)
              ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -297,11 +323,42 @@ mod tests {
                 },
                 Err("edge lost"),
             ),
+            (
+                "edge.db put back from an older backup",
+                View {
+                    paired_with: edge("e"),
+                    edge_id: edge("e"),
+                    control_jobs: vec![job("default/a", "u1", 3, true)],
+                    edge_jobs: vec![job("default/a", "u1", 1, true)],
+                },
+                Err("rounds apart"),
+            ),
+            (
+                "control.db put back from an older backup",
+                View {
+                    paired_with: edge("e"),
+                    edge_id: edge("e"),
+                    control_jobs: vec![job("default/a", "u1", 1, true)],
+                    edge_jobs: vec![job("default/a", "u1", 4, true)],
+                },
+                Err("rounds apart"),
+            ),
+            (
+                "the edge one round ahead (its Train Ready on its way)",
+                View {
+                    paired_with: edge("e"),
+                    edge_id: edge("e"),
+                    control_jobs: vec![job("default/a", "u1", 2, true)],
+                    edge_jobs: vec![job("default/a", "u1", 3, true)],
+                },
+                Ok(Decision::Paired),
+            ),
         ];
         for (case, view, expected) in cases {
             let got = decide(&view).map_err(|m| match m {
                 Mismatch::EdgeLost { .. } => "edge lost",
                 Mismatch::ControlLost { .. } => "control lost",
+                Mismatch::RoundsApart { .. } => "rounds apart",
             });
             assert_eq!(got, expected, "{case}");
         }

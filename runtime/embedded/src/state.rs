@@ -70,6 +70,11 @@ pub struct Undo {
 type Row = (String, String, String);
 
 impl Undo {
+    /// Whether nothing was stored.
+    pub fn is_empty(&self) -> bool {
+        self.previous.is_empty()
+    }
+
     /// The keys of the objects that were new.
     pub fn new_keys(&self, kind: &str) -> Vec<String> {
         self.previous.iter().filter(|(k, _, was)| k == kind && was.is_none()).map(|(_, key, _)| key.clone()).collect()

@@ -103,6 +103,12 @@ impl LocalWorkers {
     /// Starts a process. A process that cannot be started (no such program) is recorded as
     /// failed, with the cause, for the stage machine to see.
     pub fn start(&mut self, spec: ProcessSpec) {
+        // One of this owner and stage whose stage is done but which lingers is stopped now: the
+        // next worker of a stage starts only once the last one is gone.
+        let (owner, stage) = (spec.owner.clone(), spec.stage);
+        self.stop_where(|p| {
+            p.spec.owner == owner && p.spec.stage == stage && p.finish_by.is_some() && p.child.is_some()
+        });
         // The finished ones of this owner and stage are history now.
         self.processes.retain(|p| !(p.spec.owner == spec.owner && p.spec.stage == spec.stage && p.child.is_none()));
         let mut process = Process {
