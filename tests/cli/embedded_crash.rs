@@ -255,21 +255,12 @@ fn killed_while_the_disk_is_full_it_resumes_and_completes_its_rounds() {
     let Some(disk) = SmallDisk::mount(64) else { return };
     let mut example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
     example.state = disk.path.join("state");
-    // A seeded sequence of moments, different on each run of the test, printed for a replay.
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    eprintln!("disk-full cycles: seed {seed}");
-    let mut state = seed | 1;
-    let mut random = |below: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % below
-    };
+    let mut moments = crate::support::moments::Moments::new("disk-full cycles");
     for _ in 0..50 {
         let mut run = example.start(&[]);
-        std::thread::sleep(Duration::from_millis(100 + random(900)));
+        std::thread::sleep(Duration::from_millis(100 + moments.below(900)));
         let filler = disk.fill();
-        std::thread::sleep(Duration::from_millis(random(600)));
+        std::thread::sleep(Duration::from_millis(moments.below(600)));
         let _ = run.kill(); // SIGKILL (it may have stopped by itself on a full disk)
         run.wait().unwrap();
         std::fs::remove_file(filler).unwrap();

@@ -441,18 +441,10 @@ fn killed_at_random_while_big_models_deploy_and_reports_repeat_nothing_is_lost_o
         }
     });
     std::fs::write(example.manifests.join("big_model_eval.py"), BIG_MODEL_EVAL).unwrap();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    eprintln!("kill -9 with big models: seed {seed}");
-    let mut state = seed | 1;
-    let mut random = |below: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % below
-    };
+    let mut moments = crate::support::moments::Moments::new("kill -9 with big models");
     for _ in 0..50 {
         let mut run = example.start(&[]);
-        std::thread::sleep(Duration::from_millis(200 + random(1800)));
+        std::thread::sleep(Duration::from_millis(200 + moments.below(1800)));
         let _ = run.kill(); // SIGKILL
         run.wait().unwrap();
     }

@@ -6,6 +6,8 @@ pub mod embedded;
 pub mod link;
 #[path = "../support/many_jobs.rs"]
 pub mod many_jobs;
+#[path = "../support/moments.rs"]
+pub mod moments;
 #[path = "../support/plugin_projects.rs"]
 pub mod plugin_projects;
 #[path = "../support/s3.rs"]

@@ -9,6 +9,8 @@
 #[allow(dead_code)]
 #[path = "../support/link.rs"]
 mod link_support;
+#[path = "../support/moments.rs"]
+mod moments;
 #[path = "../support/sedna_worker.rs"]
 mod sedna_worker;
 #[path = "../support/service_account.rs"]

@@ -25,15 +25,7 @@ async fn reports_posted_while_the_operator_restarts_are_never_lost_or_applied_tw
     let kubelet = world.kubelet();
     kubelet.manual_train.store(true, Ordering::SeqCst);
     world.apply_job(40);
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos() as u64;
-    eprintln!("operator restarts: seed {seed}");
-    let mut state = seed | 1;
-    let mut random = |below: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % below
-    };
+    let mut moments = crate::moments::Moments::new("operator restarts");
     let http = reqwest::Client::new();
     let mut replies = Vec::new();
     for round in 1..=ROUNDS {
@@ -57,7 +49,7 @@ async fn reports_posted_while_the_operator_restarts_are_never_lost_or_applied_tw
         let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::running())).await;
         // At once half of the time (the link is not back yet: the edge has not heard of the
         // worker), else at a random moment of the next 1.5 s.
-        let delay = if random(2) == 0 { 0 } else { random(1500) };
+        let delay = if moments.below(2) == 0 { 0 } else { moments.below(1500) };
         tokio::time::sleep(Duration::from_millis(delay)).await;
         // Once, as Sedna's library does.
         let env = sedna_worker::env_of(&pod);
