@@ -243,6 +243,7 @@ fn a_start_refused_after_the_manifests_are_read_stores_nothing() {
     assert_ne!(out.status.code(), Some(0), "{said}");
     assert!(said.contains(&format!("127.0.0.1:{port}")), "{said}");
     assert!(stored_keys(&example.state).is_empty(), "stored although refused: {:?}", stored_keys(&example.state));
+    assert!(!example.state.exists(), "a refused run left the state dir it made");
 
     // An S3 dataset without credentials.
     let s3 = example.root.path().join("s3");

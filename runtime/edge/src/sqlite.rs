@@ -207,8 +207,10 @@ pub const STORE_ID_MIGRATION: &str = r#"
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state database {path}: {source}")]
-    Open { path: String, source: rusqlite::Error },
+    #[error("state database {path}: {cause}")]
+    Open { path: String, cause: rusqlite::Error },
+    #[error("state database {path} is {kind}, not a database file; move it away (a new store is made where none is)")]
+    NotAFile { path: String, kind: &'static str },
     #[error("state database {path} has schema version {found}, newer than this binary's {known}; upgrade perennial")]
     TooNew { path: String, found: i64, known: i64 },
     #[error(
@@ -223,7 +225,7 @@ pub enum StoreError {
 impl StoreError {
     /// Another connection holds the lock it needed.
     fn is_busy(&self) -> bool {
-        let (StoreError::Open { source, .. } | StoreError::Sql(source)) = self else { return false };
+        let (StoreError::Open { cause: source, .. } | StoreError::Sql(source)) = self else { return false };
         matches!(source.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
     }
 }
@@ -266,7 +268,15 @@ impl Store {
 
     fn open_once(path: &Path, migrations: &'static [&'static str]) -> Result<Store, StoreError> {
         let shown = path.display().to_string();
-        let open_error = |source| StoreError::Open { path: shown.clone(), source };
+        let open_error = |cause| StoreError::Open { path: shown.clone(), cause };
+        // A folder, a FIFO or a device where the file is: said as such (SQLite would say only
+        // "unable to open", or wait on a FIFO, or write a journal beside /dev/null).
+        if let Ok(meta) = std::fs::metadata(path)
+            && !meta.is_file()
+        {
+            let kind = if meta.is_dir() { "a folder" } else { "a FIFO, socket or device" };
+            return Err(StoreError::NotAFile { path: shown, kind });
+        }
         let mut conn = Connection::open(path).map_err(open_error)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(open_error)?;
         check_integrity(&mut conn, &shown)?;
@@ -349,7 +359,7 @@ const INTEGRITY_CHECK_BUDGET: Duration = Duration::from_secs(2);
 /// anything is written to it.
 fn check_integrity(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     let deadline = Instant::now() + INTEGRITY_CHECK_BUDGET;
-    let open_error = |source| StoreError::Open { path: path.to_owned(), source };
+    let open_error = |cause| StoreError::Open { path: path.to_owned(), cause };
     conn.progress_handler(10_000, Some(move || Instant::now() > deadline)).map_err(open_error)?;
     let found: Result<Vec<String>, rusqlite::Error> = conn
         .prepare("PRAGMA quick_check(5)")
@@ -366,7 +376,7 @@ fn check_integrity(conn: &mut Connection, path: &str) -> Result<(), StoreError> 
         Err(err) if matches!(err.sqlite_error_code(), Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt)) => {
             Err(StoreError::Corrupt { path: path.to_owned(), detail: err.to_string() })
         }
-        Err(source) => Err(StoreError::Open { path: path.to_owned(), source }),
+        Err(cause) => Err(StoreError::Open { path: path.to_owned(), cause }),
     }
 }
 
@@ -459,6 +469,18 @@ mod tests {
         std::fs::write(&path, b"this is not a database, only a file with some text in it").unwrap();
         let err = Store::open(&path).err().expect("refused").to_string();
         assert!(err.contains("is corrupt") && err.contains("not a database"), "{err}");
+    }
+
+    #[test]
+    fn a_folder_or_a_device_where_the_store_is_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("edge.db");
+        std::fs::create_dir(&folder).unwrap();
+        let err = Store::open(&folder).err().expect("refused").to_string();
+        assert!(err.contains("is a folder, not a database file"), "{err}");
+        let err = Store::open(Path::new("/dev/null")).err().expect("refused").to_string();
+        assert!(err.contains("/dev/null is a FIFO, socket or device"), "{err}");
+        assert!(!Path::new("/dev/null-journal").exists() && !Path::new("/dev/null-wal").exists());
     }
 
     #[test]

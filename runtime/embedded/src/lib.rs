@@ -147,26 +147,25 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     if options.paths.is_empty() && !options.state_dir.join("control.db").exists() {
         return Err(RunError::NothingToRun(options.state_dir.display().to_string()));
     }
+    let made_state_dir = !options.state_dir.exists();
     std::fs::create_dir_all(&options.state_dir).map_err(state_error)?;
     let state_dir = options.state_dir.canonicalize().map_err(state_error)?;
-    let _lock = perennial_edge::state_lock::lock(&state_dir, "perennial run")?;
+    let lock = perennial_edge::state_lock::lock(&state_dir, "perennial run")?;
     let mut control = state::open(&state_dir)?;
     // The two stores checked against each other before either is written to.
     let mut edge_store = pairing::open_edge(&state_dir, &mut control)?;
-    // The worker API's port taken first: a port in use refuses the run before anything is stored.
-    let listener = tokio::net::TcpListener::bind(options.bind)
-        .await
-        .map_err(|cause| RunError::Bind { address: options.bind, cause })?;
-    let host =
-        PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
-    if let Some(exe) = &options.compiler {
-        host.compile_in_child_process(exe.clone());
-    }
-    let admitted = if options.paths.is_empty() {
-        admit::Admitted::default()
-    } else {
-        admit::admit(&mut control, &state_dir, &options.paths, &host).await?
+    let (listener, host, admitted) = match bind_and_admit(&options, &state_dir, &mut control).await {
+        Ok(admitted) => admitted,
+        Err(err) => {
+            // Refused before anything was stored: a state dir this run made goes with it.
+            if made_state_dir {
+                drop((control, edge_store, lock));
+                let _ = std::fs::remove_dir_all(&state_dir);
+            }
+            return Err(err);
+        }
     };
+    let _lock = lock;
     let undo = admitted.undo.clone();
     let started = start(&options, &state_dir, &mut control, &mut edge_store, admitted, &host).await;
     let (controlled, mut runners, pods) = match started {
@@ -252,6 +251,29 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         Ok(false) => Ok(RunEnd::Stopped),
         Err(err) => Err(RunError::Job(err.to_string())),
     }
+}
+
+/// The worker API's port, taken first (a port in use refuses the run before anything is
+/// stored), the policy host, and the manifests given, admitted.
+async fn bind_and_admit(
+    options: &RunOptions,
+    state_dir: &Path,
+    control: &mut Store,
+) -> Result<(tokio::net::TcpListener, PolicyHost, admit::Admitted), RunError> {
+    let listener = tokio::net::TcpListener::bind(options.bind)
+        .await
+        .map_err(|cause| RunError::Bind { address: options.bind, cause })?;
+    let host =
+        PolicyHost::with_shared_cache(options.cache_dir.clone(), None).map_err(|e| RunError::Job(e.to_string()))?;
+    if let Some(exe) = &options.compiler {
+        host.compile_in_child_process(exe.clone());
+    }
+    let admitted = if options.paths.is_empty() {
+        admit::Admitted::default()
+    } else {
+        admit::admit(control, state_dir, &options.paths, &host).await?
+    };
+    Ok((listener, host, admitted))
 }
 
 /// What a run starts with: the jobs as the control plane drives them, as the edge runs them, and
@@ -406,7 +428,9 @@ impl PreparedJob {
     /// Makes the folder of a dataset under the state dir, so that it is watched from the start
     /// (not polled) even before its generator writes the first line.
     pub fn make_dataset_folder(&self) -> std::io::Result<()> {
-        self.dataset_folder.as_ref().map_or(Ok(()), std::fs::create_dir_all)
+        let Some(folder) = &self.dataset_folder else { return Ok(()) };
+        std::fs::create_dir_all(folder)
+            .map_err(|err| std::io::Error::new(err.kind(), format!("the dataset's folder {}: {err}", folder.display())))
     }
 }
 

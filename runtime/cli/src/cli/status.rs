@@ -40,7 +40,8 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     let jobs = state::jobs(&control)?;
     // Why each job waits, as the edge says it now (the status may predate its last look).
     let edge = args.state_dir.join("edge.db");
-    let edge = match std::fs::metadata(&edge).is_ok_and(|m| m.len() > 0) {
+    // An empty file is no store yet; anything else is opened (a folder or a FIFO is said as such).
+    let edge = match std::fs::metadata(&edge).is_ok_and(|m| !m.is_file() || m.len() > 0) {
         true => Some(Store::open(&edge)?),
         false => None,
     };
