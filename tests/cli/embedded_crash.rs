@@ -252,6 +252,7 @@ impl Drop for SmallDisk {
 /// times: the job always resumes, completes its rounds, and consumes nothing twice.
 #[test]
 fn killed_while_the_disk_is_full_it_resumes_and_completes_its_rounds() {
+    let _turn = crate::support::moments::heavy_turn();
     let Some(disk) = SmallDisk::mount(64) else { return };
     let mut example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));
     example.state = disk.path.join("state");

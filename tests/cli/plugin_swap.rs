@@ -34,6 +34,7 @@ fn trigger_plugin(state: &Path, job: &str) -> Option<String> {
 
 #[test]
 fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
+    let _turn = crate::support::moments::heavy_turn();
     let python = trigger_component("python");
     let root = tempfile::tempdir().unwrap();
     let (manifests, state, cache) = (root.path().join("jobs"), root.path().join("state"), root.path().join("cache"));

@@ -9,6 +9,8 @@
 #[allow(dead_code)]
 #[path = "../support/link.rs"]
 mod link_support;
+// Its moments only (the heavy tests' turn is the cli suite's).
+#[allow(dead_code)]
 #[path = "../support/moments.rs"]
 mod moments;
 #[path = "../support/sedna_worker.rs"]

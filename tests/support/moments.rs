@@ -1,5 +1,13 @@
 //! Random moments for the crash and restart tests: a seeded sequence, different on each run of a
 //! test, whose seed is printed so that a failing run can be replayed (`PERENNIAL_TEST_SEED`).
+//! And a turn for the tests that load the machine most (kill loops, a Python compile): one at a
+//! time, so that none of them runs out of its time limits on 2 cores beside another.
+
+/// Held while a test that loads the machine runs.
+pub fn heavy_turn() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// A xorshift sequence; good enough to pick when to kill.
 pub struct Moments(u64);
