@@ -237,7 +237,12 @@ fn a_loop_in_configure_fails_the_load_at_configure() {
 
 #[test]
 fn a_memory_bomb_hits_the_cap_named_in_the_error() {
-    let (policy, _) = hostile(serde_json::json!({"behaviour": "alloc", "onlyWhen": 13}));
+    // The cap, not the clock: 32 MiB of allocations may take over the default 100 ms of a call
+    // on a loaded machine (CI's, with the suite beside it).
+    let mut bomb =
+        reference(&plugin_path("hostile-trigger"), serde_json::json!({"behaviour": "alloc", "onlyWhen": 13}));
+    bomb.limits.timeout_ms = 2_000;
+    let (policy, _) = hostile_from(bomb);
     let started = Instant::now();
     let err = policy.decide(&stats(13)).unwrap_err();
     assert_eq!(err, PolicyError::Memory { mib: 32 });
