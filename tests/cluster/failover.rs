@@ -1,7 +1,8 @@
 //! Two operator replicas on the real API server: the leader is killed with SIGKILL in the middle
 //! of a round; the standby takes the Lease, the edge reconnects to it through a proxy that plays
-//! the Service (it sends each connection to whichever replica is ready, as `/readyz` and the
-//! Deployment's readinessProbe do), and the round completes with no report lost or applied twice.
+//! the Service (it sends each connection to the replica that leads, as the Service's selector of
+//! the leader's pod label does; outside a pod, `/leaderz` says which), and the round completes
+//! with no report lost or applied twice.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,22 +14,22 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::harness::until;
 use crate::stack::{Operator, World};
 
-async fn ready(metrics_port: u16) -> bool {
-    let url = format!("http://127.0.0.1:{metrics_port}/readyz");
+async fn leads(metrics_port: u16) -> bool {
+    let url = format!("http://127.0.0.1:{metrics_port}/leaderz");
     matches!(
         reqwest::Client::new().get(url).timeout(Duration::from_secs(1)).send().await,
         Ok(response) if response.status().is_success()
     )
 }
 
-/// The Service: each new connection goes to the first ready replica's link port.
+/// The Service: each new connection goes to the leading replica's link port.
 async fn service(listener: TcpListener, replicas: Vec<(u16, u16)>) {
     loop {
         let Ok((mut inbound, _)) = listener.accept().await else { continue };
         let replicas = replicas.clone();
         tokio::spawn(async move {
             for (metrics_port, link_port) in replicas {
-                if ready(metrics_port).await
+                if leads(metrics_port).await
                     && let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", link_port)).await
                 {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
@@ -47,7 +48,7 @@ fn ports(operator: &Operator) -> (u16, u16) {
 async fn the_standby_takes_over_mid_round_and_nothing_is_lost_or_doubled() {
     let world = World::new("failover").await;
     let mut leader = world.start_operator("replica-a");
-    until("replica-a to lead", Duration::from_secs(30), || async { ready(leader.metrics_port).await.then_some(()) })
+    until("replica-a to lead", Duration::from_secs(30), || async { leads(leader.metrics_port).await.then_some(()) })
         .await;
     let standby = world.start_operator("replica-b");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -58,7 +59,7 @@ async fn the_standby_takes_over_mid_round_and_nothing_is_lost_or_doubled() {
     world.apply_job(40);
     world.append_samples(50);
     world.until_deployed(1, Duration::from_secs(90)).await;
-    assert!(!ready(standby.metrics_port).await, "the standby serves nothing while the leader leads");
+    assert!(!leads(standby.metrics_port).await, "the standby serves nothing while the leader leads");
 
     // Round 2 starts; its train worker is running when the leader dies, and reports to the edge
     // while no replica leads (the report waits in the edge's outbox).
@@ -87,7 +88,7 @@ async fn the_standby_takes_over_mid_round_and_nothing_is_lost_or_doubled() {
     let leases: Api<Lease> = Api::namespaced(world.client.clone(), "perennial-system");
     let lease = leases.get(&format!("operator-{}", world.namespace)).await.expect("the lease");
     assert_eq!(lease.spec.and_then(|s| s.holder_identity).as_deref(), Some("replica-b"));
-    assert!(ready(standby.metrics_port).await, "the new leader is ready: the Service sends nodes to it");
+    assert!(leads(standby.metrics_port).await, "the new leader serves: the Service sends nodes to it");
     let forbidden = World::forbidden_calls(&[&leader, &standby]);
     assert!(forbidden.is_empty(), "the operators made calls their RBAC does not allow: {forbidden:#?}");
 }

@@ -25,7 +25,7 @@ async fn a_flood_of_bad_tokens_costs_a_few_reviews_and_no_log_line_each() {
     let world = World::new("flood").await;
     let operator = world.start_operator("replica-a");
     until("the link open", Duration::from_secs(60), || async {
-        let ready = reqwest::get(format!("http://127.0.0.1:{}/readyz", operator.metrics_port)).await.ok()?;
+        let ready = reqwest::get(format!("http://127.0.0.1:{}/leaderz", operator.metrics_port)).await.ok()?;
         ready.status().is_success().then_some(())
     })
     .await;

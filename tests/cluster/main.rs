@@ -24,5 +24,6 @@ mod harness;
 mod identity;
 mod install;
 mod restart;
+mod rollout;
 mod rounds;
 mod stack;

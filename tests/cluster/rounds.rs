@@ -3,6 +3,7 @@
 //! with the pods checked against Sedna's contract, the Dataset's count, the policies in status,
 //! a hot swap by `kubectl patch`, then the job and its Dataset deleted.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -265,8 +266,19 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
         }
     }
 
-    // Deleting the job: its finalizer removes its pods, the edge forgets it.
+    // Deleting the job: its finalizer removes its pods, the edge forgets it. The job stays while
+    // its pods are still terminating (their containers slow to stop), and goes once they are gone.
+    kubelet.slow_to_stop.store(true, Ordering::SeqCst);
     world.cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=false"]);
+    until("the job's pods terminating", Duration::from_secs(30), || async {
+        let pods = world.pods().list(&Default::default()).await.ok()?;
+        (!pods.items.is_empty() && pods.items.iter().all(|pod| pod.metadata.deletion_timestamp.is_some())).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held = world.job().await.expect("the job is kept while its pods terminate");
+    assert!(held["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()), "{}", held["metadata"]);
+    kubelet.slow_to_stop.store(false, Ordering::SeqCst);
     until("the job gone (its finalizer done)", Duration::from_secs(60), || async {
         world.job().await.is_none().then_some(())
     })

@@ -33,7 +33,8 @@ pub struct World {
     pub index: PathBuf,
     pub output: PathBuf,
     pub edge_port: u16,
-    operator_kubeconfig: PathBuf,
+    /// A kubeconfig of the operator's ServiceAccount (deploy/operator's RBAC).
+    pub operator_kubeconfig: PathBuf,
     lines: Mutex<usize>,
     /// How many operator processes were started (each logs to a file of its own).
     operator_logs: std::sync::atomic::AtomicUsize,
@@ -81,7 +82,8 @@ impl World {
         }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    /// A file in this world's folder.
+    pub fn file(&self, name: &str) -> PathBuf {
         self.root.path().join(name)
     }
 
@@ -93,7 +95,7 @@ impl World {
 
     /// [`World::start_operator`] on given ports (a replica restarted where it was).
     pub fn start_operator_at(&self, identity: &str, metrics_port: u16, link_port: u16) -> Operator {
-        let file = |name: &str| self.path(name).display().to_string();
+        let file = |name: &str| self.file(name).display().to_string();
         let args: Vec<String> = [
             "operator",
             "--kubeconfig",
@@ -123,14 +125,14 @@ impl World {
         ]
         .map(str::to_owned)
         .to_vec();
-        let log = self.path(&format!("operator-{identity}-{}.log", self.operator_logs.fetch_add(1, Ordering::SeqCst)));
+        let log = self.file(&format!("operator-{identity}-{}.log", self.operator_logs.fetch_add(1, Ordering::SeqCst)));
         let process = Process::start(&args, log, &[("RUST_LOG", "info,perennial=debug")]);
         Operator { process, metrics_port, link_port }
     }
 
     /// `perennial edge` for this world's node, linked to `link_port`.
     pub fn start_edge(&self, link_port: u16) -> Process {
-        let file = |name: &str| self.path(name).display().to_string();
+        let file = |name: &str| self.file(name).display().to_string();
         let args: Vec<String> = [
             "edge",
             "--bind-address",
@@ -152,7 +154,7 @@ impl World {
         ]
         .map(str::to_owned)
         .to_vec();
-        Process::start(&args, self.path("edge.log"), &[("RUST_LOG", "info,perennial=debug")])
+        Process::start(&args, self.file("edge.log"), &[("RUST_LOG", "info,perennial=debug")])
     }
 
     /// The Dataset (on this world's node) and the job, applied with kubectl as a user would:
@@ -258,14 +260,16 @@ impl World {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let held = Arc::new(AtomicBool::new(false));
         let manual_train = Arc::new(AtomicBool::new(false));
+        let slow_to_stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(kubelet(
             self.pods(),
             self.namespace.clone(),
             seen.clone(),
             held.clone(),
             manual_train.clone(),
+            slow_to_stop.clone(),
         ));
-        Kubelet { task, seen, held, manual_train }
+        Kubelet { task, seen, held, manual_train, slow_to_stop }
     }
 
     /// Every line of the operator's logs that says the API server forbade a call.
@@ -279,7 +283,7 @@ impl World {
 
     /// The edge's SQLite state, read.
     pub fn edge_query(&self, sql: &str) -> Option<i64> {
-        let conn = rusqlite::Connection::open(self.path("edge-state/edge.db")).ok()?;
+        let conn = rusqlite::Connection::open(self.file("edge-state/edge.db")).ok()?;
         conn.busy_timeout(Duration::from_secs(5)).ok()?;
         conn.query_row(sql, [], |row| row.get(0)).ok()
     }
@@ -293,6 +297,8 @@ pub struct Kubelet {
     pub held: Arc<AtomicBool>,
     /// While set, train pods are seen but not run: the test plays their workers itself.
     pub manual_train: Arc<AtomicBool>,
+    /// While set, pods being deleted stay Terminating (their containers slow to stop).
+    pub slow_to_stop: Arc<AtomicBool>,
 }
 
 impl Drop for Kubelet {
@@ -340,13 +346,14 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 /// No kubelet, no scheduler: each new pod of the namespace is run by the test. Train and eval
 /// workers report their result to the edge agent at `LC_SERVER` as Sedna's library does (retried,
 /// as it retries), then exit 0; an inference worker runs and is ready. Pods being deleted are
-/// removed at once (the kubelet's part of a graceful delete).
+/// removed at once (the kubelet's part of a graceful delete), unless `slow_to_stop`.
 async fn kubelet(
     pods: Api<Pod>,
     namespace: String,
     seen: Arc<Mutex<Vec<Pod>>>,
     held: Arc<AtomicBool>,
     manual_train: Arc<AtomicBool>,
+    slow_to_stop: Arc<AtomicBool>,
 ) {
     let mut handled = HashSet::new();
     loop {
@@ -360,7 +367,10 @@ async fn kubelet(
         for pod in listed {
             let name = pod.metadata.name.clone().unwrap_or_default();
             if pod.metadata.deletion_timestamp.is_some() {
-                let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+                if !slow_to_stop.load(Ordering::SeqCst) {
+                    let _ =
+                        pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+                }
                 continue;
             }
             let uid = pod.metadata.uid.clone().unwrap_or_default();

@@ -40,8 +40,10 @@ const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
-/// Leader election, in the operator's namespace only.
-const LEADER_GRANTS: &[(&str, &str, &[&str])] = &[("coordination.k8s.io", "leases", &["get", "create", "update"])];
+/// Leader election, in the operator's namespace only: the Lease,
+/// and the leader's label on its own pod (and off a former leader's), which the Service selects.
+const LEADER_GRANTS: &[(&str, &str, &[&str])] =
+    &[("coordination.k8s.io", "leases", &["get", "create", "update"]), ("", "pods", &["list", "patch"])];
 
 /// Where an object came from, for messages and the namespace check.
 struct Meta {
@@ -242,8 +244,8 @@ fn deployment_runs_two_safe_replicas() {
     assert_eq!(container.image.as_deref(), Some(IMAGE));
     assert_eq!(container.command, Some(vec!["perennial".to_owned(), "operator".to_owned()]));
 
-    // Alive on /healthz (leader or standby), ready on /readyz (the leader only: the Service
-    // sends edge nodes there), both at the named port `metrics`.
+    // Alive on /healthz, ready on /readyz (leader or standby: both roll out), both at the named
+    // port `metrics`.
     let ports = named_ports(container);
     assert!(ports.contains_key("metrics") && ports.contains_key("link"), "{ports:?}");
     for (which, probe, path) in
@@ -322,7 +324,11 @@ fn service_targets_the_named_container_ports() {
         .unwrap_or_default();
     let selector = spec.selector.clone().unwrap_or_default();
     assert!(!selector.is_empty(), "the Service selects pods");
-    for (key, value) in &selector {
+    // The operator's pods, and of them the leader's only: it labels its own pod (the template
+    // does not have the label, so a new pod never starts as a leader).
+    assert_eq!(selector.get("perennial.io/role").map(String::as_str), Some("leader"), "{selector:?}");
+    assert!(!template_labels.contains_key("perennial.io/role"), "{template_labels:?}");
+    for (key, value) in selector.iter().filter(|(key, _)| *key != "perennial.io/role") {
         assert_eq!(template_labels.get(key), Some(value), "the Service selects the operator's pods: {key}");
     }
     let ports = named_ports(operator_container(deployment));

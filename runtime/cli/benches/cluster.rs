@@ -521,8 +521,8 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
     .to_vec();
     let operator = Process::start(&args, root.path().join("operator.log"));
     let http = reqwest::Client::new();
-    let ready = format!("http://127.0.0.1:{metrics_port}/readyz");
-    wait("the operator's /readyz", Duration::from_secs(60), &[&operator], || async {
+    let ready = format!("http://127.0.0.1:{metrics_port}/leaderz");
+    wait("the operator's /leaderz", Duration::from_secs(60), &[&operator], || async {
         let response = http.get(&ready).timeout(Duration::from_secs(2)).send().await.ok()?;
         response.status().is_success().then_some(())
     })

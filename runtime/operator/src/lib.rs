@@ -4,10 +4,12 @@
 //! exhaustively; this module is the thin Kubernetes shell, tested against a mock API server
 //! that checks the sequence of calls.
 
+pub mod client;
 pub mod events;
 pub mod identity;
 pub mod inbox;
 pub mod leader;
+pub mod leader_label;
 pub mod link;
 pub mod metrics;
 pub mod node_state;
@@ -50,6 +52,11 @@ pub struct OperatorOptions {
     /// How many of the newest rounds keep their finished Train and Eval pods; older rounds' pods
     /// are deleted once a round completes. 0 keeps them all (Sedna).
     pub finished_rounds_kept: u64,
+    /// This replica's own pod, `(namespace, name)`, when it runs in one: the leader labels it
+    /// for the link's Service ([`leader_label`]).
+    pub own_pod: Option<(String, String)>,
+    /// What the client's answers say of the credentials ([`client::build`]), for the probes.
+    pub api_health: Arc<client::ApiHealth>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +72,7 @@ pub enum OperatorError {
 /// Runs the operator until SIGTERM/Ctrl-C, or until it stops being the leader (an error: the
 /// process exits and Kubernetes starts it again as a standby).
 pub async fn run(client: Client, options: OperatorOptions) -> Result<(), OperatorError> {
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::with_api(options.api_health.clone()));
     let listener = tokio::net::TcpListener::bind(options.metrics_addr)
         .await
         .map_err(|source| OperatorError::Metrics { address: options.metrics_addr, source })?;
@@ -80,6 +87,13 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     // A bad certificate is said at once, not after winning the election.
     let link_tls = options.link.as_ref().map(link::load_tls).transpose()?;
     let elector = options.leader.clone().map(|settings| leader::Elector::new(client.clone(), settings));
+    let own_pod =
+        options.own_pod.as_ref().map(|(namespace, name)| leader_label::OwnPod::new(client.clone(), namespace, name));
+    if let Some(pod) = &own_pod {
+        // Not Ready while the pod may still carry a former leader's label (a restarted container).
+        retry("taking the leader's label off this replica's pod", || pod.step_down()).await;
+    }
+    metrics.set_ready(true);
     if let Some(elector) = &elector {
         tracing::info!("waiting to become the leader");
         elector.acquire().await?;
@@ -114,12 +128,15 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     });
     let stop_link = match (&options.link, link_tls, changes) {
         (Some(options), Some(tls), Some(changes)) => {
-            Some(start_link(&client, options.clone(), tls, &context, stores.clone(), changes))
+            Some(start_link(&client, options.clone(), tls, &context, stores.clone(), changes, own_pod.clone()))
         }
         _ => None,
     };
     if options.link.is_none() {
-        metrics.set_ready(true);
+        metrics.set_serving(true);
+        if let Some(pod) = own_pod.clone() {
+            tokio::spawn(async move { retry("labelling this replica's pod as the leader's", || pod.lead()).await });
+        }
     }
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     let known = stores.jobs.clone();
@@ -172,6 +189,7 @@ fn start_link(
     context: &Context,
     stores: watches::Stores,
     changes: futures::channel::mpsc::UnboundedReceiver<watches::Seen>,
+    own_pod: Option<leader_label::OwnPod>,
 ) -> tokio::sync::watch::Sender<bool> {
     let book = Arc::new(link::NodeBook::default());
     let (complete, completed) = tokio::sync::oneshot::channel();
@@ -185,7 +203,17 @@ fn start_link(
         if completed.await.is_err() {
             return;
         }
-        metrics.set_ready(true);
+        let (listening, listened) = tokio::sync::oneshot::channel();
+        let leading = metrics.clone();
+        tokio::spawn(async move {
+            if listened.await.is_err() {
+                return;
+            }
+            leading.set_serving(true);
+            if let Some(pod) = own_pod {
+                retry("labelling this replica's pod as the leader's", || pod.lead()).await;
+            }
+        });
         let counted = metrics.clone();
         let refusals = Arc::new(perennial_link::refusals::Refusals::new(move |refusal| {
             counted.link_refusal(match refusal {
@@ -193,12 +221,39 @@ fn start_link(
                 perennial_link::refusals::Refusal::Throttled => "throttled",
             })
         }));
-        if let Err(err) = link::listen(&options, tls, read_tokens, side, refusals, stopped).await {
+        if let Err(err) = link::listen(&options, tls, read_tokens, side, refusals, stopped, listening).await {
             tracing::error!("{err}");
+            metrics.set_serving(false);
             metrics.set_ready(false);
         }
     });
     stop
+}
+
+/// `call` until it succeeds, every 2 s; its failure said once, and when it succeeds after all.
+async fn retry<F, Fut>(what: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    let mut failures = 0u32;
+    loop {
+        match call().await {
+            Ok(()) => {
+                if failures > 0 {
+                    tracing::info!(failures, "{what}: done after all");
+                }
+                return;
+            }
+            Err(err) => {
+                if failures == 0 {
+                    tracing::error!("{what}: {err}; trying again every 2 s");
+                }
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
 }
 
 /// An API over one namespace, or all of them.

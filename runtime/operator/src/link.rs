@@ -339,11 +339,13 @@ pub async fn listen(
     side: Arc<OperatorSide>,
     refusals: Arc<perennial_link::refusals::Refusals>,
     stop: watch::Receiver<bool>,
+    listening: tokio::sync::oneshot::Sender<()>,
 ) -> Result<(), LinkSetupError> {
     let listener = tokio::net::TcpListener::bind(options.addr)
         .await
         .map_err(|source| LinkSetupError::Listen { address: options.addr, source })?;
     tracing::info!(address = %options.addr, "the edge link listens");
+    let _ = listening.send(());
     let reviewer = Arc::new(TokenReviewer::new(side.client.clone(), options.identity.clone()));
     tracing::info!(
         audience = options.identity.audience,

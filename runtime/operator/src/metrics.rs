@@ -13,6 +13,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use crate::client::ApiHealth;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     /// What failed: `patch_status`, `create_pod`, `delete_pods`, `read_job`, `read_dataset`,
@@ -48,8 +50,14 @@ pub struct Metrics {
     registry: Registry,
     /// Set once the controller runs (the leader) or waits as a standby: the process is healthy.
     healthy: AtomicBool,
-    /// The leader, serving (its edge link open): the Service sends edge nodes only here.
+    /// Doing its part, leader or standby (a standby's pod no longer has the leader's label): a
+    /// Deployment of two replicas rolls out, and a rolling update goes on.
     ready: AtomicBool,
+    /// The leader, serving (its edge link open): `/leaderz`, for a load balancer outside
+    /// Kubernetes (in it, the Service selects the leader's pod by its label).
+    serving: AtomicBool,
+    /// What the API server's answers say of the operator's credentials.
+    api: Arc<ApiHealth>,
 }
 
 impl Default for Metrics {
@@ -78,11 +86,18 @@ impl Default for Metrics {
             registry,
             healthy: AtomicBool::new(true),
             ready: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
+            api: Arc::default(),
         }
     }
 }
 
 impl Metrics {
+    /// Metrics whose health includes what `api` sees of the client's calls.
+    pub fn with_api(api: Arc<ApiHealth>) -> Metrics {
+        Metrics { api, ..Metrics::default() }
+    }
+
     pub fn link_refusal(&self, outcome: &str) {
         self.link_refusals.get_or_create(&RefusalLabels { outcome: outcome.into() }).inc();
     }
@@ -115,22 +130,38 @@ impl Metrics {
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
     }
+
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::Relaxed);
+    }
 }
 
-/// `/metrics`, `/healthz` (alive: leader or standby) and `/readyz` (the leader, serving).
+/// `/metrics`, `/healthz` (alive), `/readyz` (doing its part: leader or standby) and `/leaderz`
+/// (the leader, serving).
 pub fn router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/metrics", get(render))
         .route("/healthz", get(health))
         .route("/readyz", get(readiness))
+        .route("/leaderz", get(leadership))
         .with_state(metrics)
 }
 
 async fn readiness(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    if metrics.ready.load(Ordering::Relaxed) {
+    if metrics.api.refused() {
+        (StatusCode::SERVICE_UNAVAILABLE, "the API server refuses the operator's credentials (401)\n")
+    } else if metrics.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "standby\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
+    }
+}
+
+async fn leadership(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.serving.load(Ordering::Relaxed) && !metrics.api.refused() {
+        (StatusCode::OK, "leader\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not the serving leader\n")
     }
 }
 
@@ -139,7 +170,9 @@ async fn render(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 async fn health(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    if metrics.healthy.load(Ordering::Relaxed) {
+    if metrics.api.refused_too_long() {
+        (StatusCode::SERVICE_UNAVAILABLE, "the API server has refused the operator's credentials for a minute\n")
+    } else if metrics.healthy.load(Ordering::Relaxed) {
         (StatusCode::OK, "ok\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "unhealthy\n")
@@ -151,14 +184,33 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn only_the_serving_leader_is_ready() {
+    async fn every_replica_is_ready_and_only_the_serving_leader_leads() {
         let metrics = Arc::new(Metrics::default());
         let alive = || async { health(State(metrics.clone())).await.into_response().status() };
         let ready = || async { readiness(State(metrics.clone())).await.into_response().status() };
-        assert_eq!(alive().await, StatusCode::OK, "a standby is alive");
-        assert_eq!(ready().await, StatusCode::SERVICE_UNAVAILABLE, "a standby is not ready");
+        let leads = || async { leadership(State(metrics.clone())).await.into_response().status() };
+        assert_eq!(alive().await, StatusCode::OK, "a starting replica is alive");
+        assert_eq!(ready().await, StatusCode::SERVICE_UNAVAILABLE, "not ready before it stood down");
         metrics.set_ready(true);
-        assert_eq!(ready().await, StatusCode::OK);
+        assert_eq!(ready().await, StatusCode::OK, "a standby is ready");
+        assert_eq!(leads().await, StatusCode::SERVICE_UNAVAILABLE, "a standby does not lead");
+        metrics.set_serving(true);
+        assert_eq!(leads().await, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn refused_credentials_are_not_ready_and_not_alive_after_a_minute() {
+        let api = Arc::new(ApiHealth::default());
+        let metrics = Arc::new(Metrics::with_api(api.clone()));
+        metrics.set_ready(true);
+        metrics.set_serving(true);
+        let ready = || async { readiness(State(metrics.clone())).await.into_response().status() };
+        let leads = || async { leadership(State(metrics.clone())).await.into_response().status() };
+        api.answered(401);
+        assert_eq!(ready().await, StatusCode::SERVICE_UNAVAILABLE, "every call refused: not ready");
+        assert_eq!(leads().await, StatusCode::SERVICE_UNAVAILABLE);
+        api.answered(200);
+        assert_eq!(ready().await, StatusCode::OK, "accepted again");
     }
 
     #[test]

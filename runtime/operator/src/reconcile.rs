@@ -78,6 +78,9 @@ pub enum Error {
     Conflicts(String),
     #[error("{0}")]
     Finalizer(Box<finalizer::Error<Error>>),
+    /// Not a fault: the job's finalizer waits until its pods, being deleted, are gone.
+    #[error("{job}: {pods} of its pods still terminating; the job goes once they are gone")]
+    PodsTerminating { job: String, pods: usize },
 }
 
 impl Error {
@@ -90,6 +93,18 @@ impl Error {
                 finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err) => err.kind(),
                 _ => "finalizer",
             },
+            Error::PodsTerminating { .. } => "pods_terminating",
+        }
+    }
+
+    /// A wait, not a failure: no error counted, no backoff.
+    fn is_wait(&self) -> bool {
+        match self {
+            Error::PodsTerminating { .. } => true,
+            Error::Finalizer(inner) => {
+                matches!(inner.as_ref(), finalizer::Error::CleanupFailed(err) if err.is_wait())
+            }
+            _ => false,
         }
     }
 }
@@ -125,8 +140,13 @@ fn namespace_of(job: &LifelongLearningJob) -> String {
 
 /// After an error: counted, logged, tried again after a while.
 pub fn error_policy(job: Arc<LifelongLearningJob>, error: &Error, ctx: Arc<Context>) -> Requeue {
-    ctx.metrics.error(error.kind());
     let key = perennial_api::key(&job.metadata);
+    if error.is_wait() {
+        // The pods' deletions wake the job; this is only in case a watch event is missed.
+        tracing::debug!(job = key, "{error}");
+        return Requeue::requeue(Duration::from_secs(10));
+    }
+    ctx.metrics.error(error.kind());
     tracing::warn!(job = key, "{error}");
     // 5 s doubling to 5 min while the job keeps failing, so a lasting error (RBAC, a missing
     // subresource) does not hammer the API server.
@@ -430,9 +450,22 @@ async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Er
     let (namespace, name, key) = (namespace_of(job), job.name_any(), perennial_api::key(&job.metadata));
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let uid = job.metadata.uid.clone().unwrap_or_default();
-    pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&format!("{UID_LABEL}={uid}")))
+    // The job's pods as the watch shows them, with any created here that it does not show yet.
+    let remaining = job_pods(ctx, &uid);
+    if remaining.is_empty() || remaining.iter().any(|pod| pod.metadata.deletion_timestamp.is_none()) {
+        // Also when none is seen: a pod the watch has not shown yet may be there.
+        pods.delete_collection(
+            &DeleteParams::background(),
+            &ListParams::default().labels(&format!("{UID_LABEL}={uid}")),
+        )
         .await
         .map_err(kube_error("delete_pods", &key))?;
+    }
+    if !remaining.is_empty() {
+        // The finalizer stays until the kubelet has stopped them: a job re-created at once must
+        // not meet the old one's workers still running.
+        return Err(Error::PodsTerminating { job: key, pods: remaining.len() });
+    }
     ctx.inbox.forget(&namespace, &name);
     ctx.written.forget(&uid);
     ctx.written_jobs.forget(&uid);

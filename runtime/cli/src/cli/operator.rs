@@ -46,6 +46,10 @@ pub struct OperatorArgs {
     /// This replica's identity in the Lease and in events (its pod name; default the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// The pod this replica runs in (in the Lease's namespace), set by deploy/operator: the
+    /// leader labels it `perennial.io/role=leader`, which the link's Service selects.
+    #[arg(long, env = "POD_NAME")]
+    pod_name: Option<String>,
     /// Where the edge link listens (WebSocket over TLS); without it, no edge node connects.
     #[arg(long, env = "PERENNIAL_LINK_ADDR", requires_all = ["link_cert", "link_key"])]
     link_addr: Option<SocketAddr>,
@@ -95,7 +99,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         }
         None => kube::Config::infer().await.context("no in-cluster config and no kubeconfig (--kubeconfig)")?,
     };
-    let client = kube::Client::try_from(config).context("Kubernetes client")?;
+    let api_health = std::sync::Arc::new(cloud::client::ApiHealth::default());
+    let client = cloud::client::build(config, api_health.clone())?;
     let identity = args
         .identity
         .clone()
@@ -122,6 +127,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         }),
         _ => None,
     };
+    let own_pod = args.pod_name.clone().map(|pod| (args.lease_namespace.clone(), pod));
     let options = OperatorOptions {
         namespace: args.namespace,
         metrics_addr: args.metrics_addr,
@@ -137,6 +143,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         instance: Some(identity),
         link,
         finished_rounds_kept: args.finished_rounds_kept,
+        own_pod,
+        api_health,
     };
     cloud::run(client, options).await?;
     Ok(())
