@@ -30,10 +30,14 @@ pub async fn service_account_kubeconfig(
     let token = minted.status.expect("a token").token;
     let ca = dir.join("cluster-ca.crt");
     std::fs::write(&ca, ca_pem).expect("ca");
+    // In a file ending in a newline, as `kubectl create token NAME > file` writes it: the
+    // operator must read it trimmed (kube-rs alone would send the newline and get 401s).
+    let token_file = dir.join(format!("token-{name}"));
+    std::fs::write(&token_file, format!("{token}\n")).expect("token file");
     let kubeconfig = json!({
         "apiVersion": "v1", "kind": "Config", "current-context": "sa",
         "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": ca}}],
-        "users": [{"name": name, "user": {"token": token}}],
+        "users": [{"name": name, "user": {"tokenFile": token_file}}],
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": name}}]
     });
     let path = dir.join(format!("kubeconfig-{name}"));

@@ -61,7 +61,9 @@ pub fn forget_job(store: &mut Store, name: &str) -> Result<(), rusqlite::Error> 
 }
 
 pub(crate) fn forget(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<(), rusqlite::Error> {
-    for table in ["batches", "results", "outbox", "workers", "decisions", "shadows", "held_reports"] {
+    // policy_health too: a job re-created under the same name must not show the old one's last
+    // decision or failing policy as its own.
+    for table in ["batches", "results", "outbox", "workers", "decisions", "shadows", "held_reports", "policy_health"] {
         tx.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [name])?;
     }
     tx.execute("DELETE FROM jobs WHERE name = ?1", [name])?;

@@ -12,9 +12,10 @@ use super::health;
 use crate::sqlite::Store;
 use perennial_types::PolicyStatus;
 
-/// The policies and the repeating error last queued per job, so that only a change is sent
+/// The policies and the repeating error last queued per job (name and uid: a job re-created
+/// under its name is another job, whose policies are sent afresh), so that only a change is sent
 /// (after a restart each job's are sent once again).
-pub type SentPolicies = HashMap<String, (BTreeMap<String, PolicyStatus>, Option<String>)>;
+pub type SentPolicies = HashMap<(String, String), (BTreeMap<String, PolicyStatus>, Option<String>)>;
 
 /// Queues what changed, in one transaction; returns how many reports were queued.
 pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Result<usize, rusqlite::Error> {
@@ -45,15 +46,17 @@ pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Re
         health::apply_job(&mut policies, &healths, &job);
         let fault = faults.get(&job).cloned();
         let now_sent = (policies, fault);
-        let last_fault = sent.get(&job).and_then(|(_, fault)| fault.as_ref());
+        let id = (job, uid);
+        let last_fault = sent.get(&id).and_then(|(_, fault)| fault.as_ref());
         let worth = !now_sent.0.is_empty() || now_sent.1.as_ref() != last_fault;
-        if sent.get(&job) != Some(&now_sent) && worth {
+        if sent.get(&id) != Some(&now_sent) && worth {
+            let (job, uid) = &id;
             let (policies, fault) = &now_sent;
             let body = json!({"job": job, "jobUid": uid, "policies": policies, "fault": fault}).to_string();
             tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![job, body, now as i64])?;
             queued += 1;
         }
-        next.insert(job, now_sent);
+        next.insert(id, now_sent);
     }
     tx.commit()?;
     *sent = next;
@@ -120,5 +123,29 @@ mod tests {
         crate::rounds::set_fault(&mut store, "ml/a", None).unwrap();
         assert_eq!(queue_changes(&mut store, &mut sent, 11).unwrap(), 1);
         assert!(outbox(&store)[5]["fault"].is_null());
+    }
+
+    #[test]
+    fn a_job_made_again_under_its_name_inherits_nothing_and_is_reported_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+        crate::register_job(&mut store, "ml/a", "uid-1", &JobSpec::default()).unwrap();
+        let serving = health::Serving { plugin: "builtin:threshold-trigger", digest: "abc", config: "44136fa355b3" };
+        health::swapped(&mut store, "ml/a", "trigger", serving, 1).unwrap();
+        let tx = store.write().unwrap();
+        health::decided(&tx, "ml/a", "trigger", "train", "num_of_samples 501 > 500", 2).unwrap();
+        tx.commit().unwrap();
+        let mut sent = SentPolicies::new();
+        assert_eq!(queue_changes(&mut store, &mut sent, 3).unwrap(), 1);
+        store.conn().execute("DELETE FROM outbox", []).unwrap();
+
+        // Deleted and made again while the edge was away: the desired state shows a new uid.
+        crate::register_job(&mut store, "ml/a", "uid-2", &JobSpec::default()).unwrap();
+        assert!(health::all(&store).unwrap().iter().all(|h| h.job != "ml/a"), "the old job's health is gone");
+        health::swapped(&mut store, "ml/a", "trigger", serving, 4).unwrap();
+        assert_eq!(queue_changes(&mut store, &mut sent, 5).unwrap(), 1, "the same policies, for another job");
+        let queued = &outbox(&store)[0];
+        assert_eq!(queued["jobUid"], "uid-2");
+        assert!(queued["policies"]["trigger"].get("lastDecision").is_none(), "{queued}");
     }
 }

@@ -145,8 +145,20 @@ impl OperatorSide {
 
     /// The job's policies as its edge runs them: `status.policies`, replaced whole (a kind no
     /// longer there is removed). The stage machine never writes them, so no conflict with it.
-    async fn apply_policies(&self, body: Value) -> Applied {
+    async fn apply_policies(&self, node: &str, body: Value) -> Applied {
         let key = body.get("job").and_then(Value::as_str).unwrap_or_default();
+        // A job deleted and made again under its name is another job: the former one's policies
+        // (its last decision, its failing plugin) are not the new one's.
+        let reported_uid = body.get("jobUid").and_then(Value::as_str);
+        let desired = self.book.subscribe(node).borrow().clone();
+        let current_uid = desired.jobs.get(key).and_then(|job| job.pointer("/metadata/uid")).and_then(Value::as_str);
+        if let (Some(reported), Some(current)) = (reported_uid, current_uid)
+            && reported != current
+        {
+            return Applied::Rejected(format!(
+                "job {key}: its policies were reported for uid {reported}, a job since deleted (the job now is uid {current})"
+            ));
+        }
         let Some((namespace, name)) = key.split_once('/') else {
             return Applied::Rejected(format!("job {key:?} is not namespace/name"));
         };
@@ -196,7 +208,7 @@ impl CloudSide for OperatorSide {
 
     async fn apply(&self, node: &str, seq: u64, body: Value) -> Applied {
         let outcome = if body.get("policies").is_some() {
-            self.apply_policies(body).await
+            self.apply_policies(node, body).await
         } else if body.get("job").is_some() {
             self.apply_job(body).await
         } else {
