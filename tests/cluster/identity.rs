@@ -287,6 +287,49 @@ async fn rbac_suffices(client: Client, namespace: &str, kubeconfig: &Path) {
     }
 }
 
+/// A whole session (the link's server, as the operator runs it) opened with an agent pod's token
+/// ends once that pod is deleted, and the token opens no new one.
+async fn session_ends_with_its_pod(client: Client, namespace: &str) {
+    create_namespace(&client, namespace).await;
+    create_account(&client, namespace, AGENT).await;
+    let uid = create_pod(&client, namespace, "agent-a", AGENT, "node-a").await;
+    let token = mint(&client, namespace, AGENT, Some(AUDIENCE), Some(("agent-a", &uid))).await;
+    let reviewer = Arc::new(TokenReviewer::new(client.clone(), settings(namespace, Duration::from_secs(60))));
+    let _following = reviewer.follow_pods();
+    let pki = crate::link_support::pki();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cloud = Arc::new(crate::link_support::TestCloud::new(&dir.path().join("cloud.db"), Default::default()));
+    let (_tokens, tokens) = tokio::sync::watch::channel(Arc::new(NodeTokens::default()));
+    let settings = perennial_link::cloud_server::ServerSettings {
+        tls: server_tls(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes()).expect("server TLS"),
+        tokens,
+        reviewer: Some(reviewer.clone()),
+        // Long: the session must not end for want of pongs (this client answers none).
+        heartbeat_secs: 300,
+        refusals: Arc::new(perennial_link::refusals::Refusals::new(|_| {})),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("wss://localhost:{}/v1/link", listener.local_addr().expect("address").port());
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(perennial_link::cloud_server::serve(listener, settings, cloud, stopped));
+    let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
+    let (_welcomed, mut ws) = socket::connect(&url, &token, tls.clone(), &hello("node-a", 0)).await.expect("admitted");
+    // Open: frames (its desired state) and then quiet, not an end.
+    let open =
+        tokio::time::timeout(Duration::from_secs(2), async { while let Ok(Some(_)) = socket::recv(&mut ws).await {} })
+            .await;
+    assert!(open.is_err(), "the session stays open while its pod is there");
+
+    delete_pod(&client, namespace, "agent-a").await;
+    let ended =
+        tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = socket::recv(&mut ws).await {} })
+            .await;
+    assert!(ended.is_ok(), "the session of a deleted agent pod ends within 10 s");
+    // And the cached review does not let it back in.
+    let again = socket::connect(&url, &token, tls, &hello("node-a", 0)).await;
+    assert!(again.is_err(), "the token of a deleted pod opens no new session");
+}
+
 fn fresh(prefix: &str) -> String {
     let mut bytes = [0u8; 4];
     getrandom::fill(&mut bytes).expect("random");
@@ -297,6 +340,12 @@ fn fresh(prefix: &str) -> String {
 async fn a_pods_projected_token_proves_its_node_and_nothing_else() {
     let client = crate::harness::cluster().client().await;
     proves_its_node(client, &fresh("identity")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ends_when_the_agent_pod_whose_token_opened_it_is_deleted() {
+    let client = crate::harness::cluster().client().await;
+    session_ends_with_its_pod(client, &fresh("identity-session")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

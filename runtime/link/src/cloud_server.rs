@@ -180,9 +180,13 @@ async fn connection<C: CloudSide>(
     // Whether the tokens can still change (their source may be gone: then they stay as read).
     // A static token is checked again whenever they do: a revoked one ends its session. A
     // reviewed token (a projected ServiceAccount token, short-lived and rotated by the kubelet)
-    // is not: its session lives until the edge reconnects, which reviews the token it then
-    // reads (and the agent's pod going away ends its connection anyway).
+    // is followed by its reviewer: the session ends once the agent pod it was bound to is gone
+    // (a token rotated meanwhile is reviewed when the edge reconnects).
     let mut tokens_followed = matches!(credential, Credential::Static(_));
+    let mut revoked = match (&credential, reviewer) {
+        (Credential::Reviewed(token), Some(reviewer)) => reviewer.revoked(token),
+        _ => Box::pin(std::future::pending()),
+    };
     let (mut ended, lock) = nodes.take_over(&node);
     // The node's previous connection finishes the report it is applying, then lets go.
     let _exclusive = lock.lock_owned().await;
@@ -285,6 +289,7 @@ async fn connection<C: CloudSide>(
                 tracing::info!(node, "a new connection from the node replaces this one");
                 break Ok(());
             }
+            why = &mut revoked => break Err(protocol(format!("{why}: the session ends"))),
             _ = until_true(&mut stop) => break Ok(()),
         }
     };

@@ -137,7 +137,7 @@ impl NodeTokens {
 
 /// The token a connection presented, as its digest: checked again when the tokens change, so
 /// that a revoked token ends the sessions it opened.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TokenId([u8; 32]);
 
 impl TokenId {
@@ -159,18 +159,27 @@ fn ws_config() -> WebSocketConfig {
 /// the 401's body). `peer` is for logs; an implementation never logs the token.
 pub trait Reviewer: Send + Sync {
     fn review<'a>(&'a self, token: &'a str, peer: &'a str) -> ReviewFuture<'a>;
+
+    /// Resolves, with why, once what admitted the token no longer holds (the agent's pod it was
+    /// bound to is gone): the session it opened ends. By default, never.
+    fn revoked(&self, _token: &TokenId) -> RevokedFuture {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// What [`Reviewer::review`] returns: the node, or the refusal's reason.
 pub type ReviewFuture<'a> = Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>>;
+
+/// What [`Reviewer::revoked`] returns: why the session ends.
+pub type RevokedFuture = Pin<Box<dyn Future<Output = String> + Send + 'static>>;
 
 /// How a connection proved its node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Credential {
     /// A static node token: checked again when the tokens change ([`NodeTokens::admits`]).
     Static(TokenId),
-    /// A token a [`Reviewer`] admitted.
-    Reviewed,
+    /// A token a [`Reviewer`] admitted: followed by [`Reviewer::revoked`].
+    Reviewed(TokenId),
 }
 
 /// The cloud's side of a new connection: TLS, the token, `hello`. Returns the node, the accepted
@@ -204,7 +213,9 @@ pub async fn upgrade(
         let verdict = match (tokens.node_for(&token), reviewer) {
             (Some(node), _) => Ok((node.to_owned(), Credential::Static(TokenId::of(&token)))),
             (None, _) if token.is_empty() => Err("the link needs a node's bearer token: none was sent".to_owned()),
-            (None, Some(reviewer)) => reviewer.review(&token, &peer).await.map(|node| (node, Credential::Reviewed)),
+            (None, Some(reviewer)) => {
+                reviewer.review(&token, &peer).await.map(|node| (node, Credential::Reviewed(TokenId::of(&token))))
+            }
             (None, None) => Err("the link needs a node's bearer token: this one is missing or unknown".to_owned()),
         };
         if let Err(reason) = &verdict {

@@ -19,7 +19,10 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 
-use perennial_link::socket::{ReviewFuture, Reviewer};
+use futures::StreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use perennial_link::socket::{ReviewFuture, Reviewer, RevokedFuture, TokenId};
 
 /// The TokenReview user extra naming the pod a token is bound to (Kubernetes 1.24 and later).
 pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
@@ -158,6 +161,18 @@ pub struct TokenReviewer {
     cache: std::sync::Mutex<HashMap<[u8; 32], (String, Instant)>>,
     /// Tokens the review refused lately, with why: the same bad token again costs no review.
     refused: std::sync::Mutex<HashMap<[u8; 32], (String, Instant)>>,
+    /// The pod each admitted token is bound to, for ending its sessions when the pod goes.
+    bindings: std::sync::Mutex<HashMap<TokenId, BoundPod>>,
+    /// The agents' pods, once [`TokenReviewer::follow_pods`] runs.
+    pods: std::sync::OnceLock<AgentPods>,
+}
+
+/// The edge agents' namespace's pods, from one watch, and a signal on each change (`true`
+/// once the first list is in).
+#[derive(Clone)]
+struct AgentPods {
+    store: Store<Pod>,
+    changed: tokio::sync::watch::Receiver<bool>,
 }
 
 /// How long a token the review refused is refused without another review.
@@ -166,7 +181,53 @@ const REFUSED_FOR: Duration = Duration::from_secs(30);
 impl TokenReviewer {
     pub fn new(client: Client, settings: IdentitySettings) -> TokenReviewer {
         let (cache, refused) = (std::sync::Mutex::default(), std::sync::Mutex::default());
-        TokenReviewer { client, settings, cache, refused }
+        let (bindings, pods) = (std::sync::Mutex::default(), std::sync::OnceLock::new());
+        TokenReviewer { client, settings, cache, refused, bindings, pods }
+    }
+
+    /// Follows the agents' pods (one watch of their namespace), so that a session opened with a
+    /// pod's token ends when that pod goes. Runs until the returned task is aborted.
+    pub fn follow_pods(&self) -> tokio::task::JoinHandle<()> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+        let (store, writer) = reflector::store();
+        let (listed, changed) = tokio::sync::watch::channel(false);
+        if self.pods.set(AgentPods { store, changed }).is_err() {
+            return tokio::spawn(async {});
+        }
+        tokio::spawn(async move {
+            let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        listed.send_replace(true);
+                    }
+                    Ok(_) => listed.send_modify(|_| {}),
+                    Err(err) => tracing::debug!("the edge agents' pods' watch: {err}"),
+                }
+            }
+        })
+    }
+
+    /// Whether `bound` is known gone (the watch listed, and the pod is not there or is another).
+    fn gone(pods: &AgentPods, namespace: &str, bound: &BoundPod) -> bool {
+        if !*pods.changed.borrow() {
+            return false;
+        }
+        match pods.store.get(&ObjectRef::new(&bound.name).within(namespace)) {
+            Some(pod) => pod.metadata.uid.as_deref() != Some(bound.uid.as_str()),
+            None => true,
+        }
+    }
+
+    fn bind(&self, token: &str, bound: BoundPod) {
+        let mut bindings = self.bindings.lock().unwrap_or_else(|p| p.into_inner());
+        if bindings.len() >= MAX_CACHED {
+            // Sessions already started hold their own copy: dropping the map only costs a
+            // cached review its pod check.
+            bindings.clear();
+        }
+        bindings.insert(TokenId::of(token), bound);
     }
 
     fn refused_lately(&self, key: &[u8; 32]) -> Option<String> {
@@ -215,8 +276,17 @@ impl TokenReviewer {
     pub async fn check(&self, token: &str, peer: &str) -> Result<String, String> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(node) = self.cached(&key) {
-            tracing::debug!(peer, node, "link token admitted (a recent review)");
-            return Ok(node);
+            // A recent review, unless the watch shows its pod gone since.
+            let bound = self.bindings.lock().unwrap_or_else(|p| p.into_inner()).get(&TokenId::of(token)).cloned();
+            let gone = match (self.pods.get(), &bound) {
+                (Some(pods), Some(bound)) => Self::gone(pods, &self.settings.namespace, bound),
+                _ => false,
+            };
+            if !gone {
+                tracing::debug!(peer, node, "link token admitted (a recent review)");
+                return Ok(node);
+            }
+            self.cache.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         }
         if let Some(why) = self.refused_lately(&key) {
             return Err(why);
@@ -259,6 +329,7 @@ impl TokenReviewer {
         let node = pod_node(pod.as_ref(), &bound, &self.settings)?;
         tracing::info!(peer, node, pod = bound.name, "link token reviewed: the agent's pod on its node");
         self.keep(key, &node, token);
+        self.bind(token, bound);
         Ok(node)
     }
 }
@@ -266,6 +337,25 @@ impl TokenReviewer {
 impl Reviewer for TokenReviewer {
     fn review<'a>(&'a self, token: &'a str, peer: &'a str) -> ReviewFuture<'a> {
         Box::pin(self.check(token, peer))
+    }
+
+    fn revoked(&self, token: &TokenId) -> RevokedFuture {
+        let bound = self.bindings.lock().unwrap_or_else(|p| p.into_inner()).get(token).cloned();
+        let (Some(bound), Some(pods)) = (bound, self.pods.get().cloned()) else {
+            return Box::pin(std::future::pending());
+        };
+        let namespace = self.settings.namespace.clone();
+        Box::pin(async move {
+            let mut changed = pods.changed.clone();
+            loop {
+                if Self::gone(&pods, &namespace, &bound) {
+                    return format!("the agent pod {namespace}/{} that its token was bound to is gone", bound.name);
+                }
+                if changed.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        })
     }
 }
 

@@ -359,6 +359,8 @@ pub async fn listen(
     tracing::info!(address = %options.addr, "the edge link listens");
     let _ = listening.send(());
     let reviewer = Arc::new(TokenReviewer::new(side.client.clone(), options.identity.clone()));
+    // Sessions of an agent whose pod is gone end (the watch stops with the listener).
+    let following = reviewer.follow_pods();
     tracing::info!(
         audience = options.identity.audience,
         service_account = options.identity.username(),
@@ -370,6 +372,7 @@ pub async fn listen(
     let settings =
         ServerSettings { tls, tokens, reviewer: Some(reviewer), heartbeat_secs: options.heartbeat_secs, refusals };
     serve(listener, settings, side, stop).await;
+    following.abort();
     Ok(())
 }
 
