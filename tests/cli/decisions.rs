@@ -249,6 +249,13 @@ fn a_shadow_is_counted_beside_the_serving_policy_and_a_hostile_one_changes_nothi
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/thermal-comfort/job.yaml"))
             .unwrap();
     std::fs::write(example.manifests.join("job.yaml"), hostile("job.yaml", original)).unwrap();
+    // The swap compiles beside the serving policies (slowly on a loaded machine): counted from
+    // when the hostile shadows serve.
+    wait_for("the hostile shadows swapped in", Duration::from_secs(120), || {
+        let seen = policies();
+        let shadow = |kind: &str| seen[kind]["shadow"]["plugin"].as_str().unwrap_or_default().to_owned();
+        shadow("trigger").ends_with("hostile_trigger.wasm") && shadow("selector").ends_with("hostile_selector.wasm")
+    });
     let before = rounds();
     wait_for("two more rounds beside hostile shadows", Duration::from_secs(120), || rounds() >= before + 2);
     let seen = policies();

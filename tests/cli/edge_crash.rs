@@ -66,6 +66,13 @@ fn db(dirs: &Dirs) -> Option<Connection> {
     Some(conn)
 }
 
+/// The samples the agent has taken so far (0 before its first start).
+fn consumed(dirs: &Dirs) -> i64 {
+    db(dirs)
+        .and_then(|conn| conn.query_row("SELECT cursor_samples FROM jobs WHERE name = ?1", [JOB], |r| r.get(0)).ok())
+        .unwrap_or(0)
+}
+
 /// Plays the control plane and the workers: after Train Ready, a train worker "runs" (its model
 /// file and its result), then Eval Ready gets an evaluated model, then Deploy, then the next
 /// round, each stage change as the control plane would make it.
@@ -146,8 +153,17 @@ fn killed_100_times_while_samples_arrive_nothing_is_lost_or_doubled() {
     };
 
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..KILLS {
+    for life in 0..KILLS {
+        let before = consumed(&dirs);
         let mut agent = start_agent(&dirs);
+        if life % 2 == 1 {
+            // Every other life is killed only once it has taken samples: on a loaded machine a
+            // start alone can outlast the moments below, and then no life would do any work.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while consumed(&dirs) <= before && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         std::thread::sleep(Duration::from_millis(20 + seeded(&mut seed) % 180));
         agent.kill().unwrap(); // SIGKILL
         agent.wait().unwrap();

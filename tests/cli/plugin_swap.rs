@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::plugin_authors::trigger_component;
-use crate::support::embedded::wait_exit;
+use crate::support::embedded::{dies_with_its_test, wait_exit};
 use crate::support::plugin_projects::never_training_job;
 
 /// The batches `job` committed, as the edge store says now.
@@ -45,7 +45,7 @@ fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
         std::fs::create_dir_all(state.join(format!("data/{name}"))).unwrap();
         std::fs::write(state.join(format!("data/{name}/index.txt")), "").unwrap();
     }
-    let mut run = Command::new(env!("CARGO_BIN_EXE_perennial"))
+    let mut run = dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
         .arg("run")
         .arg(&manifests)
         .arg("--state-dir")
@@ -162,7 +162,7 @@ fn a_rebuilt_policy_file_swaps_in_without_an_edit_of_the_job() {
     let reference = format!("file://{}", file.display());
     let policy = format!("{{plugin: {reference:?}, config: {{samples: 1000, maxAgeHours: 1}}}}");
     std::fs::write(manifests.join("edited.yaml"), never_training_job("edited", Some(&policy))).unwrap();
-    let mut run = Command::new(env!("CARGO_BIN_EXE_perennial"))
+    let mut run = dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
         .arg("run")
         .arg(&manifests)
         .arg("--state-dir")

@@ -39,7 +39,7 @@ async fn a_flood_of_bad_tokens_costs_a_few_reviews_and_no_log_line_each() {
         let hello = perennial_link::hello("node-x", 0);
         let refused = tokio::time::timeout(
             Duration::from_secs(5),
-            perennial_link::socket::connect(&url, &token, tls.clone(), &hello),
+            perennial_link::socket::connect(&url, None, &token, tls.clone(), &hello),
         )
         .await;
         assert!(!matches!(refused, Ok(Ok(_))), "a bogus token opened the link");

@@ -161,6 +161,13 @@ impl Cluster {
     }
 }
 
+/// Held by a test that runs `deploy/operator`'s pods (its Deployment and Lease are one per
+/// cluster): the rollout test and the README's walk-through take turns.
+pub fn operator_deployment() -> &'static tokio::sync::Mutex<()> {
+    static DEPLOYMENT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    &DEPLOYMENT
+}
+
 /// A free port on 127.0.0.1 (bound then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()

@@ -27,3 +27,4 @@ mod restart;
 mod rollout;
 mod rounds;
 mod stack;
+mod walkthrough;

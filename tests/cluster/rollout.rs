@@ -194,6 +194,7 @@ async fn leader_behind_the_service(world: &World) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_on_the_leader() {
+    let _operator_pods = crate::harness::operator_deployment().lock().await;
     let world = Arc::new(World::new("rollout").await);
     // kube-controller-manager turns the Deployment into a ReplicaSet: without one, say what to start.
     let sets: Api<ReplicaSet> = Api::namespaced(world.client.clone(), SYSTEM);

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -264,6 +264,7 @@ impl World {
         let task = tokio::spawn(kubelet(
             self.pods(),
             self.namespace.clone(),
+            PathBuf::from("/"),
             seen.clone(),
             held.clone(),
             manual_train.clone(),
@@ -287,6 +288,16 @@ impl World {
         conn.busy_timeout(Duration::from_secs(5)).ok()?;
         conn.query_row(sql, [], |row| row.get(0)).ok()
     }
+}
+
+/// Plays the kubelet and the workers for `namespace`, whose pods' node has its `/` at
+/// `node_root` here, until dropped.
+pub fn play_workers(pods: Api<Pod>, namespace: String, node_root: PathBuf) -> Kubelet {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (held, manual_train, slow_to_stop) = Default::default();
+    let flags = (Arc::clone(&held), Arc::clone(&manual_train), Arc::clone(&slow_to_stop));
+    let task = tokio::spawn(kubelet(pods, namespace, node_root, seen.clone(), flags.0, flags.1, flags.2));
+    Kubelet { task, seen, held, manual_train, slow_to_stop }
 }
 
 /// The kubelet and workers the test plays, and the pods they saw.
@@ -350,6 +361,7 @@ fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 async fn kubelet(
     pods: Api<Pod>,
     namespace: String,
+    node_root: PathBuf,
     seen: Arc<Mutex<Vec<Pod>>>,
     held: Arc<AtomicBool>,
     manual_train: Arc<AtomicBool>,
@@ -384,14 +396,14 @@ async fn kubelet(
                 continue;
             }
             let pods = pods.clone();
-            let (namespace, held) = (namespace.clone(), held.clone());
-            tokio::spawn(async move { run_worker(&pods, &namespace, &pod, &held).await });
+            let (namespace, held, node_root) = (namespace.clone(), held.clone(), node_root.clone());
+            tokio::spawn(async move { run_worker(&pods, &namespace, &node_root, &pod, &held).await });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-async fn run_worker(pods: &Api<Pod>, namespace: &str, pod: &Pod, held: &AtomicBool) {
+async fn run_worker(pods: &Api<Pod>, namespace: &str, node_root: &Path, pod: &Pod, held: &AtomicBool) {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let kind = label(pod, "lifelonglearningjob.sedna.io/worker-type").unwrap_or_default().to_owned();
     let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::running())).await;
@@ -404,7 +416,7 @@ async fn run_worker(pods: &Api<Pod>, namespace: &str, pod: &Pod, held: &AtomicBo
     while held.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let body = sedna_worker::report(pod, namespace, &kind);
+    let body = sedna_worker::report_on(pod, namespace, &kind, node_root);
     let env = sedna_worker::env_of(pod);
     let url = format!("{}/sedna/workers/{}/info", env["LC_SERVER"], env["WORKER_NAME"]);
     let http = reqwest::Client::new();

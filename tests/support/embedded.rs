@@ -54,9 +54,10 @@ impl Example {
         self.start_with(&[], args)
     }
 
-    /// `perennial run <copy> EXTRA... --state-dir <state> ARGS`, output captured.
+    /// `perennial run <copy> EXTRA... --state-dir <state> ARGS`, output captured; killed when
+    /// the test that started it ends, even by a panic.
     pub fn start_with(&self, extra: &[PathBuf], args: &[&str]) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_perennial"))
+        dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
             .arg("run")
             .arg(&self.manifests)
             .args(extra)
@@ -158,4 +159,19 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     // utime and stime are fields 14 and 15 of stat(5), in clock ticks (100 a second here).
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
     ticks as f64 / 100.0
+}
+
+/// `command`, whose process is killed (SIGKILL) when the thread that starts it ends: a test that
+/// fails before it stops its `perennial run` leaves none running after the suite.
+pub fn dies_with_its_test(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: between fork and exec the closure only calls prctl, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
 }

@@ -36,14 +36,20 @@ pub fn env_of(pod: &Pod) -> BTreeMap<String, String> {
 /// A train (`kind` "train": writes its model where `OUTPUT_URL` says) or eval worker's report
 /// body, its paths without `DATA_PATH_PREFIX` as Sedna's library reports them.
 pub fn report(pod: &Pod, namespace: &str, kind: &str) -> Value {
+    report_on(pod, namespace, kind, Path::new("/"))
+}
+
+/// [`report`] by a worker on a node whose `/` is the folder `node_root` here.
+pub fn report_on(pod: &Pod, namespace: &str, kind: &str, node_root: &Path) -> Value {
     let env = env_of(pod);
     let prefix = env.get("DATA_PATH_PREFIX").cloned().unwrap_or_default();
     let host = |path: &str| path.strip_prefix(&prefix).unwrap_or(path).to_owned();
     let results = if kind == "train" {
         let output = host(&env["OUTPUT_URL"]);
-        std::fs::create_dir_all(&output).expect("train output");
+        let here = node_root.join(output.trim_start_matches('/'));
+        std::fs::create_dir_all(&here).expect("train output");
+        std::fs::write(here.join("index.pkl"), format!("model of {}", env["WORKER_NAME"])).expect("model");
         let model = Path::new(&output).join("index.pkl");
-        std::fs::write(&model, format!("model of {}", env["WORKER_NAME"])).expect("model");
         json!([{"format": "pkl", "url": model, "metrics": null}])
     } else {
         let models: Vec<String> = env["MODEL_URLS"].split(';').map(host).collect();

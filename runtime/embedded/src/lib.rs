@@ -154,6 +154,9 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let mut control = state::open(&state_dir)?;
     // The two stores checked against each other before either is written to.
     let mut edge_store = pairing::open_edge(&state_dir, &mut control)?;
+    // The stores' files as opened, taken now: one removed after this (even before the run
+    // starts its jobs) stops the run.
+    let store_files = controller::StoreFiles::of(&state_dir);
     let (listener, host, admitted) = match bind_and_admit(&options, &state_dir, &mut control).await {
         Ok(admitted) => admitted,
         Err(err) => {
@@ -223,7 +226,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         rounds: options.rounds,
         progress,
         reaper: options.reaper.clone(),
-        store_files: controller::StoreFiles::of(&state_dir),
+        store_files,
     };
     let (finished_tx, finished) = tokio::sync::oneshot::channel();
     let control_thread = {

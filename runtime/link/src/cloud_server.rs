@@ -107,8 +107,15 @@ pub async fn serve<C: CloudSide>(
     let acceptor = TlsAcceptor::from(settings.tls.clone());
     let nodes = Arc::new(Nodes::default());
     let mut sessions = tokio::task::JoinSet::new();
+    // Refusals are summed up when due even if no connection comes after a burst.
+    let mut say_refusals = tokio::time::interval(Duration::from_secs(10));
+    say_refusals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         let (tcp, peer) = tokio::select! {
+            _ = say_refusals.tick() => {
+                let _ = settings.refusals.say_due(Instant::now());
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {

@@ -44,6 +44,9 @@ pub trait EdgeState: Send + 'static {
 pub struct ClientSettings {
     /// `wss://host:port/path`.
     pub url: String,
+    /// The name the link's certificate must carry when the URL's host is not it (an address,
+    /// a tunnel, a NodePort); `None`: the URL's host.
+    pub server_name: Option<String>,
     pub token: TokenSource,
     pub tls: Arc<ClientConfig>,
     pub node: String,
@@ -216,7 +219,9 @@ async fn session<S: EdgeState>(
     let greeting = hello(&settings.node, desired.last_applied());
     // Read on every connect: the kubelet rotates a projected token.
     let token = settings.token.read().await?;
-    let (welcomed, mut ws) = socket::connect(&settings.url, &token, settings.tls.clone(), &greeting).await?;
+    let (welcomed, mut ws) =
+        socket::connect(&settings.url, settings.server_name.as_deref(), &token, settings.tls.clone(), &greeting)
+            .await?;
     let allocated = with_state(state, |s| s.allocated()).await?;
     let resume = match sender.connected(welcomed.last_applied_report, allocated) {
         Err(SendError::CloudAhead { cloud, .. }) => {

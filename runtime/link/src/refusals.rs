@@ -65,7 +65,7 @@ impl Refusals {
             .is_some_and(|(failures, since)| *failures >= MAX_FAILURES && now < *since + WINDOW);
         if throttled {
             state.unsaid.1 += 1;
-            self.say_if_due(&mut state, now);
+            let _ = self.say_if_due(&mut state, now);
             drop(state);
             (self.count)(Refusal::Throttled);
         }
@@ -90,27 +90,32 @@ impl Refusals {
         entry.0 += 1;
         state.unsaid.0 += 1;
         state.unsaid.2 = format!("{reason} (from {source})");
-        self.say_if_due(&mut state, now);
+        let _ = self.say_if_due(&mut state, now);
         drop(state);
         (self.count)(Refusal::Refused);
     }
 
+    /// Sums up what was refused and not yet said, if a line is due: called now and then, so a
+    /// burst that stopped is said too, not only when another refusal comes. The line said.
+    pub fn say_due(&self, now: Instant) -> Option<String> {
+        let mut state = self.state();
+        self.say_if_due(&mut state, now)
+    }
+
     /// One line for what was refused since the last one: the first at once, then at most one
     /// every [`SAY_EVERY`].
-    fn say_if_due(&self, state: &mut State, now: Instant) {
+    fn say_if_due(&self, state: &mut State, now: Instant) -> Option<String> {
         if state.said.is_some_and(|said| now < said + SAY_EVERY) {
-            return;
+            return None;
         }
         let (refused, throttled, last) = std::mem::take(&mut state.unsaid);
         if refused + throttled == 0 {
-            return;
+            return None;
         }
         state.said = Some(now);
-        tracing::warn!(
-            refused,
-            throttled,
-            "link connections refused: {refused} refused, {throttled} throttled; last: {last}"
-        );
+        let line = format!("link connections refused: {refused} refused, {throttled} throttled; last: {last}");
+        tracing::warn!(refused, throttled, "{line}");
+        Some(line)
     }
 }
 
@@ -138,6 +143,21 @@ mod tests {
         assert!(refusals.admits(good, start + Duration::from_secs(1)), "another source is not");
         assert!(refusals.admits(bad, start + WINDOW), "the window passed");
         assert_eq!((refused.load(Ordering::SeqCst), throttled.load(Ordering::SeqCst)), (u64::from(MAX_FAILURES), 1));
+    }
+
+    #[test]
+    fn a_burst_that_stopped_is_summed_up_once_its_minute_is_over() {
+        let refusals = Refusals::default();
+        let source: IpAddr = "10.0.0.9".parse().unwrap();
+        let start = Instant::now();
+        // The first refusal is said at once, the next four wait for the minute.
+        for _ in 0..5 {
+            refusals.refused(source, "unknown token", start);
+        }
+        assert_eq!(refusals.say_due(start + Duration::from_secs(1)), None, "one line a minute at most");
+        let said = refusals.say_due(start + SAY_EVERY).expect("the rest said once the minute is over");
+        assert!(said.contains("4 refused, 0 throttled") && said.contains("unknown token"), "{said}");
+        assert_eq!(refusals.say_due(start + SAY_EVERY * 3), None, "nothing new, nothing said");
     }
 
     #[test]

@@ -359,9 +359,10 @@ pub async fn greet(
 }
 
 /// The edge's side: connects to `url` (`wss://host:port/path`) with its token, sends `hello`
-/// and reads the answer.
+/// and reads the answer. The certificate must name `server_name`, or else the URL's host.
 pub async fn connect(
     url: &str,
+    server_name: Option<&str>,
     token: &str,
     tls: Arc<ClientConfig>,
     hello: &Message,
@@ -375,8 +376,10 @@ pub async fn connect(
     let bearer = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
         .map_err(|_| LinkError::WebSocket("the token has characters a header cannot carry".into()))?;
     request.headers_mut().insert("authorization", bearer);
-    let server_name = ServerName::try_from(host.clone())
-        .map_err(|err| LinkError::Tls { what: format!("{url}: host"), message: err.to_string() })?;
+    let server_name = ServerName::try_from(server_name.unwrap_or(&host).to_owned()).map_err(|err| LinkError::Tls {
+        what: format!("{url}: the certificate's name {}", server_name.unwrap_or(&host)),
+        message: err.to_string(),
+    })?;
     let opened = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let tcp = TcpStream::connect((host.as_str(), port)).await.map_err(|err| LinkError::Io(url.to_owned(), err))?;
         let _ = tcp.set_nodelay(true);

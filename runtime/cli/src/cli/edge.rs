@@ -37,6 +37,10 @@ pub struct EdgeArgs {
     /// The operator's link, `wss://host:port/v1/link`: the node's jobs come from it.
     #[arg(long, env = "PERENNIAL_CLOUD_URL", required_unless_present = "jobs")]
     cloud_url: Option<String>,
+    /// The name the link's certificate must carry, when `--cloud-url`'s host is not that name
+    /// (an IP address, a NodePort, a tunnel); default: the URL's host.
+    #[arg(long, env = "PERENNIAL_CLOUD_SERVER_NAME", requires = "cloud_url")]
+    cloud_server_name: Option<String>,
     /// A file holding this node's bearer token for the link, read again on every (re)connect:
     /// in Kubernetes a projected ServiceAccount token (the kubelet rotates it); on a systemd
     /// node its static token. Or a folder holding a file named after each node.
@@ -218,6 +222,7 @@ fn link_settings(url: &str, args: &EdgeArgs) -> anyhow::Result<ClientSettings> {
     let tls = client_tls(&ca).with_context(|| format!("--ca-file {}", ca_file.display()))?;
     Ok(ClientSettings {
         url: url.to_owned(),
+        server_name: args.cloud_server_name.clone(),
         token: TokenSource::File(token_file),
         tls,
         node,

@@ -142,6 +142,7 @@ struct Edge {
 fn start_edge(pki: &Pki, url: String, store: Arc<Mutex<Store>>) -> Edge {
     let settings = ClientSettings {
         url,
+        server_name: None,
         token: "token-one".into(),
         tls: client_tls(pki.ca_pem.as_bytes()).expect("client TLS"),
         node: "edge-1".into(),
@@ -417,7 +418,7 @@ mod handshake {
         let pki = pki();
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
-        let (welcomed, mut ws) = connect(&url, "token-one", tls, &hello("edge-1", 0)).await.expect("welcomed");
+        let (welcomed, mut ws) = connect(&url, None, "token-one", tls, &hello("edge-1", 0)).await.expect("welcomed");
         assert_eq!(welcomed.version, PROTOCOL_VERSION);
         assert_eq!(welcomed.last_applied_report, 41, "the cloud's watermark for this node");
         assert_eq!(welcomed.heartbeat, Duration::from_secs(15));
@@ -433,7 +434,7 @@ mod handshake {
         let pki = pki();
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
-        let refused = connect(&url, "not-a-token", tls, &hello("edge-1", 0)).await.expect_err("refused");
+        let refused = connect(&url, None, "not-a-token", tls, &hello("edge-1", 0)).await.expect_err("refused");
         let text = refused.to_string();
         assert!(matches!(refused, LinkError::Refused(_)), "{text}");
         assert!(text.contains("bearer token") && text.contains("401"), "{text}");
@@ -446,7 +447,7 @@ mod handshake {
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
         // edge-2's token, edge-1's name: a node may only speak for itself.
-        let refused = connect(&url, "token-two", tls, &hello("edge-1", 0)).await.expect_err("refused");
+        let refused = connect(&url, None, "token-two", tls, &hello("edge-1", 0)).await.expect_err("refused");
         let text = refused.to_string();
         assert!(text.contains("`edge-1`") && text.contains("`edge-2`"), "{text}");
         assert!(served.await.expect("join").is_err());
@@ -458,7 +459,7 @@ mod handshake {
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
         let old = Message::Hello { version: 0, node: "edge-1".into(), last_applied_desired: 0 };
-        let refused = connect(&url, "token-one", tls, &old).await.expect_err("refused");
+        let refused = connect(&url, None, "token-one", tls, &old).await.expect_err("refused");
         let text = refused.to_string();
         assert!(matches!(refused, LinkError::Refused(_)), "{text}");
         assert!(text.contains('0') && text.contains(&PROTOCOL_VERSION.to_string()), "{text}");
@@ -471,8 +472,29 @@ mod handshake {
         let (url, _served) = operator(&pki).await;
         let stranger = self::pki();
         let tls = client_tls(stranger.ca_pem.as_bytes()).expect("client TLS");
-        let failed = connect(&url, "token-one", tls, &hello("edge-1", 0)).await.expect_err("untrusted");
+        let failed = connect(&url, None, "token-one", tls, &hello("edge-1", 0)).await.expect_err("untrusted");
         assert!(failed.to_string().contains("TLS"), "{failed}");
+    }
+
+    #[tokio::test]
+    async fn the_certificate_must_carry_the_server_name_given_in_place_of_the_urls_host() {
+        let pki = pki();
+        let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
+        // The name given is what is checked, though the URL's host is in the certificate.
+        let (url, _served) = operator(&pki).await;
+        let failed = connect(&url, Some("link.example.com"), "token-one", tls.clone(), &hello("edge-1", 0))
+            .await
+            .expect_err("the certificate does not name link.example.com");
+        assert!(failed.to_string().contains("TLS"), "{failed}");
+        // Dialled by address (as through a NodePort), checked against the name given.
+        let (url, served) = operator(&pki).await;
+        let by_address = url.replace("wss://localhost:", "wss://127.0.0.1:");
+        let (_, mut ws) =
+            connect(&by_address, Some("localhost"), "token-one", tls, &hello("edge-1", 0)).await.expect("welcomed");
+        send(&mut ws, &Message::Report { seq: 42, body: serde_json::json!({"job": "ml/thermal"}) })
+            .await
+            .expect("report");
+        assert_eq!(served.await.expect("join").expect("served"), "edge-1");
     }
 
     #[test]
