@@ -87,7 +87,9 @@ fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
         (batches(&edge, "default/steady"), Instant::now(), Duration::ZERO);
     let mut checked = Instant::now();
     loop {
-        assert!(swap_started.elapsed() < Duration::from_secs(120), "the swap never completed");
+        // Generous: a Python component's compile is 6-15 s of CPU alone, several times that on a
+        // shared, loaded machine; what this test measures is the other job's gaps meanwhile.
+        assert!(swap_started.elapsed() < Duration::from_secs(300), "the swap never completed");
         let count = batches(&edge, "default/steady");
         if count != last_count {
             longest = longest.max(last_change.elapsed());

@@ -18,6 +18,7 @@ mod sedna_worker;
 #[path = "../support/service_account.rs"]
 mod service_account;
 
+mod absent;
 mod failover;
 mod flood;
 mod harness;

@@ -4,6 +4,7 @@
 //! exhaustively; this module is the thin Kubernetes shell, tested against a mock API server
 //! that checks the sequence of calls.
 
+pub mod absent_nodes;
 pub mod client;
 pub mod events;
 pub mod identity;
@@ -193,9 +194,11 @@ fn start_link(
 ) -> tokio::sync::watch::Sender<bool> {
     let book = Arc::new(link::NodeBook::default());
     let (complete, completed) = tokio::sync::oneshot::channel();
+    let stores_for_absent = stores.clone();
     tokio::spawn(link::follow_cluster(stores, changes, book.clone(), complete));
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));
     tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
+    let said_absent = (book.clone(), stores_for_absent, context.events.clone());
     let side = Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics = context.metrics.clone();
@@ -203,6 +206,9 @@ fn start_link(
         if completed.await.is_err() {
             return;
         }
+        // From when the link opens: a node that holds jobs and does not connect is said on them.
+        let (book, stores, events) = said_absent;
+        tokio::spawn(absent_nodes::say_absent_nodes(book, stores, events));
         let (listening, listened) = tokio::sync::oneshot::channel();
         let leading = metrics.clone();
         tokio::spawn(async move {

@@ -106,6 +106,18 @@ impl NodeBook {
         }
     }
 
+    /// The nodes that hold jobs and have no session (no connection follows their state), with
+    /// the keys of their jobs.
+    pub fn without_session(&self) -> BTreeMap<String, Vec<String>> {
+        let nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        nodes
+            .iter()
+            .filter(|(_, sender)| sender.receiver_count() == 0)
+            .map(|(node, sender)| (node.clone(), sender.borrow().jobs.keys().cloned().collect::<Vec<_>>()))
+            .filter(|(_, jobs)| !jobs.is_empty())
+            .collect()
+    }
+
     pub fn subscribe(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>> {
         let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         nodes.entry(node.to_owned()).or_insert_with(|| watch::channel(Arc::default()).0).subscribe()
