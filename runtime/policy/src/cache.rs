@@ -9,6 +9,8 @@
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
+
+use sha2::{Digest as _, Sha256};
 use std::path::{Path, PathBuf};
 
 use wasmtime::Engine;
@@ -27,10 +29,7 @@ pub struct DiskCache {
 impl DiskCache {
     pub fn new(dir: PathBuf, engine: &Engine) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        WASMTIME_VERSION.hash(&mut hasher);
-        engine.precompile_compatibility_hash().hash(&mut hasher);
-        Ok(DiskCache { dir, engine_key: format!("{:016x}", hasher.finish()) })
+        Ok(DiskCache { dir, engine_key: engine_key(engine) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -80,6 +79,30 @@ impl DiskCache {
     }
 }
 
+/// The wasmtime version and the engine's settings as a SHA-256 (hex, 128 bits): a digest whose
+/// value Rust does not change between releases (its `DefaultHasher` may), so a cache outlives an
+/// upgrade of the toolchain that built the agent.
+pub fn engine_key(engine: &Engine) -> String {
+    let mut hasher = Sha256Hasher(Sha256::new());
+    WASMTIME_VERSION.hash(&mut hasher);
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    hex::encode(&hasher.0.finalize()[..16])
+}
+
+/// Feeds what a `Hash` implementation writes into SHA-256.
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        let digest = self.0.clone().finalize();
+        u64::from_le_bytes(digest[..8].try_into().unwrap_or_default())
+    }
+}
+
 fn verified_payload<'a>(bytes: &'a [u8], digest: &str) -> Option<&'a [u8]> {
     let rest = bytes.strip_prefix(MAGIC.as_slice())?;
     let rest = rest.strip_prefix(digest_bytes(digest).as_slice())?;
@@ -113,4 +136,20 @@ pub fn default_dir() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("perennial").join("policies")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_key_is_a_digest_of_the_engine_settings() {
+        let key = engine_key(crate::engine::engine());
+        assert_eq!(key.len(), 32, "{key}");
+        assert_eq!(key, engine_key(crate::engine::engine()), "the same settings, the same key");
+        let mut config = wasmtime::Config::new();
+        config.cranelift_opt_level(wasmtime::OptLevel::None);
+        let other = Engine::new(&config).expect("an engine");
+        assert_ne!(key, engine_key(&other), "other settings, another key");
+    }
 }
