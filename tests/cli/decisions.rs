@@ -248,7 +248,7 @@ fn a_shadow_is_counted_beside_the_serving_policy_and_a_hostile_one_changes_nothi
     let original =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/thermal-comfort/job.yaml"))
             .unwrap();
-    std::fs::write(example.manifests.join("job.yaml"), hostile("job.yaml", original)).unwrap();
+    std::fs::write(example.manifests.join("job.yaml"), hostile("job.yaml", original.clone())).unwrap();
     // The swap compiles beside the serving policies (slowly on a loaded machine): counted from
     // when the hostile shadows serve.
     wait_for("the hostile shadows swapped in", Duration::from_secs(120), || {
@@ -269,11 +269,33 @@ fn a_shadow_is_counted_beside_the_serving_policy_and_a_hostile_one_changes_nothi
     assert!(selector["failed"].as_u64().unwrap() >= 1 && fault.contains("chose candidate 1 of 1"), "{seen}");
     assert_eq!(seen["selector"]["health"], "Serving", "{seen}");
     assert!(trains(&state).iter().all(|pending| *pending >= 150), "{:?}", trains(&state));
+    // The table says it too.
+    let table = perennial(&state, &["status"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("hostile_trigger.wasm sha256:"), "{}", text(&table));
+
+    // The shadows taken out: they leave the status at once (nothing to compile), and the log says so.
+    let without: String = hostile("job.yaml", original.clone())
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("shadow:"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(example.manifests.join("job.yaml"), without).unwrap();
+    wait_for("the shadows gone from the status", Duration::from_secs(30), || {
+        let seen = policies();
+        seen["trigger"].get("shadow").is_none() && seen["selector"].get("shadow").is_none()
+    });
+    let table = perennial(&state, &["status"]);
+    assert!(!String::from_utf8_lossy(&table.stdout).contains("hostile_trigger.wasm"), "{}", text(&table));
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
     let out = wait_exit(&mut run, Duration::from_secs(20));
     assert!(out.status.success(), "{}", text(&out));
-    // The table says it too.
-    let table = perennial(&state, &["status"]);
-    assert!(String::from_utf8_lossy(&table.stdout).contains("hostile_trigger.wasm sha256:"), "{}", text(&table));
+    let said = text(&out);
+    for kind in ["trigger", "selector"] {
+        assert!(
+            said.contains(&format!("the {kind} shadow")) && said.contains("now runs beside the serving policy"),
+            "{said}"
+        );
+        assert!(said.contains(&format!("hostile_{kind}.wasm was removed")), "the {kind} shadow's end said: {said}");
+    }
 }

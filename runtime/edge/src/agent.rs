@@ -525,6 +525,8 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
     }
     let mut store = lock(store);
     if let Some((shadows, refused)) = shadows {
+        let before: Vec<Option<perennial_types::ShadowRef>> =
+            shadow_refs(&runner.job).into_iter().map(|shadow| shadow.cloned()).collect();
         runner.policies.shadows = shadows;
         runner.job.trigger.shadow = next.trigger.shadow.clone();
         runner.job.selector.shadow = next.selector.shadow.clone();
@@ -532,6 +534,9 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
             serving.shadow = next.shadow.clone();
         }
         record_shadows(&mut store, &runner.job, &runner.policies.shadows, &refused);
+        for ((kind, before), now) in DecisionKind::ALL.into_iter().zip(before).zip(shadow_refs(&runner.job)) {
+            say_shadow_change(&job, kind, before.as_ref(), now, &refused);
+        }
     }
     for (kind, reference, outcome) in outcomes {
         let plugin = &reference.plugin;
@@ -557,6 +562,24 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
         }
     }
     runner.policies.release();
+}
+
+/// Says a shadow that started, changed or stopped beside the serving policy of `kind`.
+fn say_shadow_change(
+    job: &str,
+    kind: DecisionKind,
+    before: Option<&perennial_types::ShadowRef>,
+    now: Option<&perennial_types::ShadowRef>,
+    refused: &[RefusedShadow],
+) {
+    if before == now || refused.iter().any(|(refused, ..)| *refused == kind) {
+        return;
+    }
+    match (before, now) {
+        (_, Some(now)) => tracing::info!(job, "the {kind} shadow {} now runs beside the serving policy", now.plugin),
+        (Some(before), None) => tracing::info!(job, "the {kind} shadow {} was removed", before.plugin),
+        (None, None) => {}
+    }
 }
 
 /// Puts a loaded policy in place of the serving one; returns its digest, or why it failed, or

@@ -139,6 +139,11 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
 /// A job's policies as its status shows them: `policies` with the job's recorded healths folded
 /// in, and without the kinds that have no plugin (Sedna's split, computed natively).
 pub fn apply_job(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, healths: &[Health], job: &str) {
+    // The edge's record holds every shadow there is: one no longer in it was removed (or
+    // promoted), and its line goes at once.
+    for policy in policies.values_mut() {
+        policy.shadow = None;
+    }
     for found in healths.iter().filter(|found| found.job == job) {
         apply_to(policies, found);
     }
