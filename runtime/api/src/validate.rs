@@ -135,6 +135,18 @@ fn check_trigger(spec: &super::LifelongLearningJobSpec, errors: &mut Vec<String>
             }
         }
     }
+    // Sedna's window belongs to Sedna's rule: beside a policy it would gate only the fallback, so
+    // a window that matters is refused rather than seen to do nothing.
+    if let (Some(timer), Some(_)) = (&trigger.timer, &trigger.policy)
+        && !(timer.start == "00:00" && timer.end == "24:00")
+    {
+        errors.push(format!(
+            "{field}.timer: {}-{} does not gate trigger.policy (Sedna's window applies to Sedna's condition, \
+             the policy's fallback, only): give the window in the policy's config (builtin:threshold-trigger \
+             takes `timer`), or remove it",
+            timer.start, timer.end
+        ));
+    }
     if let Some(period) = trigger.check_period_seconds.filter(|s| *s < 0) {
         errors.push(format!("{field}.checkPeriodSeconds: {period} is negative"));
     }
