@@ -4,6 +4,7 @@
 //! exhaustively; this module is the thin Kubernetes shell, tested against a mock API server
 //! that checks the sequence of calls.
 
+pub mod api_requests;
 pub mod client;
 pub mod events;
 pub mod identity;
