@@ -12,7 +12,8 @@
 //! - many: 100 jobs over 10 edges (10 a node, each job its own Dataset), one operator,
 //!   `PERENNIAL_BENCH_ROUNDS_MANY` rounds (3), all jobs' samples appended at once.
 //!
-//! `PERENNIAL_BENCH_ONLY=alone|many` runs one of them. Printed: the control-plane time of a round
+//! `PERENNIAL_BENCH_ONLY=alone|many` runs one of them; `PERENNIAL_BENCH_BINARY` runs another
+//! `perennial` binary than this build's (a build before a change, say). Printed: the control-plane time of a round
 //! (samples appended -> round deployed), each stage hop, the operator's RSS idle and after the
 //! rounds, the API server's requests per job-round (`apiserver_request_total`, the bench's own
 //! kubelet calls taken out), the operator's own by verb and resource (its
@@ -282,7 +283,10 @@ struct Process {
 impl Process {
     fn start(args: &[String], log: PathBuf) -> Process {
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        // Another build's binary may be measured with this bench (before and after a change).
+        let binary =
+            std::env::var_os("PERENNIAL_BENCH_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_perennial").into());
+        let child = Command::new(binary)
             .args(args)
             .env("RUST_LOG", "info")
             .env_remove("KUBECONFIG")
@@ -713,7 +717,19 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         eprintln!("   round {round}: p50 {:.0} ms, max {:.0} ms", pct(&last, 50.0), pct(&last, 100.0));
     }
     let elapsed = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The operator publishes Events off the reconcile path: its calls are counted once they stop.
+    let mut settled = operator_requests(&http, metrics_port).await;
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = operator_requests(&http, metrics_port).await;
+        let quiet = now.iter().all(|(key, count)| {
+            key.starts_with("get leases") || key.starts_with("update leases") || settled.get(key) == Some(count)
+        });
+        settled = now;
+        if quiet {
+            break;
+        }
+    }
     let after = cluster.requests().await;
     let own_after = log.own.lock().expect("own").clone();
     let operator_after = operator_requests(&http, metrics_port).await;

@@ -197,7 +197,8 @@ fn start_link(
     tokio::spawn(link::follow_cluster(stores, changes, book.clone(), complete));
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));
     tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
-    let side = Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone()));
+    let side =
+        Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone(), context.written_jobs.clone()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics = context.metrics.clone();
     tokio::spawn(async move {

@@ -27,6 +27,7 @@ use super::node_state::DesiredNodes;
 use super::observe::UID_LABEL;
 use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
+use super::written::WrittenJobs;
 use perennial_api::LifelongLearningJob;
 use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired, ServerSettings, serve};
 use perennial_link::socket::{NodeTokens, server_tls};
@@ -117,14 +118,17 @@ pub struct OperatorSide {
     pub book: Arc<NodeBook>,
     pub inbox: Arc<Inbox>,
     pub client: Client,
+    /// The policies' writes are remembered with the reconciler's: its next status write is made
+    /// from the newest version, not refused as a conflict with this one.
+    written_jobs: Arc<WrittenJobs>,
     /// The highest report applied per node since this operator started. After a restart it is
     /// 0: the edge resends what it holds, and the stage machine takes each report once.
     watermarks: Mutex<HashMap<String, u64>>,
 }
 
 impl OperatorSide {
-    pub fn new(book: Arc<NodeBook>, inbox: Arc<Inbox>, client: Client) -> OperatorSide {
-        OperatorSide { book, inbox, client, watermarks: Mutex::default() }
+    pub fn new(book: Arc<NodeBook>, inbox: Arc<Inbox>, client: Client, written_jobs: Arc<WrittenJobs>) -> OperatorSide {
+        OperatorSide { book, inbox, client, written_jobs, watermarks: Mutex::default() }
     }
 
     async fn apply_job(&self, body: Value) -> Applied {
@@ -177,7 +181,10 @@ impl OperatorSide {
         }
         let patch = serde_json::json!({"status": status});
         match jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => Applied::Applied,
+            Ok(written) => {
+                self.written_jobs.wrote(written);
+                Applied::Applied
+            }
             Err(kube::Error::Api(status)) if status.code == 404 => Applied::Rejected(format!("job {key} is gone")),
             Err(err) => Applied::Failed(format!("job {key}: writing its policies: {err}")),
         }
