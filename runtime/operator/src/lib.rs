@@ -194,11 +194,11 @@ fn start_link(
 ) -> tokio::sync::watch::Sender<bool> {
     let book = Arc::new(link::NodeBook::default());
     let (complete, completed) = tokio::sync::oneshot::channel();
-    tokio::spawn(link::follow_cluster(stores, changes, book.clone(), complete));
+    tokio::spawn(link::follow_cluster(stores.clone(), changes, book.clone(), complete));
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));
     tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
-    let side =
-        Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone(), context.written_jobs.clone()));
+    let side = link::OperatorSide::new(book, context.inbox.clone(), client.clone(), context.written_jobs.clone());
+    let side = Arc::new(side.with_stores(stores));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics = context.metrics.clone();
     tokio::spawn(async move {

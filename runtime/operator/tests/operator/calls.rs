@@ -887,6 +887,43 @@ mod link {
     }
 
     #[tokio::test]
+    async fn a_report_resent_that_changes_nothing_is_not_written_again() {
+        let (mut api, ctx, inbox) = setup();
+        let trigger = json!({"plugin": "builtin:threshold-trigger", "digest": "ab12", "health": "Serving"});
+        let mut status = status_after(&[]);
+        status["policies"] = json!({"trigger": trigger});
+        api.jobs.apply_watcher_event(&watcher::Event::Apply((*job(status)).clone()));
+        let mut dataset = dataset_json();
+        dataset["status"] = json!({"numberOfSamples": 120});
+        api.datasets.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(dataset).expect("a dataset")));
+        let book = Arc::new(NodeBook::default());
+        let side = OperatorSide::new(book, inbox.clone(), ctx.client.clone(), ctx.written_jobs.clone());
+        let side = side.with_stores(ctx.stores.clone());
+        // As the job and the Dataset already say (an edge resending after a restart): no call.
+        let same = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger, "selector": null}});
+        assert_eq!(side.apply("edge-1", 1, same).await, Applied::Applied);
+        let count = json!({"dataset": "ml/thermal-data", "numberOfSamples": 120});
+        assert_eq!(side.apply("edge-1", 2, count).await, Applied::Applied);
+        // A change is written.
+        let side = Arc::new(side);
+        let newer = json!({"dataset": "ml/thermal-data", "numberOfSamples": 150});
+        let applying = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply("edge-1", 3, newer).await }
+        });
+        let patch = api.expect("PATCH", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data/status").await;
+        assert_eq!(patch.body["status"]["numberOfSamples"], 150);
+        patch.ok(dataset_json());
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+        let fault = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger}, "fault": "ingest: x"});
+        let applying = tokio::spawn(async move { side.apply("edge-1", 4, fault).await });
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(patch.body["status"]["fault"], "ingest: x");
+        patch.ok(job_json(Value::Null));
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+    }
+
+    #[tokio::test]
     async fn a_dataset_count_is_written_and_a_gone_dataset_refused() {
         let (mut api, ctx, inbox) = setup();
         let side = side(&ctx, &inbox);
