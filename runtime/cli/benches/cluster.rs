@@ -12,10 +12,14 @@
 //! - many: 100 jobs over 10 edges (10 a node, each job its own Dataset), one operator,
 //!   `PERENNIAL_BENCH_ROUNDS_MANY` rounds (3), all jobs' samples appended at once.
 //!
-//! `PERENNIAL_BENCH_ONLY=alone|many` runs one of them. Printed: the control-plane time of a round
+//! `PERENNIAL_BENCH_ONLY=alone|many` runs one of them; `PERENNIAL_BENCH_BINARY` runs another
+//! `perennial` binary than this build's (a build before a change, say). Printed: the control-plane time of a round
 //! (samples appended -> round deployed), each stage hop, the operator's RSS idle and after the
-//! rounds, and the API server's requests per job-round (`apiserver_request_total`, the bench's own
-//! kubelet calls taken out).
+//! rounds, the API server's requests per job-round (`apiserver_request_total`, the bench's own
+//! kubelet calls taken out), the operator's own by verb and resource (its
+//! `perennial_operator_api_requests_total`), and the CPU seconds per job-round of kube-apiserver
+//! and etcd (`/proc/PID/stat`, their pids from the `up` state directory: `PERENNIAL_BENCH_K8S_STATE`,
+//! else the kubeconfig's directory) beside the operator's. Load averages are printed with them.
 
 // The rcgen CA of the link tests (its test cloud is not used here), the workers as the cluster
 // tests play them, and the ServiceAccount kubeconfig they run the operator with.
@@ -114,6 +118,8 @@ fn kill_children() {
 
 struct Cluster {
     kubeconfig: PathBuf,
+    /// The `up` state directory, whose pid files name kube-apiserver and etcd.
+    state: PathBuf,
     server: String,
     ca_pem: Vec<u8>,
     client: kube::Client,
@@ -141,7 +147,10 @@ impl Cluster {
         let client =
             kube::Client::try_from(kube::Config::from_custom_kubeconfig(config, &options).await.expect("config"))
                 .expect("kube client");
-        Cluster { kubeconfig, server, ca_pem, client }
+        let state = std::env::var_os("PERENNIAL_BENCH_K8S_STATE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| kubeconfig.parent().map(Path::to_path_buf).unwrap_or_default());
+        Cluster { kubeconfig, state, server, ca_pem, client }
     }
 
     fn kubectl(&self, args: &[&str]) -> String {
@@ -183,6 +192,15 @@ impl Cluster {
         name
     }
 
+    /// CPU seconds used so far by kube-apiserver and etcd, if their pid files are found.
+    fn control_plane_cpu(&self) -> Option<(f64, f64)> {
+        let of = |file: &str| {
+            let pid = std::fs::read_to_string(self.state.join(file)).ok()?;
+            cpu_seconds(pid.trim().parse().ok()?)
+        };
+        Some((of("kube-apiserver.pid")?, of("etcd.pid")?))
+    }
+
     /// `apiserver_request_total` by "VERB resource[/subresource]".
     async fn requests(&self) -> BTreeMap<String, f64> {
         let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
@@ -204,6 +222,40 @@ impl Cluster {
         }
         counts
     }
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / per_second)
+}
+
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+/// The operator's `perennial_operator_api_requests_total`, by "verb resource".
+async fn operator_requests(http: &reqwest::Client, metrics_port: u16) -> BTreeMap<String, f64> {
+    let url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let text = match http.get(&url).timeout(Duration::from_secs(10)).send().await {
+        Ok(response) => response.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let mut counts = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("perennial_operator_api_requests_total{")) {
+        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
+        let labels = parse_labels(labels);
+        let get = |key: &str| labels.get(key).map(String::as_str).unwrap_or_default().to_owned();
+        *counts.entry(format!("{} {}", get("verb"), get("resource"))).or_insert(0.0) +=
+            value.parse::<f64>().unwrap_or(0.0);
+    }
+    counts
 }
 
 fn parse_labels(text: &str) -> HashMap<String, String> {
@@ -231,7 +283,10 @@ struct Process {
 impl Process {
     fn start(args: &[String], log: PathBuf) -> Process {
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        // Another build's binary may be measured with this bench (before and after a change).
+        let binary =
+            std::env::var_os("PERENNIAL_BENCH_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_perennial").into());
+        let child = Command::new(binary)
             .args(args)
             .env("RUST_LOG", "info")
             .env_remove("KUBECONFIG")
@@ -241,6 +296,10 @@ impl Process {
             .expect("start perennial");
         CHILDREN.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
         Process { child, log }
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.child.id()).unwrap_or(f64::NAN)
     }
 
     /// VmRSS, in MiB.
@@ -451,6 +510,13 @@ struct Outcome {
     rss_after: f64,
     requests: BTreeMap<String, f64>,
     own: BTreeMap<String, f64>,
+    /// The operator's own requests, as it counts them.
+    operator_requests: BTreeMap<String, f64>,
+    /// CPU seconds over the rounds: kube-apiserver and etcd (if found), the operator.
+    control_plane_cpu: Option<(f64, f64)>,
+    operator_cpu: f64,
+    /// Load averages (1, 5, 15 min) before and after the rounds.
+    load: (String, String),
     elapsed: Duration,
 }
 
@@ -613,8 +679,11 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
     let rss_idle = operator.rss_mib();
     eprintln!("   operator idle: {rss_idle:.1} MiB");
 
+    let load_before = load_average();
     let before = cluster.requests().await;
     let own_before = log.own.lock().expect("own").clone();
+    let operator_before = operator_requests(&http, metrics_port).await;
+    let cpu_before = (cluster.control_plane_cpu(), operator.cpu_seconds());
     let started = Instant::now();
     let mut times = Vec::new();
     let per_round_limit = Duration::from_secs(if jobs.len() > 1 { 300 } else { 120 });
@@ -648,9 +717,27 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         eprintln!("   round {round}: p50 {:.0} ms, max {:.0} ms", pct(&last, 50.0), pct(&last, 100.0));
     }
     let elapsed = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The operator publishes Events off the reconcile path: its calls are counted once they stop.
+    let mut settled = operator_requests(&http, metrics_port).await;
+    for _ in 0..300 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = operator_requests(&http, metrics_port).await;
+        let quiet = now.iter().all(|(key, count)| {
+            key.starts_with("get leases") || key.starts_with("update leases") || settled.get(key) == Some(count)
+        });
+        settled = now;
+        if quiet {
+            break;
+        }
+    }
     let after = cluster.requests().await;
     let own_after = log.own.lock().expect("own").clone();
+    let operator_after = operator_requests(&http, metrics_port).await;
+    let cpu_after = (cluster.control_plane_cpu(), operator.cpu_seconds());
+    let control_plane_cpu = match (cpu_before.0, cpu_after.0) {
+        (Some((api, etcd)), Some((api_after, etcd_after))) => Some((api_after - api, etcd_after - etcd)),
+        _ => None,
+    };
     let rss_after = operator.rss_mib();
     let diff = |a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
         a.iter().map(|(k, v)| (k.clone(), v - b.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v > 0.0).collect()
@@ -669,6 +756,10 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         rss_after,
         requests: diff(&after, &before),
         own: diff(&own_after, &own_before),
+        operator_requests: diff(&operator_after, &operator_before),
+        control_plane_cpu,
+        operator_cpu: cpu_after.1 - cpu_before.1,
+        load: (load_before, load_average()),
         elapsed,
     }
 }
@@ -791,5 +882,23 @@ fn print_results(results: &[Outcome]) {
                 println!("    {key:<44} {:>9.2}", rest / per);
             }
         }
+        let operator: f64 = outcome.operator_requests.values().sum();
+        println!("the operator's own requests per job-round (its /metrics): {:.1}", operator / per);
+        for (key, count) in &outcome.operator_requests {
+            println!("    {key:<44} {:>9.2}", count / per);
+        }
+        match outcome.control_plane_cpu {
+            Some((api, etcd)) => println!(
+                "CPU per job-round: kube-apiserver {:.1} ms, etcd {:.1} ms, the operator {:.1} ms",
+                api * 1000.0 / per,
+                etcd * 1000.0 / per,
+                outcome.operator_cpu * 1000.0 / per
+            ),
+            None => println!(
+                "CPU per job-round: the operator {:.1} ms (no kube-apiserver.pid / etcd.pid: set PERENNIAL_BENCH_K8S_STATE)",
+                outcome.operator_cpu * 1000.0 / per
+            ),
+        }
+        println!("load average before / after the rounds: {} / {}", outcome.load.0, outcome.load.1);
     }
 }

@@ -385,6 +385,7 @@ pub fn train_waiting(
     if !unchanged(&store, job, &row)? {
         return Ok(Outcome::not_due(MOVED));
     }
+    let counts_in_outbox = store.counts_in_outbox;
     let tx = store.write_recording(std::slice::from_ref(&record))?;
     super::health::decided(&tx, job, "trigger", "train", report.reason.as_deref().unwrap_or_default(), clock.now)?;
     for (batch, ..) in &pending {
@@ -394,6 +395,9 @@ pub fn train_waiting(
         "UPDATE jobs SET round = ?2, round_started_at = ?3, acted = ?4, stage = 'Train', phase = 'Ready' WHERE name = ?1",
         params![job, round, clock.now as i64, format!("{round}/Train")],
     )?;
+    if counts_in_outbox {
+        super::status_report::queue_job_count(&tx, job, clock.now)?;
+    }
     report::enqueue(&tx, &report, clock.now)?;
     tx.commit()?;
     drop(store);

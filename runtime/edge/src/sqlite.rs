@@ -245,6 +245,10 @@ pub struct Store {
     conn: Connection,
     /// Decision records not yet written (a trigger's waits).
     pub recorder: Recorder,
+    /// The datasets' sample counts travel in the outbox (over the link): a round's Train Ready
+    /// report is queued right behind its dataset's count, so that the cloud writes the count
+    /// before the job's status moves (the embedded mode reads the counts from the store).
+    pub counts_in_outbox: bool,
 }
 
 impl Store {
@@ -286,7 +290,7 @@ impl Store {
         // Each job's turn reads its row and its pending counts, a hundred jobs once a second:
         // statements parsed once, not on every read (rusqlite keeps 16 by default).
         conn.set_prepared_statement_cache_capacity(64);
-        let mut store = Store { conn, recorder: Recorder::default() };
+        let mut store = Store { conn, recorder: Recorder::default(), counts_in_outbox: false };
         store.migrate(&shown, migrations)?;
         Ok(store)
     }

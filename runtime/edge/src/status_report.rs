@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use rusqlite::params;
+use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 
 use super::health;
@@ -31,12 +31,7 @@ pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Re
         statement.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
     };
     for (dataset, samples) in counts {
-        let body = json!({"dataset": dataset, "numberOfSamples": samples}).to_string();
-        tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![dataset, body, now as i64])?;
-        tx.execute(
-            "UPDATE dataset_status SET reported = 1 WHERE dataset = ?1 AND samples = ?2",
-            params![dataset, samples],
-        )?;
+        queue_count(&tx, &dataset, samples, now)?;
         queued += 1;
     }
     let faults: HashMap<String, String> = crate::rounds::faults(&tx)?.into_iter().collect();
@@ -61,6 +56,34 @@ pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Re
     tx.commit()?;
     *sent = next;
     Ok(queued)
+}
+
+/// Queues the count of `job`'s dataset if it changed since it was last queued, inside the
+/// caller's transaction (a Train Ready report's: the count goes just before it).
+pub fn queue_job_count(tx: &rusqlite::Transaction<'_>, job: &str, now: u64) -> Result<(), rusqlite::Error> {
+    let count = tx
+        .query_row(
+            "SELECT dataset_status.dataset, dataset_status.samples FROM dataset_status JOIN jobs
+             ON dataset_status.dataset = json_extract(jobs.spec, '$.dataset')
+             WHERE jobs.name = ?1 AND dataset_status.reported = 0",
+            [job],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)),
+        )
+        .optional()?;
+    match count {
+        Some((dataset, samples)) => queue_count(tx, &dataset, samples, now),
+        None => Ok(()),
+    }
+}
+
+fn queue_count(tx: &rusqlite::Transaction<'_>, dataset: &str, samples: i64, now: u64) -> Result<(), rusqlite::Error> {
+    let body = json!({"dataset": dataset, "numberOfSamples": samples}).to_string();
+    tx.execute("INSERT INTO outbox (job, body, created) VALUES (?1, ?2, ?3)", params![dataset, body, now as i64])?;
+    tx.execute(
+        "UPDATE dataset_status SET reported = 1 WHERE dataset = ?1 AND samples = ?2",
+        params![dataset, samples],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -123,6 +146,27 @@ mod tests {
         crate::rounds::set_fault(&mut store, "ml/a", None).unwrap();
         assert_eq!(queue_changes(&mut store, &mut sent, 11).unwrap(), 1);
         assert!(outbox(&store)[5]["fault"].is_null());
+    }
+
+    #[test]
+    fn a_jobs_count_is_queued_with_its_report_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("edge.db")).unwrap();
+        let spec = JobSpec { dataset: "ml/d".into(), ..JobSpec::default() };
+        crate::register_job(&mut store, "ml/a", "uid-a", &spec).unwrap();
+        crate::register_job(&mut store, "ml/b", "uid-b", &JobSpec::default()).unwrap();
+        store
+            .conn()
+            .execute("INSERT INTO dataset_status (dataset, samples, reported) VALUES ('ml/d', 120, 0)", [])
+            .unwrap();
+        let tx = store.write().unwrap();
+        queue_job_count(&tx, "ml/b", 5).unwrap();
+        queue_job_count(&tx, "ml/a", 5).unwrap();
+        queue_job_count(&tx, "ml/a", 5).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(outbox(&store), [json!({"dataset": "ml/d", "numberOfSamples": 120})], "once, and only its own");
+        // Queued: the next round of changes does not send it again.
+        assert_eq!(queue_changes(&mut store, &mut SentPolicies::new(), 6).unwrap(), 0);
     }
 
     #[test]

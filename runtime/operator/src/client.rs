@@ -5,7 +5,8 @@
 //!   call then fails. The file is read again every minute (projected tokens rotate), and a read
 //!   that fails keeps the last token, as kube-rs and client-go do.
 //! - Every answer's status is seen by [`ApiHealth`], so that `/healthz` and `/readyz` say when the
-//!   API server refuses the operator's credentials instead of answering 200 while nothing works.
+//!   API server refuses the operator's credentials instead of answering 200 while nothing works;
+//!   every request is counted there too, by verb and resource (`/metrics`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,7 +47,9 @@ pub fn build(mut config: kube::Config, health: Arc<ApiHealth>) -> Result<kube::C
         seen.answered(response.status().as_u16());
         response
     }));
+    let counted = health.clone();
     let builder = builder.with_layer(&tower::util::MapRequestLayer::new(move |mut request: Request<Body>| {
+        counted.requests.sent(request.method(), request.uri().path(), request.uri().query());
         if let Some(token) = &token {
             request.headers_mut().insert(AUTHORIZATION, token.header());
         }
@@ -100,6 +103,8 @@ fn read_token(path: &Path) -> Result<HeaderValue, ClientError> {
 #[derive(Debug, Default)]
 pub struct ApiHealth {
     state: Mutex<Answers>,
+    /// Every request sent, by verb and resource.
+    pub requests: crate::api_requests::ApiRequests,
 }
 
 #[derive(Debug, Default)]

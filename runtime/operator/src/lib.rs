@@ -5,6 +5,7 @@
 //! that checks the sequence of calls.
 
 pub mod absent_nodes;
+pub mod api_requests;
 pub mod client;
 pub mod events;
 pub mod identity;
@@ -194,12 +195,12 @@ fn start_link(
 ) -> tokio::sync::watch::Sender<bool> {
     let book = Arc::new(link::NodeBook::default());
     let (complete, completed) = tokio::sync::oneshot::channel();
-    let stores_for_absent = stores.clone();
-    tokio::spawn(link::follow_cluster(stores, changes, book.clone(), complete));
+    tokio::spawn(link::follow_cluster(stores.clone(), changes, book.clone(), complete));
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));
     tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
-    let said_absent = (book.clone(), stores_for_absent, context.events.clone());
-    let side = Arc::new(link::OperatorSide::new(book, context.inbox.clone(), client.clone()));
+    let said_absent = (book.clone(), stores.clone(), context.events.clone());
+    let side = link::OperatorSide::new(book, context.inbox.clone(), client.clone(), context.written_jobs.clone());
+    let side = Arc::new(side.with_stores(stores));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let metrics = context.metrics.clone();
     tokio::spawn(async move {

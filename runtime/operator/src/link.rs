@@ -27,7 +27,8 @@ use super::node_state::DesiredNodes;
 use super::observe::UID_LABEL;
 use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
-use perennial_api::LifelongLearningJob;
+use super::written::WrittenJobs;
+use perennial_api::{LifelongLearningJob, PolicyStatus};
 use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired, ServerSettings, serve};
 use perennial_link::socket::{NodeTokens, server_tls};
 use perennial_types::Report;
@@ -129,14 +130,52 @@ pub struct OperatorSide {
     pub book: Arc<NodeBook>,
     pub inbox: Arc<Inbox>,
     pub client: Client,
+    /// The policies' writes are remembered with the reconciler's: its next status write is made
+    /// from the newest version, not refused as a conflict with this one.
+    written_jobs: Arc<WrittenJobs>,
+    /// The watches' copies, to skip a write that would change nothing (a report resent after a
+    /// reconnect or an edge restart).
+    stores: Option<Stores>,
     /// The highest report applied per node since this operator started. After a restart it is
     /// 0: the edge resends what it holds, and the stage machine takes each report once.
     watermarks: Mutex<HashMap<String, u64>>,
 }
 
 impl OperatorSide {
-    pub fn new(book: Arc<NodeBook>, inbox: Arc<Inbox>, client: Client) -> OperatorSide {
-        OperatorSide { book, inbox, client, watermarks: Mutex::default() }
+    pub fn new(book: Arc<NodeBook>, inbox: Arc<Inbox>, client: Client, written_jobs: Arc<WrittenJobs>) -> OperatorSide {
+        OperatorSide { book, inbox, client, written_jobs, stores: None, watermarks: Mutex::default() }
+    }
+
+    /// Reads the watches' copies (`stores`) to skip writes that change nothing.
+    pub fn with_stores(self, stores: Stores) -> OperatorSide {
+        OperatorSide { stores: Some(stores), ..self }
+    }
+
+    /// Whether the job's status (as the watch or a write here shows it) already holds these
+    /// policies and this fault (`None`: a report without one, which leaves it).
+    fn policies_hold(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+        policies: &Value,
+        fault: Option<&Value>,
+    ) -> bool {
+        let Some(stored) = self.stores.as_ref().and_then(|s| s.jobs.get(&ObjectRef::new(name).within(namespace)))
+        else {
+            return false;
+        };
+        let job = self.written_jobs.newest(&stored);
+        if uid.is_some_and(|uid| job.metadata.uid.as_deref() != Some(uid)) {
+            return false;
+        }
+        let status = job.status.unwrap_or_default();
+        let reported: Option<BTreeMap<String, PolicyStatus>> = policies
+            .as_object()
+            .map(|kinds| kinds.iter().filter(|(_, p)| !p.is_null()).map(|(k, p)| (k.clone(), p.clone())).collect())
+            .and_then(|kinds: serde_json::Map<String, Value>| serde_json::from_value(Value::Object(kinds)).ok());
+        let same_fault = fault.is_none_or(|fault| fault.as_str() == status.fault.as_deref());
+        reported.is_some_and(|reported| reported == status.policies) && same_fault
     }
 
     async fn apply_job(&self, body: Value) -> Applied {
@@ -181,6 +220,10 @@ impl OperatorSide {
         for kind in ["trigger", "splitter", "selector"] {
             policies.insert(kind.to_owned(), reported.get(kind).cloned().unwrap_or(Value::Null));
         }
+        let policies = Value::Object(policies);
+        if self.policies_hold(namespace, name, reported_uid, &policies, body.get("fault")) {
+            return Applied::Applied; // no write that changes nothing
+        }
         let jobs: Api<LifelongLearningJob> = Api::namespaced(self.client.clone(), namespace);
         let mut status = serde_json::json!({"policies": policies});
         // The edge's repeating error (null clears it); an edge that never sends one leaves it.
@@ -189,7 +232,10 @@ impl OperatorSide {
         }
         let patch = serde_json::json!({"status": status});
         match jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => Applied::Applied,
+            Ok(written) => {
+                self.written_jobs.wrote(written);
+                Applied::Applied
+            }
             Err(kube::Error::Api(status)) if status.code == 404 => Applied::Rejected(format!("job {key} is gone")),
             Err(err) => Applied::Failed(format!("job {key}: writing its policies: {err}")),
         }
@@ -203,6 +249,10 @@ impl OperatorSide {
         let Some((namespace, name)) = key.split_once('/') else {
             return Applied::Rejected(format!("dataset {key:?} is not namespace/name"));
         };
+        let stored = self.stores.as_ref().and_then(|s| s.datasets.get(&ObjectRef::new(name).within(namespace)));
+        if stored.and_then(|d| d.status.as_ref().map(|s| s.number_of_samples)) == i64::try_from(samples).ok() {
+            return Applied::Applied; // no write that changes nothing
+        }
         match write_dataset_status(self.client.clone(), namespace, name, samples).await {
             Ok(()) => Applied::Applied,
             Err(super::reconcile::Error::Kube { source, .. }) if matches!(source.as_ref(), kube::Error::Api(status) if status.code == 404) => {

@@ -95,7 +95,13 @@ impl Default for Metrics {
 impl Metrics {
     /// Metrics whose health includes what `api` sees of the client's calls.
     pub fn with_api(api: Arc<ApiHealth>) -> Metrics {
-        Metrics { api, ..Metrics::default() }
+        let mut metrics = Metrics::default();
+        metrics.registry.register(
+            "api_requests",
+            "Requests sent to the API server, by verb and resource",
+            api.requests.counts.clone(),
+        );
+        Metrics { api, ..metrics }
     }
 
     pub fn link_refusal(&self, outcome: &str) {
@@ -215,7 +221,9 @@ mod tests {
 
     #[test]
     fn counters_render_as_prometheus_text() {
-        let metrics = Metrics::default();
+        let api = Arc::new(ApiHealth::default());
+        api.requests.sent(&http::Method::POST, "/api/v1/namespaces/ml/pods", None);
+        let metrics = Metrics::with_api(api);
         metrics.reconciles.inc();
         metrics.error("create_pod");
         metrics.transition("Train", "Starting");
@@ -226,6 +234,7 @@ mod tests {
             "perennial_operator_errors_total{kind=\"create_pod\"} 1",
             "perennial_operator_stage_transitions_total{stage=\"Train\",phase=\"Starting\"} 1",
             "perennial_operator_pods_created_total{worker=\"train\"} 1",
+            "perennial_operator_api_requests_total{verb=\"create\",resource=\"pods\"} 1",
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }

@@ -1,7 +1,8 @@
 //! The reconciler: one LifelongLearningJob at a time, the shared stage machine over what the API
 //! server says (the job's status, its pods listed by uid) and the edge's waiting reports; the
-//! new status written first (a merge patch under the resourceVersion read, retried from a fresh
-//! read on a conflict), then its actions carried out (pods created or deleted, events).
+//! new status written first, in one merge patch under the resourceVersion read (retried on a
+//! conflict from the job as the watch shows it next), then its actions carried out (pods created
+//! or deleted, one Event per round and stage).
 //!
 //! Writing the status before acting makes a crash between the two safe: the next reconcile
 //! finds the stage Starting with no pod and starts it again (counted), and a status write that
@@ -39,6 +40,9 @@ pub const WORKER_NAME_ANNOTATION: &str = "perennial.io/worker-name";
 const RESYNC: Duration = Duration::from_secs(300);
 /// Status writes tried before giving up for this reconcile (each after a fresh read).
 const STATUS_TRIES: usize = 5;
+/// How long a status write refused as a conflict waits for the job watch to show the write it
+/// lost to, before reading the job from the API server instead.
+const WATCH_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// What worker pods are made with, beyond the job.
 #[derive(Clone, Debug)]
@@ -64,8 +68,9 @@ pub struct Context {
     pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// The pods created here that the pod store may not show yet.
     pub written: super::written::WrittenPods,
-    /// The jobs' statuses as written here, which the job store may not show yet.
-    pub written_jobs: super::written::WrittenJobs,
+    /// The jobs' statuses as written here (reconciles and the link), which the job store may
+    /// not show yet.
+    pub written_jobs: Arc<super::written::WrittenJobs>,
     /// Rounds whose finished Train and Eval pods are kept, the newest (0: all).
     pub finished_rounds_kept: u64,
 }
@@ -194,7 +199,8 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     let reports = ctx.inbox.peek(&namespace, &name);
     // The job comes from the watch's store (or as last written here, if the store is behind),
     // which may still lag. A status made from a stale one is refused (the patch carries the
-    // resourceVersion read) and made again from a fresh read; a report that changes nothing
+    // resourceVersion read) and made again from the watch's once it shows the write it lost to
+    // (a fresh read if it does not within a second); a report that changes nothing
     // against it is judged again against a fresh read too, as one judged stale against an old
     // status would be acknowledged and lost.
     let mut current = ctx.written_jobs.newest(job);
@@ -230,6 +236,12 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
             }
             Err(kube::Error::Api(status)) if status.is_conflict() && tries + 1 < STATUS_TRIES => {
                 tries += 1;
+                // The write it lost to reaches the watch in a moment: no read needed.
+                if let Some(newer) = newer_from_watch(ctx, job, &version).await {
+                    tracing::debug!(job = key, "the status changed since it was read; stepping again from the watch's");
+                    current = newer;
+                    continue;
+                }
                 read_fresh_once = true;
                 tracing::debug!(job = key, "the status changed since it was read; reading it again");
                 let Some(fresh) = read_fresh(&jobs, &name, &view.uid, &key).await? else {
@@ -246,26 +258,20 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
 
     let reference = job.object_ref(&());
     let mut previous = before.conditions.last();
-    for condition in added_conditions(&before, &step.status) {
+    let added = added_conditions(&before, &step.status);
+    for condition in added {
         ctx.metrics.transition(&condition.stage.to_string(), &condition.type_.to_string());
-        let said = worth_an_event(condition, previous);
-        previous = Some(condition);
-        if !said {
-            continue;
+        if let Some((reason, note)) = condition_event(condition, previous, &step.status) {
+            let action = format!("Round{}{}", step.status.round, condition.stage);
+            ctx.events.publish(&reference, false, reason, action, note);
         }
-        let note = match &condition.message {
-            Some(message) => format!("round {}: {message}", step.status.round),
-            None => format!("round {}", step.status.round),
-        };
-        let warning = condition.type_ == Phase::Failed;
-        let (reason, action) = (
-            format!("{}{}", condition.stage, condition.type_),
-            format!("Round{}{}", step.status.round, condition.stage),
-        );
-        ctx.events.publish(&reference, warning, &reason, action, note);
+        previous = Some(condition);
     }
     for action in &step.actions {
-        act(job, ctx, &reference, action, step.status.round).await?;
+        // A stage's first worker of the round (its Starting just added) is the stage's Event.
+        let first = matches!(action, Action::StartWorker(spec)
+            if added.iter().any(|c| c.stage == spec.stage && c.type_ == Phase::Starting));
+        act(job, ctx, &reference, action, &step.status, first).await?;
     }
     if step.status.rounds_completed > before.rounds_completed {
         prune_finished_pods(ctx, &namespace, &view.uid, &listed, step.status.round, &key).await;
@@ -289,6 +295,30 @@ async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[
     {
         ctx.metrics.error("prune_pods");
         tracing::warn!(job = key, "deleting the finished pods of past rounds ({selector}): {err}");
+    }
+}
+
+/// The job as the watch (or a write of the link's) shows it once past resourceVersion `version`,
+/// waited for up to [`WATCH_CATCH_UP`]; `None` if it does not come, or the job is gone or made
+/// again.
+async fn newer_from_watch(ctx: &Context, job: &LifelongLearningJob, version: &str) -> Option<LifelongLearningJob> {
+    let version: u64 = version.parse().ok()?;
+    let reference = ObjectRef::from_obj(job);
+    let deadline = tokio::time::Instant::now() + WATCH_CATCH_UP;
+    loop {
+        let stored = ctx.stores.jobs.get(&reference)?;
+        if stored.metadata.uid != job.metadata.uid {
+            return None;
+        }
+        let newest = ctx.written_jobs.newest(&stored);
+        let seen = newest.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+        if seen.is_some_and(|seen| seen > version) {
+            return Some(newest);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -319,41 +349,66 @@ pub fn added_conditions<'a>(
     }
 }
 
-/// Whether a new condition gets an Event. The status keeps every condition; an Event is for a
-/// reader of the job's story (`kubectl describe`) and costs the API server a write (one per
-/// transition made half of a round's requests). So: a stage ready (a round started with the
-/// trigger's reason, the model chosen), completed or failed, and the Waiting of a new job or of a
-/// retry. Starting is said by `WorkerCreated` (with the pod's name), Running by the pod itself,
-/// and a Waiting that follows a Completed by that Completed.
-pub fn worth_an_event(condition: &JobCondition, previous: Option<&JobCondition>) -> bool {
-    match condition.type_ {
-        Phase::Starting | Phase::Running => false,
-        Phase::Waiting => previous.is_none_or(|previous| previous.type_ != Phase::Completed),
-        Phase::Ready | Phase::Completed | Phase::Failed => true,
+/// The Event a new condition gets, if any: (reason, note). The status keeps every condition; an
+/// Event is for a reader of the job's story (`kubectl describe`) and costs the API server a
+/// write (one per transition was a third of a round's requests). So a round and stage gets one
+/// Event, when its worker is created ([`started_note`]: the trigger's reason, the model chosen),
+/// and a condition only where no worker is: a new job's first Waiting, and a Deploy that
+/// completes without one (the selector chose no model). A failure is said by the stage
+/// machine's `StageFailed` warning, which says when the retry comes.
+pub fn condition_event(
+    condition: &JobCondition,
+    previous: Option<&JobCondition>,
+    status: &LifelongLearningJobStatus,
+) -> Option<(&'static str, String)> {
+    match (condition.stage, condition.type_, previous.map(|p| (p.stage, p.type_))) {
+        (Stage::Train, Phase::Waiting, None) => Some(("TrainWaiting", "waiting for the trigger".to_owned())),
+        (Stage::Deploy, Phase::Completed, Some((Stage::Deploy, Phase::Waiting))) => {
+            let why = status.message.as_deref().map(|m| format!(": {m}")).unwrap_or_default();
+            Some(("DeployCompleted", format!("round {}: no model deployed{why}", status.round)))
+        }
+        _ => None,
     }
 }
 
-/// Carries out one action of the step that left the job in `round`.
+/// The note of a round and stage's Event, once its worker `pod` is created: what started it (the
+/// trigger's reason), what it works on (the models to evaluate, the model chosen to deploy).
+pub fn started_note(stage: Stage, status: &LifelongLearningJobStatus, pod: &str) -> String {
+    let models = status.data.as_ref().and_then(|d| d.input.as_ref()).map(|i| &i.models[..]).unwrap_or_default();
+    let urls = models.iter().map(|m| m.url.as_str()).collect::<Vec<_>>().join(", ");
+    let why = status.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
+    let what = match stage {
+        Stage::Train => format!("triggered{why}"),
+        Stage::Eval => format!("evaluating {urls}"),
+        Stage::Deploy => format!("deploying {urls}{why}"),
+    };
+    format!("round {}: {what}; created the {} pod {pod}", status.round, stage.worker_kind())
+}
+
+/// Carries out one action of the step that left the job in `status`; `first`: the stage's first
+/// worker of the round (said as the stage's start, not as a re-creation).
 async fn act(
     job: &LifelongLearningJob,
     ctx: &Context,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
     action: &Action,
-    round: u64,
+    status: &LifelongLearningJobStatus,
+    first: bool,
 ) -> Result<(), Error> {
-    let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
+    let (namespace, key, round) = (namespace_of(job), perennial_api::key(&job.metadata), status.round);
     match action {
         Action::StartWorker(spec) => match start_worker(job, ctx, spec).await {
             Ok(pod) => {
                 ctx.metrics.pod_created(spec.stage.worker_kind());
-                let note = format!("round {}: created the {} pod {pod}", spec.round, spec.stage.worker_kind());
-                ctx.events.publish(
-                    reference,
-                    false,
-                    "WorkerCreated",
-                    format!("Round{}{}", spec.round, spec.stage),
-                    note,
-                );
+                let action = format!("Round{}{}", spec.round, spec.stage);
+                let (reason, note) = if first {
+                    (started_reason(spec.stage), started_note(spec.stage, status, &pod))
+                } else {
+                    let note =
+                        format!("round {}: created the {} pod {pod} again", spec.round, spec.stage.worker_kind());
+                    ("WorkerCreated", note)
+                };
+                ctx.events.publish(reference, false, reason, action, note);
             }
             // Said on the job; the next reconcile finds no pod and tries again (counted).
             Err(err) => {
@@ -385,6 +440,14 @@ async fn act(
         }
     }
     Ok(())
+}
+
+fn started_reason(stage: Stage) -> &'static str {
+    match stage {
+        Stage::Train => "TrainStarted",
+        Stage::Eval => "EvalStarted",
+        Stage::Deploy => "DeployStarted",
+    }
 }
 
 /// Creates the stage's pod from the job's template; returns its name.
@@ -505,20 +568,62 @@ mod tests {
     }
 
     #[test]
-    fn a_round_is_told_by_its_starts_ends_and_faults_not_every_transition() {
+    fn only_a_new_job_and_a_deploy_without_a_worker_get_a_condition_event() {
         use Phase::*;
         use Stage::*;
+        let status =
+            LifelongLearningJobStatus { round: 3, message: Some("no candidate beats it".into()), ..Default::default() };
         let said = |stage, phase, previous: Option<(Stage, Phase)>| {
             let previous = previous.map(|(stage, phase)| condition(stage, phase));
-            worth_an_event(&condition(stage, phase), previous.as_ref())
+            condition_event(&condition(stage, phase), previous.as_ref(), &status).map(|(reason, _)| reason)
         };
-        assert!(said(Train, Waiting, None), "a new job");
-        assert!(said(Train, Waiting, Some((Deploy, Failed))), "a retry");
-        assert!(!said(Eval, Waiting, Some((Train, Completed))), "said by the Completed before it");
-        assert!(said(Train, Ready, Some((Train, Waiting))));
-        assert!(!said(Train, Starting, Some((Train, Ready))), "said by WorkerCreated");
-        assert!(!said(Train, Running, Some((Train, Starting))));
-        assert!(said(Eval, Completed, Some((Eval, Running))));
-        assert!(said(Deploy, Failed, Some((Deploy, Starting))));
+        assert_eq!(said(Train, Waiting, None), Some("TrainWaiting"), "a new job");
+        assert_eq!(
+            condition_event(&condition(Deploy, Completed), Some(&condition(Deploy, Waiting)), &status),
+            Some(("DeployCompleted", "round 3: no model deployed: no candidate beats it".to_owned()))
+        );
+        for (stage, phase, previous) in [
+            (Train, Ready, (Train, Waiting)),
+            (Train, Starting, (Train, Ready)),
+            (Train, Running, (Train, Starting)),
+            (Train, Completed, (Train, Running)),
+            (Eval, Waiting, (Train, Completed)),
+            (Deploy, Completed, (Deploy, Starting)),
+            (Train, Waiting, (Deploy, Completed)),
+            (Deploy, Failed, (Deploy, Starting)),
+            (Train, Waiting, (Deploy, Failed)),
+        ] {
+            assert_eq!(said(stage, phase, Some(previous)), None, "{stage} {phase} after {previous:?}");
+        }
+    }
+
+    #[test]
+    fn a_stage_start_says_the_triggers_reason_and_the_model_chosen() {
+        let model = |url: &str| perennial_api::Model { format: "pkl".into(), url: url.into(), metrics: None };
+        let input = |urls: &[&str]| perennial_api::ConditionData {
+            input: Some(perennial_api::Input { models: urls.iter().map(|u| model(u)).collect(), ..Default::default() }),
+            output: None,
+        };
+        let mut status = LifelongLearningJobStatus {
+            round: 4,
+            message: Some("num_of_samples 50 >= 40".into()),
+            data: Some(input(&[])),
+            ..Default::default()
+        };
+        assert_eq!(
+            started_note(Stage::Train, &status, "j-train-x"),
+            "round 4: triggered (num_of_samples 50 >= 40); created the train pod j-train-x"
+        );
+        status.message = None;
+        status.data = Some(input(&["/o/train/4/model.pkl"]));
+        assert_eq!(
+            started_note(Stage::Eval, &status, "j-eval-x"),
+            "round 4: evaluating /o/train/4/model.pkl; created the eval pod j-eval-x"
+        );
+        status.message = Some("mlogloss 0.21 beats 0.34".into());
+        assert_eq!(
+            started_note(Stage::Deploy, &status, "j-inference-x"),
+            "round 4: deploying /o/train/4/model.pkl (mlogloss 0.21 beats 0.34); created the inference pod j-inference-x"
+        );
     }
 }

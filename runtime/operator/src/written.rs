@@ -58,10 +58,17 @@ pub struct WrittenJobs {
 }
 
 impl WrittenJobs {
-    /// Remembers `job` (the API server's answer to a status write).
+    /// Remembers `job` (the API server's answer to a status write), unless a newer answer is
+    /// remembered already (the reconciler and the link write the same job, each its fields).
     pub fn wrote(&self, job: LifelongLearningJob) {
         let Some(uid) = job.metadata.uid.clone() else { return };
-        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(uid, job);
+        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match written.get(&uid) {
+            Some(known) if version(known) >= version(&job) => {}
+            _ => {
+                written.insert(uid, job);
+            }
+        }
     }
 
     /// The newer of `stored` (from the job store) and the job as last written; a written one the
@@ -69,7 +76,6 @@ impl WrittenJobs {
     pub fn newest(&self, stored: &LifelongLearningJob) -> LifelongLearningJob {
         let Some(uid) = stored.metadata.uid.as_deref() else { return stored.clone() };
         let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let version = |job: &LifelongLearningJob| job.metadata.resource_version.as_deref()?.parse::<u64>().ok();
         match written.get(uid) {
             Some(job) if version(job) > version(stored) => job.clone(),
             Some(_) => {
@@ -84,6 +90,11 @@ impl WrittenJobs {
     pub fn forget(&self, uid: &str) {
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(uid);
     }
+}
+
+/// A job's resourceVersion as a number (the API server's are etcd revisions).
+fn version(job: &LifelongLearningJob) -> Option<u64> {
+    job.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// The listed pods plus the remembered ones they lack; and what stays remembered: not listed
@@ -166,6 +177,8 @@ mod tests {
         assert_eq!(version(written.newest(&job("7"))), "7");
         assert_eq!(version(written.newest(&job("6"))), "6", "forgotten once the store caught up");
         written.wrote(job("9"));
+        written.wrote(job("8"));
+        assert_eq!(version(written.newest(&job("7"))), "9", "an older answer that came later is not kept");
         written.forget("u");
         assert_eq!(version(written.newest(&job("8"))), "8");
     }

@@ -107,6 +107,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let link = args.cloud_url.as_ref().map(|url| link_settings(url, &args)).transpose()?;
     let _lock = perennial_edge::state_lock::lock(&args.state_dir, "perennial edge")?;
     let mut store = Store::open(&args.state_dir.join("edge.db"))?;
+    store.counts_in_outbox = link.is_some();
     let configs: Vec<JobConfig> = match &args.jobs {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("--jobs {}", path.display()))?;

@@ -86,6 +86,7 @@ struct ApiServer {
     /// path, in the order made but in no fixed order with its other calls. Reason, type, note.
     events: VecDeque<(String, String, String)>,
     /// The operator's watches, as the tests fill them.
+    jobs: Writer<LifelongLearningJob>,
     pods: Writer<Pod>,
     datasets: Writer<Dataset>,
     pods_seen: Arc<AtomicU64>,
@@ -194,7 +195,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
     let (inbox, _woken) = Inbox::new();
     let inbox = Arc::new(inbox);
     let reporter = Reporter { controller: "perennial-operator".into(), instance: Some("test".into()) };
-    let (jobs, _) = reflector::store::<LifelongLearningJob>();
+    let (jobs, jobs_writer) = reflector::store::<LifelongLearningJob>();
     let (pods, pods_writer) = reflector::store::<Pod>();
     let (datasets, datasets_writer) = reflector::store::<Dataset>();
     let pods_seen = Arc::new(AtomicU64::new(0));
@@ -216,8 +217,14 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
         written_jobs: Default::default(),
         finished_rounds_kept: 2,
     };
-    let mut api =
-        ApiServer { handle, events: VecDeque::new(), pods: pods_writer, datasets: datasets_writer, pods_seen };
+    let mut api = ApiServer {
+        handle,
+        events: VecDeque::new(),
+        jobs: jobs_writer,
+        pods: pods_writer,
+        datasets: datasets_writer,
+        pods_seen,
+    };
     api.show_pods(vec![]);
     let dataset = serde_json::from_value(dataset_json()).expect("a dataset");
     api.datasets.apply_watcher_event(&watcher::Event::Init);
@@ -364,7 +371,7 @@ async fn a_new_job_gets_the_finalizer_then_its_status_initialised() {
     assert_eq!(status["conditions"][0]["stage"], "Train");
     patch.ok(job_json(status));
     let (reason, kind, note) = api.event().await;
-    assert_eq!((reason.as_str(), kind.as_str(), note.as_str()), ("TrainWaiting", "Normal", "round 0"));
+    assert_eq!((reason.as_str(), kind.as_str(), note.as_str()), ("TrainWaiting", "Normal", "waiting for the trigger"));
     let requeue = run.await.expect("join").expect("reconciled");
     assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(300)));
     assert!(api.only_events().await.is_empty());
@@ -396,11 +403,13 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     assert_eq!(pod["metadata"]["annotations"][WORKER_NAME_ANNOTATION], worker.as_str());
     assert!(env.contains(&("TRAIN_DATASET_URL".into(), "/home/data/output/thermal/data/train/1/data.txt".into())));
     create.respond(StatusCode::CREATED, created(pod, "thermal-train-x7k2p"));
-    // Events for the round's start (Starting is said by the pod's) and the pod, and no more.
-    let events: Vec<_> = [api.event().await, api.event().await].into();
-    let reasons: Vec<&str> = events.iter().map(|(reason, _, _)| reason.as_str()).collect();
-    assert_eq!(reasons, ["TrainReady", "WorkerCreated"]);
-    assert!(events[1].2.contains("thermal-train-x7k2p"), "{}", events[1].2);
+    // One Event for the round's Train: its pod, and no more.
+    let (reason, _, note) = api.event().await;
+    assert_eq!(reason, "TrainStarted");
+    assert!(
+        note.starts_with("round 1: triggered") && note.ends_with("created the train pod thermal-train-x7k2p"),
+        "{note}"
+    );
     run.await.expect("join").expect("reconciled");
     // Written: the report is acknowledged and leaves the inbox.
     tokio::time::timeout(Duration::from_secs(1), receipt).await.expect("acknowledged").expect("applied");
@@ -425,7 +434,7 @@ async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
     assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Eval"), Some("Waiting")));
     assert_eq!(status["lastTrained"]["url"], "/output/thermal/train/1/model.pkl");
     patch.ok(job_json(status));
-    assert_eq!(api.only_events().await, ["TrainCompleted"]);
+    assert!(api.only_events().await.is_empty(), "Eval's start is said with its pod");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied");
 }
@@ -466,7 +475,7 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     assert!(env.iter().any(|(k, v)| k == "WORKER_NAME" && v.starts_with("inferworker-")));
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-inference-new"));
-    assert_eq!(api.only_events().await, ["DeployReady", "WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["DeployStarted"]);
     run.await.expect("join").expect("reconciled");
 
     // The new pod runs and is Ready: the round is done, the model deployed.
@@ -486,7 +495,7 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     assert_eq!(done["deployed"]["round"], 1);
     assert_eq!(done["deployed"]["metrics"]["accuracy"], 0.9);
     patch.ok(job_json(done));
-    assert_eq!(api.only_events().await, ["DeployCompleted"]);
+    assert!(api.only_events().await.is_empty(), "the round's Deploy was said with its pod");
     run.await.expect("join").expect("reconciled");
 }
 
@@ -528,7 +537,7 @@ async fn a_deployed_round_deletes_the_train_and_eval_pods_of_rounds_before_the_n
     );
     assert_eq!(delete.body["propagationPolicy"], "Background");
     delete.ok(pod_list(vec![]));
-    assert_eq!(api.only_events().await, ["DeployCompleted"]);
+    assert!(api.only_events().await.is_empty(), "the round's Deploy was said with its pod");
     run.await.expect("join").expect("reconciled");
 
     // The next reconcile, before the watch shows the deletion, completes no round: no request.
@@ -570,9 +579,38 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     // Only this round's train worker: earlier rounds' finished pods stay for `kubectl logs`.
     assert!(delete.query().ends_with("worker-type=train,perennial.io/round=1"), "{}", delete.query());
     delete.ok(pod_list(vec![]));
-    assert_eq!(api.only_events().await, ["TrainFailed", "StageFailed"]);
+    assert_eq!(api.only_events().await, ["StageFailed"]);
     let requeue = run.await.expect("join").expect("reconciled");
     assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(10)), "Sedna's first backoff");
+}
+
+#[tokio::test]
+async fn a_status_conflict_is_retried_from_the_watchs_newer_copy_without_a_read() {
+    let (mut api, ctx, inbox) = setup();
+    let waiting = status_after(&[]);
+    api.jobs.apply_watcher_event(&watcher::Event::Apply((*job(waiting.clone())).clone()));
+    let receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx));
+    let first = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(first.body["metadata"]["resourceVersion"], "10");
+    // The edge's policies were written meanwhile; the watch shows them a moment after the 409.
+    first.respond(StatusCode::CONFLICT, conflict());
+    let mut theirs = job_json(waiting);
+    theirs["metadata"]["resourceVersion"] = json!("11");
+    theirs["status"]["policies"] =
+        json!({"trigger": {"plugin": "builtin:threshold-trigger", "digest": "sha256:ab", "health": "Serving"}});
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    api.jobs.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(theirs).expect("a job")));
+    // No GET: the second write is made from the watch's copy.
+    let second = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(second.body["metadata"]["resourceVersion"], "11", "made from the watch's newer copy");
+    assert_eq!(second.body["status"].get("policies"), None, "theirs kept, untouched");
+    let status = second.body["status"].clone();
+    second.ok(job_json(status));
+    api.train_pod("thermal-train-x7k2p").await;
+    assert_eq!(api.only_events().await, ["TrainStarted"]);
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied once the write succeeded");
 }
 
 #[tokio::test]
@@ -603,7 +641,7 @@ async fn a_status_conflict_is_retried_from_a_fresh_read_keeping_the_concurrent_c
     let status = second.body["status"].clone();
     second.ok(job_json(status));
     api.train_pod("thermal-train-x7k2p").await;
-    assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"]);
+    assert_eq!(api.only_events().await, ["TrainStarted"]);
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied once the write succeeded");
 }
@@ -700,7 +738,7 @@ async fn a_status_made_from_a_stale_cache_is_refused_and_made_again_from_a_fresh
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
     api.train_pod("thermal-train-x7k2p").await;
-    assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"], "nothing from the cache");
+    assert_eq!(api.only_events().await, ["TrainStarted"], "nothing from the cache");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied, not dropped as stale");
 }
@@ -723,7 +761,7 @@ async fn a_report_that_changes_nothing_against_the_cache_is_judged_again_against
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
     api.train_pod("thermal-train-x7k2p").await;
-    assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"], "no StaleReport");
+    assert_eq!(api.only_events().await, ["TrainStarted"], "no StaleReport");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied, not dropped as stale");
 }
@@ -779,7 +817,8 @@ mod link {
     use super::*;
 
     fn side(ctx: &Arc<Context>, inbox: &Arc<Inbox>) -> Arc<OperatorSide> {
-        Arc::new(OperatorSide::new(Arc::new(NodeBook::default()), inbox.clone(), ctx.client.clone()))
+        let book = Arc::new(NodeBook::default());
+        Arc::new(OperatorSide::new(book, inbox.clone(), ctx.client.clone(), ctx.written_jobs.clone()))
     }
 
     #[tokio::test]
@@ -805,7 +844,7 @@ mod link {
         let status = patch.body["status"].clone();
         patch.ok(job_json(status));
         api.train_pod("thermal-train-x7k2p").await;
-        assert_eq!(api.only_events().await, ["TrainReady", "WorkerCreated"]);
+        assert_eq!(api.only_events().await, ["TrainStarted"]);
         run.await.expect("join").expect("reconciled");
         let applied = tokio::time::timeout(Duration::from_secs(1), applying).await.expect("answered").expect("join");
         assert_eq!(applied, Applied::Applied);
@@ -843,6 +882,43 @@ mod link {
         let applying = tokio::spawn(async move { side.apply("edge-1", 5, body).await });
         let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
         assert!(patch.body["status"].get("fault").is_some_and(Value::is_null), "{}", patch.body);
+        patch.ok(job_json(Value::Null));
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+    }
+
+    #[tokio::test]
+    async fn a_report_resent_that_changes_nothing_is_not_written_again() {
+        let (mut api, ctx, inbox) = setup();
+        let trigger = json!({"plugin": "builtin:threshold-trigger", "digest": "ab12", "health": "Serving"});
+        let mut status = status_after(&[]);
+        status["policies"] = json!({"trigger": trigger});
+        api.jobs.apply_watcher_event(&watcher::Event::Apply((*job(status)).clone()));
+        let mut dataset = dataset_json();
+        dataset["status"] = json!({"numberOfSamples": 120});
+        api.datasets.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(dataset).expect("a dataset")));
+        let book = Arc::new(NodeBook::default());
+        let side = OperatorSide::new(book, inbox.clone(), ctx.client.clone(), ctx.written_jobs.clone());
+        let side = side.with_stores(ctx.stores.clone());
+        // As the job and the Dataset already say (an edge resending after a restart): no call.
+        let same = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger, "selector": null}});
+        assert_eq!(side.apply("edge-1", 1, same).await, Applied::Applied);
+        let count = json!({"dataset": "ml/thermal-data", "numberOfSamples": 120});
+        assert_eq!(side.apply("edge-1", 2, count).await, Applied::Applied);
+        // A change is written.
+        let side = Arc::new(side);
+        let newer = json!({"dataset": "ml/thermal-data", "numberOfSamples": 150});
+        let applying = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply("edge-1", 3, newer).await }
+        });
+        let patch = api.expect("PATCH", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data/status").await;
+        assert_eq!(patch.body["status"]["numberOfSamples"], 150);
+        patch.ok(dataset_json());
+        assert_eq!(applying.await.expect("join"), Applied::Applied);
+        let fault = json!({"job": "ml/thermal", "jobUid": UID, "policies": {"trigger": trigger}, "fault": "ingest: x"});
+        let applying = tokio::spawn(async move { side.apply("edge-1", 4, fault).await });
+        let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+        assert_eq!(patch.body["status"]["fault"], "ingest: x");
         patch.ok(job_json(Value::Null));
         assert_eq!(applying.await.expect("join"), Applied::Applied);
     }
