@@ -195,6 +195,8 @@ async fn leader_behind_the_service(world: &World) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_on_the_leader() {
     let world = Arc::new(World::new("rollout").await);
+    // Alone in labelling the operator's pods (rbac.rs runs an operator with a pod there too).
+    let _labelling = world.cluster.labelling_operator_pods().await;
     // kube-controller-manager turns the Deployment into a ReplicaSet: without one, say what to start.
     let sets: Api<ReplicaSet> = Api::namespaced(world.client.clone(), SYSTEM);
     until(

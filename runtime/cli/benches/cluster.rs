@@ -480,6 +480,10 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         .create(&PostParams::default(), &secret)
         .await
         .expect("the tokens' Secret");
+    // The cluster-wide install reads Secrets only where this is bound (README).
+    let account = "--serviceaccount=perennial-system:perennial-operator";
+    let role = "--clusterrole=perennial-operator-credentials";
+    cluster.kubectl(&["-n", &namespace, "create", "rolebinding", "perennial-operator-credentials", role, account]);
     let operator_kubeconfig = service_account::service_account_kubeconfig(
         &cluster.client,
         (&cluster.server, &cluster.ca_pem),

@@ -78,6 +78,12 @@ pub enum Error {
     Conflicts(String),
     #[error("{0}")]
     Finalizer(Box<finalizer::Error<Error>>),
+    /// The job's Dataset is not in the operator's watch (deleted, or not made yet).
+    #[error("{job}: no Dataset {dataset:?} in its namespace; the job waits for it")]
+    DatasetMissing { job: String, dataset: String },
+    /// A Secret the job (or its Dataset) names that the operator will not or may not read.
+    #[error("{0}")]
+    Credential(String),
     /// Not a fault: the job's finalizer waits until its pods, being deleted, are gone.
     #[error("{job}: {pods} of its pods still terminating; the job goes once they are gone")]
     PodsTerminating { job: String, pods: usize },
@@ -89,6 +95,8 @@ impl Error {
         match self {
             Error::Kube { what, .. } => what,
             Error::Conflicts(_) => "status_conflicts",
+            Error::Credential(_) => "credential",
+            Error::DatasetMissing { .. } => "read_dataset",
             Error::Finalizer(inner) => match inner.as_ref() {
                 finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err) => err.kind(),
                 _ => "finalizer",
@@ -391,15 +399,12 @@ async fn act(
 async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpec) -> Result<String, Error> {
     let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
     let dataset_name = &job.spec.dataset.name;
-    // From the Dataset watch; read from the API server only if the watch has not shown it yet
-    // (applied with the job a moment ago).
-    let dataset = match ctx.stores.datasets.get(&ObjectRef::new(dataset_name).within(&namespace)) {
-        Some(dataset) => dataset.as_ref().clone(),
-        None => {
-            let datasets: Api<Dataset> = Api::namespaced(ctx.client.clone(), &namespace);
-            datasets.get(dataset_name).await.map_err(kube_error("read_dataset", &key))?
-        }
+    // From the Dataset watch only: the edge heard of the job through that watch (its Dataset's
+    // node), so a Dataset it lacks is one deleted since (and the operator needs no `get` on them).
+    let Some(dataset) = ctx.stores.datasets.get(&ObjectRef::new(dataset_name).within(&namespace)) else {
+        return Err(Error::DatasetMissing { job: key, dataset: dataset_name.clone() });
     };
+    let dataset = dataset.as_ref().clone();
     let job_credential = credential(ctx, &namespace, job.spec.credential_name.as_deref(), &key).await?;
     let dataset_credential = credential(ctx, &namespace, dataset.spec.credential_name.as_deref(), &key).await?;
     let kind = spec.stage.worker_kind();
@@ -437,8 +442,21 @@ async fn credential(
     key: &str,
 ) -> Result<Option<Credential>, Error> {
     let Some(name) = name.filter(|n| !n.is_empty()) else { return Ok(None) };
+    // Only a Secret of the job's own namespace, by a plain name (a Dataset's is not validated
+    // before this): never another namespace's, never a path.
+    if let Some(why) = perennial_api::credential_refusal(Some(name), namespace) {
+        return Err(Error::Credential(format!("{key}: spec.credentialName: {why}")));
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let secret = secrets.get_metadata(name).await.map_err(kube_error("read_secret", key))?;
+    let secret = secrets.get_metadata(name).await.map_err(|err| match err {
+        // The cluster-wide install grants Secrets per namespace: say which grant is missing.
+        kube::Error::Api(status) if status.code == 403 => Error::Credential(format!(
+            "{key}: the operator may not read the Secret {namespace}/{name} (credentialName): bind the ClusterRole \
+             perennial-operator-credentials in {namespace} (README, \"On a cluster\"): {}",
+            status.message
+        )),
+        err => kube_error("read_secret", key)(err),
+    })?;
     let annotations = secret.metadata.annotations.unwrap_or_default();
     Ok(endpoint_url(&annotations).map(|endpoint_url| Credential { secret: name.to_owned(), endpoint_url }))
 }
