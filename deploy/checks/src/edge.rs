@@ -100,12 +100,15 @@ fn only_daemonset(text: &str) -> DaemonSet {
     typed(find("apps/v1", "DaemonSet"), "DaemonSet")
 }
 
+/// A rule as (API groups, resources, verbs, resource names).
+type Rule = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+
 /// The operator's grants in the agents' namespace: their pods (a reviewed token's pod read, all
 /// watched) and the one Secret of static node tokens, by name; bound to the operator's
 /// ServiceAccount in its own namespace (kustomize must not have moved it).
 fn operator_may_read_the_agents_pods_and_the_tokens_only(role: Role, binding: RoleBinding) {
     assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
-    let mut rules: Vec<(Vec<String>, Vec<String>, Vec<String>, Vec<String>)> = role
+    let mut rules: Vec<Rule> = role
         .rules
         .unwrap_or_default()
         .into_iter()
