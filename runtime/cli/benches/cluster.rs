@@ -165,10 +165,12 @@ impl Cluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// The CRDs and `deploy/operator`, as the README says.
+    /// The CRDs, `deploy/operator` and `deploy/edge` (the operator's Role in the agents'
+    /// namespace, whose pods it watches), as the README says.
     fn install(&self) {
         self.kubectl(&["apply", "-f", "deploy/crds/"]);
         self.kubectl(&["apply", "-k", "deploy/operator"]);
+        self.kubectl(&["apply", "-k", "deploy/edge"]);
         for crd in ["crd/lifelonglearningjobs.sedna.io", "crd/datasets.sedna.io"] {
             self.kubectl(&["wait", "--timeout", "60s", "--for", "condition=Established", crd]);
         }

@@ -197,3 +197,22 @@ impl VersionFloor {
 fn version_of<K: Resource>(object: &K) -> Option<u64> {
     object.meta().resource_version.as_deref()?.parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per-namespace watches: the store is complete up to the lowest of their versions, and
+    /// unknown (0) until each has shown one.
+    #[test]
+    fn the_floor_is_the_slowest_namespace() {
+        let mut floor = VersionFloor::new(vec!["a".into(), "b".into()]);
+        assert_eq!(floor.saw("a", 100), 0, "b has shown nothing yet");
+        assert_eq!(floor.saw("b", 40), 40);
+        assert_eq!(floor.saw("b", 120), 100);
+        assert_eq!(floor.saw("a", 90), 100, "never back");
+        assert_eq!(floor.saw("elsewhere", 500), 100, "a namespace not watched counts for nothing");
+        let mut all = VersionFloor::new(vec![String::new()]);
+        assert_eq!(all.saw("", 7), 7, "one cluster-wide watch");
+    }
+}
