@@ -253,7 +253,7 @@ async fn warning(world: &World, name: &str, reason: &str, says: &str) -> Event {
 }
 
 /// A job beside the world's, naming another namespace's Secret: refused by name, on the job's
-/// events, and the Secret never read. Looked at again unchanged, it says so again (a repeated
+/// events and its `status.message`, and the Secret never read. Looked at again unchanged, it says so again (a repeated
 /// Event: patched into a series).
 async fn a_secret_of_another_namespace_is_refused(world: &World, other: &str) {
     let job = json!({"apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob", "metadata": {"name": "stolen"},
@@ -269,6 +269,13 @@ async fn a_secret_of_another_namespace_is_refused(world: &World, other: &str) {
     let first = warning(world, "stolen", "InvalidSpec", &says).await;
     let note = first.note.clone().unwrap_or_default();
     assert!(note.contains("spec.credentialName"), "the refusal names the field: {note}");
+    // And on the job's status.
+    let message = until("the refusal in the job's status.message", Duration::from_secs(30), || async {
+        let job = world.jobs().get_opt("stolen").await.ok()??;
+        job.status?.message.filter(|m| m.starts_with("refused: "))
+    })
+    .await;
+    assert!(message.contains("spec.credentialName") && message.contains(&says), "{message}");
     // Its Dataset changed: the job is looked at again, unchanged, and refused again.
     world.cluster.kubectl_ok(&["annotate", "dataset", DATASET, "-n", &world.namespace, "perennial.io/test=again"]);
     until("the refusal said again (a series)", Duration::from_secs(30), || async {

@@ -196,8 +196,12 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     if let Err(errors) = perennial_api::validate_job(job, &|_| true) {
         ctx.metrics.error("invalid_spec");
         ctx.events.publish(&job.object_ref(&()), true, "InvalidSpec", "Validate".into(), errors.to_string());
+        // On the status too, where `kubectl get ll -o yaml` and scripts look.
+        set_refusal(&jobs, job, ctx, Some(format!("{REFUSED}{errors}")), &key).await?;
         return Ok(Requeue::await_change());
     }
+    // Edited into a valid job: the former refusal goes.
+    set_refusal(&jobs, job, ctx, None, &key).await?;
 
     let reports = ctx.inbox.peek(&namespace, &name);
     // The job comes from the watch's store (or as last written here, if the store is behind),
@@ -282,6 +286,36 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         Some(after) => Requeue::requeue(after.min(RESYNC)),
         None => Requeue::requeue(RESYNC),
     })
+}
+
+/// How `status.message` starts while the job's spec is refused.
+pub const REFUSED: &str = "refused: ";
+
+/// Writes the spec's refusal to `status.message` (`None`: clears a former one), when that
+/// changes it: a merge patch of the one field, remembered for the next status write.
+async fn set_refusal(
+    jobs: &Api<LifelongLearningJob>,
+    job: &LifelongLearningJob,
+    ctx: &Context,
+    refusal: Option<String>,
+    key: &str,
+) -> Result<(), Error> {
+    let current = ctx.written_jobs.newest(job);
+    let message = current.status.as_ref().and_then(|status| status.message.as_deref());
+    let unchanged = match &refusal {
+        Some(refusal) => message == Some(refusal.as_str()),
+        None => !message.is_some_and(|m| m.starts_with(REFUSED)),
+    };
+    if unchanged {
+        return Ok(());
+    }
+    let body = json!({"status": {"message": refusal}});
+    let written = jobs
+        .patch_status(&job.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(kube_error("patch_status", key))?;
+    ctx.written_jobs.wrote(written);
+    Ok(())
 }
 
 /// Once a round completes, the Train and Eval pods of rounds before the newest kept ones go, in

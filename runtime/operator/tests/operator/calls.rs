@@ -662,12 +662,20 @@ async fn dataset_status_is_a_merge_patch_of_its_two_fields() {
 }
 
 #[tokio::test]
-async fn an_invalid_spec_is_said_on_the_job_and_nothing_else_happens() {
+async fn an_invalid_spec_is_said_on_the_job_and_in_its_status_and_nothing_else_happens() {
     let (mut api, ctx, _inbox) = setup();
     let mut bad = job_json(status_after(&[]));
     bad["spec"]["dataset"]["trainProb"] = json!(1.5);
     let bad: Arc<LifelongLearningJob> = Arc::new(serde_json::from_value(bad).expect("job"));
     let run = tokio::spawn(reconcile::reconcile(bad, ctx));
+    // The refusal in status.message: a merge patch of that field alone.
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let message = patch.body["status"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.starts_with("refused: ") && message.contains("spec.dataset.trainProb"), "{message}");
+    assert_eq!(patch.body["status"].as_object().map(|o| o.len()), Some(1), "{}", patch.body);
+    let mut status = status_after(&[]);
+    status["message"] = json!(message);
+    patch.ok(job_json(status));
     let (reason, kind, note) = api.event().await;
     assert_eq!((reason.as_str(), kind.as_str()), ("InvalidSpec", "Warning"));
     assert!(note.contains("trainProb"), "{note}");
