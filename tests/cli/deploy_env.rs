@@ -57,14 +57,15 @@ fn crds_are_the_generated_ones() {
     let by_name = |crds: &[CustomResourceDefinition]| -> BTreeMap<String, CustomResourceDefinition> {
         crds.iter().map(|crd| (crd.metadata.name.clone().unwrap_or_default(), crd.clone())).collect()
     };
-    let mut installed = by_name(&rendered.crds);
+    let installed = by_name(&rendered.crds);
     let generated = by_name(&generated);
     assert_eq!(installed.keys().collect::<Vec<_>>(), generated.keys().collect::<Vec<_>>());
-    for (name, crd) in &mut installed {
-        // kustomize adds its labels; the rest is as generated.
-        let labels = crd.metadata.labels.take().unwrap_or_default();
-        let expected: BTreeMap<_, _> = operator::LABELS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        assert_eq!(labels, expected, "{name}: labels");
+    let expected: BTreeMap<_, _> = operator::LABELS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    for (name, crd) in &installed {
+        // kustomize's labels, which `perennial crd` (so deploy/crds/) gives them too: `apply -f
+        // deploy/crds/` and `apply -k deploy/operator` agree.
+        assert_eq!(crd.metadata.labels.as_ref(), Some(&expected), "{name}: labels");
+        assert_eq!(generated[name].metadata.labels.as_ref(), Some(&expected), "{name}: labels of `perennial crd`");
         let versions: Vec<_> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(versions, ["v1alpha1"], "{name}");
         assert!(crd == &generated[name], "{name} differs from `perennial crd`: regenerate deploy/crds/");

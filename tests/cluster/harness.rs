@@ -111,14 +111,23 @@ impl Cluster {
         APPLYING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The CRDs and `deploy/operator` (the operator's ServiceAccount and RBAC), applied once per
-    /// test process, as the README says.
+    /// Held by the tests that run an operator with its own pod in `perennial-system` (the leader
+    /// labels it, and takes the label off every other pod there).
+    pub async fn labelling_operator_pods(&self) -> tokio::sync::MutexGuard<'static, ()> {
+        static LABELLING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        LABELLING.lock().await
+    }
+
+    /// The CRDs, `deploy/operator` (the operator's ServiceAccount and RBAC) and `deploy/edge`,
+    /// applied once per test process, as the README says.
     pub fn install(&self) {
         static INSTALLED: OnceLock<()> = OnceLock::new();
         INSTALLED.get_or_init(|| {
             let _applying = self.applying_cluster_wide();
             self.kubectl_ok(&["apply", "-f", "deploy/crds/"]);
             self.kubectl_ok(&["apply", "-k", "deploy/operator"]);
+            // The edge agents' namespace, with the operator's Role there (it watches their pods).
+            self.kubectl_ok(&["apply", "-k", "deploy/edge"]);
             self.kubectl_ok(&["wait", "--for", "condition=Established", "crd/lifelonglearningjobs.sedna.io"]);
             self.kubectl_ok(&["wait", "--for", "condition=Established", "crd/datasets.sedna.io"]);
         });

@@ -110,7 +110,7 @@ async fn create_account(client: &Client, namespace: &str, name: &str) {
 }
 
 /// A pod of `account` on `node` (no kubelet: it only has to exist). Returns its uid.
-async fn create_pod(client: &Client, namespace: &str, name: &str, account: &str, node: &str) -> String {
+pub async fn create_pod(client: &Client, namespace: &str, name: &str, account: &str, node: &str) -> String {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let object = serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -126,7 +126,7 @@ async fn create_pod(client: &Client, namespace: &str, name: &str, account: &str,
     pod.metadata.uid.expect("the pod has a uid")
 }
 
-async fn delete_pod(client: &Client, namespace: &str, name: &str) {
+pub async fn delete_pod(client: &Client, namespace: &str, name: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
         .await
@@ -143,7 +143,7 @@ async fn delete_pod(client: &Client, namespace: &str, name: &str) {
 
 /// A token of `account` for `audience`, bound to the pod (name, uid) if given: what the
 /// kubelet's projected `serviceAccountToken` volume holds.
-async fn mint(
+pub async fn mint(
     client: &Client,
     namespace: &str,
     account: &str,
@@ -248,9 +248,9 @@ async fn proves_its_node(client: Client, namespace: &str) {
     );
 }
 
-/// The operator's RBAC from deploy/operator/rbac.yaml suffices: a client holding a token of the
-/// `perennial-operator` ServiceAccount (bound by that ClusterRole) reviews the agent's token and
-/// reads its pod. `kubeconfig` is the admin's (the cluster's address and CA).
+/// The operator's RBAC from deploy/ suffices: a client holding a token of the
+/// `perennial-operator` ServiceAccount (its ClusterRole, and deploy/edge's Role in the agents'
+/// namespace) reviews the agent's token and reads its pod. `kubeconfig` is the admin's (the cluster's address and CA).
 async fn rbac_suffices(client: Client, namespace: &str, kubeconfig: &Path) {
     crate::harness::cluster().install();
     let operator_token = mint(&client, "perennial-system", "perennial-operator", None, None).await;
@@ -262,6 +262,13 @@ async fn rbac_suffices(client: Client, namespace: &str, kubeconfig: &Path) {
     let operator = Client::try_from(config).expect("the operator's client");
 
     create_namespace(&client, namespace).await;
+    // What deploy/edge grants the operator in the agents' namespace, in this test's one.
+    let grants = std::fs::read_to_string(crate::harness::repo().join("deploy/edge/operator-rbac.yaml"))
+        .expect("deploy/edge/operator-rbac.yaml")
+        .replace("namespace: perennial-edge", &format!("namespace: {namespace}"));
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), grants).expect("write");
+    crate::harness::cluster().kubectl_ok(&["apply", "-f", &file.path().display().to_string()]);
     create_account(&client, namespace, AGENT).await;
     let uid = create_pod(&client, namespace, "agent-a", AGENT, "node-a").await;
     let token = mint(&client, namespace, AGENT, Some(AUDIENCE), Some(("agent-a", &uid))).await;

@@ -24,6 +24,7 @@ mod flood;
 mod harness;
 mod identity;
 mod install;
+mod rbac;
 mod restart;
 mod rollout;
 mod rounds;

@@ -196,6 +196,8 @@ async fn leader_behind_the_service(world: &World) -> String {
 async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_on_the_leader() {
     let _operator_pods = crate::harness::operator_deployment().lock().await;
     let world = Arc::new(World::new("rollout").await);
+    // Alone in labelling the operator's pods (rbac.rs runs an operator with a pod there too).
+    let _labelling = world.cluster.labelling_operator_pods().await;
     // kube-controller-manager turns the Deployment into a ReplicaSet: without one, say what to start.
     let sets: Api<ReplicaSet> = Api::namespaced(world.client.clone(), SYSTEM);
     until(
@@ -216,6 +218,12 @@ async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_
     rollout_status(&world);
     let second = leader_behind_the_service(&world).await;
     assert_ne!(first, second, "the rolling update replaced the leader's pod too");
+    // `rollout status` does not wait for the old pods to stop: the test kubelet stops them first.
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), SYSTEM);
+    until("the old replicas stopped and gone", Duration::from_secs(60), || async {
+        (pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?.items.len() == 2).then_some(())
+    })
+    .await;
 
     stop.store(true, Ordering::SeqCst);
     let running = kubelet.await.expect("the test kubelet");

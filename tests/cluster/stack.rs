@@ -22,6 +22,8 @@ use crate::sedna_worker;
 pub const JOB: &str = "thermal";
 pub const DATASET: &str = "readings";
 const TOKEN: &str = "a-node-token-for-the-tests";
+/// The operator's ServiceAccount (deploy/operator), as the API server names it.
+const OPERATOR_ACCOUNT: &str = "system:serviceaccount:perennial-system:perennial-operator";
 
 /// The files, names and ports of one world.
 pub struct World {
@@ -61,6 +63,25 @@ impl World {
         std::fs::write(root.path().join("token"), TOKEN).expect("token");
         let node = format!("node-{namespace}");
         cluster.secret(&client, &namespace, "edge-tokens", &[(&node, TOKEN)]).await;
+        // The link's node tokens are a Secret of this namespace: the operator of the cluster-wide
+        // install reads Secrets only where it is granted so (README's command).
+        cluster.kubectl_ok(&[
+            "-n",
+            &namespace,
+            "create",
+            "rolebinding",
+            "perennial-operator-credentials",
+            "--clusterrole=perennial-operator-credentials",
+            "--serviceaccount=perennial-system:perennial-operator",
+        ]);
+        // Bound once the API server's authorizer says so (its cache follows the binding).
+        let can_i = ["auth", "can-i", "get", "secrets", "-n", &namespace, "--as", OPERATOR_ACCOUNT];
+        for _ in 0..100 {
+            if cluster.kubectl(&can_i).stdout.starts_with(b"yes") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let operator_kubeconfig =
             cluster.service_account_kubeconfig(&client, "perennial-system", "perennial-operator", root.path()).await;
         let index = root.path().join("data/index.txt");
@@ -95,8 +116,14 @@ impl World {
 
     /// [`World::start_operator`] on given ports (a replica restarted where it was).
     pub fn start_operator_at(&self, identity: &str, metrics_port: u16, link_port: u16) -> Operator {
+        self.start_operator_with(identity, (metrics_port, link_port), &[])
+    }
+
+    /// [`World::start_operator_at`] with some flags given other values (`("--namespace", "a,b")`).
+    pub fn start_operator_with(&self, identity: &str, ports: (u16, u16), overrides: &[(&str, &str)]) -> Operator {
+        let (metrics_port, link_port) = ports;
         let file = |name: &str| self.file(name).display().to_string();
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "operator",
             "--kubeconfig",
             &self.operator_kubeconfig.display().to_string(),
@@ -125,6 +152,12 @@ impl World {
         ]
         .map(str::to_owned)
         .to_vec();
+        for (flag, value) in overrides {
+            match args.iter().position(|arg| arg == flag) {
+                Some(at) => args[at + 1] = (*value).to_owned(),
+                None => args.extend([(*flag).to_owned(), (*value).to_owned()]),
+            }
+        }
         let log = self.file(&format!("operator-{identity}-{}.log", self.operator_logs.fetch_add(1, Ordering::SeqCst)));
         let process = Process::start(&args, log, &[("RUST_LOG", "info,perennial=debug")]);
         Operator { process, metrics_port, link_port }

@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Namespace, PodSpec, ServiceAccount, Volume, VolumeMount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 #[cfg(test)]
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Service};
 use serde::Serialize;
@@ -62,16 +63,24 @@ pub fn daemonset() -> Option<&'static DaemonSet> {
     RENDERED.get_or_init(|| crate::kustomize("deploy/edge").map(|text| only_daemonset(&text))).as_ref()
 }
 
-/// The rendered documents: the Namespace, the ServiceAccount and the DaemonSet.
+/// The rendered documents: the Namespace, the ServiceAccount, the operator's Role and its
+/// binding, and the DaemonSet.
 fn only_daemonset(text: &str) -> DaemonSet {
     let documents = crate::documents(text);
     let kinds: Vec<_> =
         documents.iter().map(|v| format!("{} {} {}", v["apiVersion"], v["kind"], v["metadata"]["name"])).collect();
     assert_eq!(
         kinds.len(),
-        3,
-        "deploy/edge renders three objects, the Namespace, the ServiceAccount and the DaemonSet: {kinds:?}"
+        5,
+        "deploy/edge renders five objects, the Namespace, the ServiceAccount, the operator's Role and \
+         RoleBinding, and the DaemonSet: {kinds:?}"
     );
+    let find = |api_version: &str, kind: &str| {
+        documents
+            .iter()
+            .find(|v| v["apiVersion"] == api_version && v["kind"] == kind)
+            .unwrap_or_else(|| panic!("deploy/edge renders no {kind}: {kinds:?}"))
+    };
     assert_eq!((documents[0]["apiVersion"].as_str(), documents[0]["kind"].as_str()), (Some("v1"), Some("Namespace")));
     let namespace: Namespace = typed(&documents[0], "Namespace");
     assert_eq!(namespace.metadata.name.as_deref(), Some(NAMESPACE));
@@ -81,18 +90,60 @@ fn only_daemonset(text: &str) -> DaemonSet {
         Some("privileged"),
         "the agent's pods use the host network, host paths and root: a restricted namespace refuses them"
     );
-    assert_eq!(
-        (documents[1]["apiVersion"].as_str(), documents[1]["kind"].as_str()),
-        (Some("v1"), Some("ServiceAccount"))
-    );
-    let account: ServiceAccount = typed(&documents[1], "ServiceAccount");
+    let account: ServiceAccount = typed(find("v1", "ServiceAccount"), "ServiceAccount");
     assert_eq!(account.metadata.name.as_deref(), Some(SERVICE_ACCOUNT));
     assert_eq!(account.metadata.namespace.as_deref(), Some(NAMESPACE));
-    assert_eq!(
-        (documents[2]["apiVersion"].as_str(), documents[2]["kind"].as_str()),
-        (Some("apps/v1"), Some("DaemonSet"))
+    operator_may_read_the_agents_pods_and_the_tokens_only(
+        typed(find("rbac.authorization.k8s.io/v1", "Role"), "Role"),
+        typed(find("rbac.authorization.k8s.io/v1", "RoleBinding"), "RoleBinding"),
     );
-    typed(&documents[2], "DaemonSet")
+    typed(find("apps/v1", "DaemonSet"), "DaemonSet")
+}
+
+/// A rule as (API groups, resources, verbs, resource names).
+type Rule = (Vec<String>, Vec<String>, Vec<String>, Vec<String>);
+
+/// The operator's grants in the agents' namespace: their pods (a reviewed token's pod read, all
+/// watched) and the one Secret of static node tokens, by name; bound to the operator's
+/// ServiceAccount in its own namespace (kustomize must not have moved it).
+fn operator_may_read_the_agents_pods_and_the_tokens_only(role: Role, binding: RoleBinding) {
+    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
+    let mut rules: Vec<Rule> = role
+        .rules
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| {
+            (
+                r.api_groups.unwrap_or_default(),
+                r.resources.unwrap_or_default(),
+                r.verbs,
+                r.resource_names.unwrap_or_default(),
+            )
+        })
+        .collect();
+    rules.sort();
+    let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        rules,
+        [
+            (strings(&[""]), strings(&["pods"]), strings(&["get", "list", "watch"]), vec![]),
+            (strings(&[""]), strings(&["secrets"]), strings(&["get"]), strings(&["perennial-edge-tokens"])),
+        ],
+        "the operator's Role in {NAMESPACE}"
+    );
+    assert_eq!(binding.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!((binding.role_ref.kind.as_str(), Some(&binding.role_ref.name)), ("Role", role.metadata.name.as_ref()));
+    let subjects: Vec<_> = binding
+        .subjects
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.kind, s.name, s.namespace.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        subjects,
+        [("ServiceAccount".to_owned(), "perennial-operator".to_owned(), OPERATOR_NAMESPACE.to_owned())],
+        "bound to the operator's ServiceAccount"
+    );
 }
 
 /// A checked-in manifest outside deploy/edge, as its type.
@@ -167,7 +218,7 @@ fn daemonset_runs_the_agent_on_the_host_network() {
     assert_eq!(container.command.as_deref(), Some(&["perennial".to_owned(), "edge".to_owned()][..]));
     assert_eq!(env_value(container, "BIND_PORT"), BIND_PORT);
     // The same image as the operator's: one release.
-    let operator: Deployment = manifest("deploy/operator/deployment.yaml");
+    let operator: Deployment = manifest("deploy/operator/base/deployment.yaml");
     let operator_image = operator.spec.and_then(|s| s.template.spec).and_then(|s| s.containers.first()?.image.clone());
     assert_eq!(container.image, operator_image, "the agent's image is the operator's");
     // The kubelet creates the state's host path root-owned, and the jobs' files are the host's:
@@ -236,7 +287,7 @@ fn identity_ca_and_node_name_come_from_the_cluster() {
         assert_ne!(secret, Some("perennial-edge-tokens"), "the DaemonSet mounts no node tokens");
     }
     // The operator reviews for the same audience.
-    let operator: Deployment = manifest("deploy/operator/deployment.yaml");
+    let operator: Deployment = manifest("deploy/operator/base/deployment.yaml");
     let operator = operator.spec.and_then(|s| s.template.spec).and_then(|s| s.containers.into_iter().next());
     let audience = operator
         .and_then(|c| c.env)
@@ -260,10 +311,12 @@ fn cloud_url_is_the_operators_link_service() {
     let authority = rest.split('/').next().unwrap_or_default();
     let (host, port) = authority.rsplit_once(':').unwrap_or_else(|| panic!("PERENNIAL_CLOUD_URL names no port: {url}"));
 
-    let service: Service = manifest("deploy/operator/service.yaml");
+    let service: Service = manifest("deploy/operator/base/service.yaml");
     let ports = service.spec.and_then(|s| s.ports).unwrap_or_default();
-    let link =
-        ports.iter().find(|p| p.name.as_deref() == Some("link")).expect("deploy/operator/service.yaml: a port `link`");
+    let link = ports
+        .iter()
+        .find(|p| p.name.as_deref() == Some("link"))
+        .expect("deploy/operator/base/service.yaml: a port `link`");
     assert_eq!(link.port, 10000);
     assert_eq!(port, link.port.to_string(), "PERENNIAL_CLOUD_URL names the link Service's port: {url}");
     let name = service.metadata.name.expect("the Service has a name");

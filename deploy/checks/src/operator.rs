@@ -26,23 +26,28 @@ const NAMESPACE: &str = "perennial-system";
 const IMAGE: &str = "ghcr.io/perennial-edge/perennial:0.1.0";
 pub const LABELS: [(&str, &str); 1] = [("app.kubernetes.io/part-of", "perennial")];
 
-/// What the operator calls, cluster wide: (API group, resource, verbs). The ClusterRole grants
-/// exactly these.
-const CLUSTER_GRANTS: &[(&str, &str, &[&str])] = &[
+/// What the operator calls on the jobs, in each namespace it watches: (API group, resource,
+/// verbs). tests/cluster/rbac.rs proves each is used. No Secrets: those are granted per
+/// namespace ([`CREDENTIAL_GRANTS`]).
+pub const JOB_GRANTS: &[(&str, &str, &[&str])] = &[
     ("sedna.io", "lifelonglearningjobs", &["get", "list", "watch", "patch"]),
-    ("sedna.io", "lifelonglearningjobs/status", &["get", "patch"]),
+    ("sedna.io", "lifelonglearningjobs/status", &["patch"]),
     ("sedna.io", "lifelonglearningjobs/finalizers", &["update"]),
-    ("sedna.io", "datasets", &["get", "list", "watch"]),
-    ("sedna.io", "datasets/status", &["get", "patch"]),
-    ("", "pods", &["get", "list", "watch", "create", "deletecollection"]),
-    ("", "secrets", &["get"]),
-    ("authentication.k8s.io", "tokenreviews", &["create"]),
+    ("sedna.io", "datasets", &["list", "watch"]),
+    ("sedna.io", "datasets/status", &["patch"]),
+    ("", "pods", &["list", "watch", "create", "deletecollection"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 
+/// The edge agents' tokens, reviewed: the one grant that is cluster wide in both installs.
+pub const REVIEW_GRANTS: &[(&str, &str, &[&str])] = &[("authentication.k8s.io", "tokenreviews", &["create"])];
+
+/// A job's credentialName Secret, in its own namespace.
+pub const CREDENTIAL_GRANTS: &[(&str, &str, &[&str])] = &[("", "secrets", &["get"])];
+
 /// Leader election, in the operator's namespace only: the Lease,
 /// and the leader's label on its own pod (and off a former leader's), which the Service selects.
-const LEADER_GRANTS: &[(&str, &str, &[&str])] =
+pub const LEADER_GRANTS: &[(&str, &str, &[&str])] =
     &[("coordination.k8s.io", "leases", &["get", "create", "update"]), ("", "pods", &["list", "patch"])];
 
 /// Where an object came from, for messages and the namespace check.
@@ -74,10 +79,23 @@ pub struct Rendered {
     pub crds: Vec<CustomResourceDefinition>,
 }
 
-/// `kubectl kustomize deploy/operator`, read once; `None` when kubectl is missing outside CI.
+/// `kubectl kustomize deploy/operator` (the cluster-wide install), read once; `None` when
+/// kubectl is missing outside CI.
 pub fn rendered() -> Option<&'static Rendered> {
     static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
     RENDERED.get_or_init(|| crate::kustomize("deploy/operator").map(|text| read(&text))).as_ref()
+}
+
+/// `kubectl kustomize deploy/operator-namespaced`, read once.
+pub fn rendered_namespaced() -> Option<&'static Rendered> {
+    static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
+    RENDERED.get_or_init(|| crate::kustomize("deploy/operator-namespaced").map(|text| read(&text))).as_ref()
+}
+
+/// `kubectl kustomize deploy/operator-namespaced/watched`, read once.
+fn rendered_watched() -> Option<&'static Rendered> {
+    static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
+    RENDERED.get_or_init(|| crate::kustomize("deploy/operator-namespaced/watched").map(|text| read(&text))).as_ref()
 }
 
 /// Splits the documents and reads each as its Kubernetes type.
@@ -196,13 +214,22 @@ fn assert_grants(what: &str, rules: &[PolicyRule], expected: &[(&str, &str, &[&s
 
 #[test]
 fn objects_are_the_expected_ones_in_the_operator_namespace() {
-    let Some(rendered) = rendered() else { return };
+    let Some(cluster_wide) = rendered() else { return };
+    let namespaced = rendered_namespaced().expect("rendered like deploy/operator");
+    for (rendered, cluster_role) in
+        [(cluster_wide, "perennial-operator"), (namespaced, "perennial-operator-tokenreviews")]
+    {
+        objects_are_the_expected_ones(rendered, cluster_role);
+    }
+}
+
+fn objects_are_the_expected_ones(rendered: &Rendered, cluster_role: &str) {
     let ids: BTreeSet<_> = rendered.all.iter().map(Meta::id).collect();
     for id in [
         "Namespace perennial-system",
         "ServiceAccount perennial-operator",
-        "ClusterRole perennial-operator",
-        "ClusterRoleBinding perennial-operator",
+        &format!("ClusterRole {cluster_role}"),
+        &format!("ClusterRoleBinding {cluster_role}"),
         "Deployment perennial-operator",
         "Service perennial-operator",
         "CustomResourceDefinition lifelonglearningjobs.sedna.io",
@@ -344,9 +371,9 @@ fn service_targets_the_named_container_ports() {
     assert_eq!(exposed.get("metrics"), Some(&(8080, 8080)), "{exposed:?}");
 }
 
-#[test]
-fn rbac_is_least_privilege_and_bound_to_the_deployment_account() {
-    let Some(rendered) = rendered() else { return };
+/// The Deployment's ServiceAccount as a binding's subject, after checking it is installed.
+#[cfg(test)]
+fn deployment_subject(rendered: &Rendered) -> Subject {
     let deployment = deployment(rendered);
     let account = pod_spec(deployment).service_account_name.clone().expect("the Deployment names its ServiceAccount");
     let namespace = deployment.metadata.namespace.clone().unwrap();
@@ -354,21 +381,77 @@ fn rbac_is_least_privilege_and_bound_to_the_deployment_account() {
         rendered.service_accounts.iter().any(|sa| sa.metadata.name.as_deref() == Some(account.as_str())),
         "the ServiceAccount {account} is installed"
     );
-    let subject =
-        Subject { kind: "ServiceAccount".into(), name: account.clone(), namespace: Some(namespace), api_group: None };
+    Subject { kind: "ServiceAccount".into(), name: account, namespace: Some(namespace), api_group: None }
+}
 
-    let cluster_role = only(&rendered.cluster_roles, "ClusterRole");
-    assert_grants("the ClusterRole", cluster_role.rules.as_deref().unwrap_or_default(), CLUSTER_GRANTS);
-    let binding = only(&rendered.cluster_role_bindings, "ClusterRoleBinding");
-    assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(&subject)), "ClusterRoleBinding subjects");
-    assert_eq!(binding.role_ref.kind, "ClusterRole");
-    assert_eq!(Some(&binding.role_ref.name), cluster_role.metadata.name.as_ref());
+fn cluster_role<'a>(rendered: &'a Rendered, name: &str) -> &'a ClusterRole {
+    let found = rendered.cluster_roles.iter().find(|role| role.metadata.name.as_deref() == Some(name));
+    found.unwrap_or_else(|| panic!("no ClusterRole {name}"))
+}
 
+/// Each ClusterRoleBinding binds a ClusterRole of the install to `subject` alone.
+#[cfg(test)]
+fn assert_bound(rendered: &Rendered, subject: &Subject, bound: &[&str]) {
+    let names: Vec<&str> =
+        rendered.cluster_role_bindings.iter().map(|binding| binding.role_ref.name.as_str()).collect();
+    assert_eq!(names, bound, "the ClusterRoles bound");
+    for binding in &rendered.cluster_role_bindings {
+        assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(subject)), "ClusterRoleBinding subjects");
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+    }
+}
+
+/// The leader election Role, in the operator's namespace, bound to `subject`.
+#[cfg(test)]
+fn assert_leader_role(rendered: &Rendered, subject: &Subject) {
     let role = only(&rendered.roles, "Role");
     assert_grants("the leader election Role", role.rules.as_deref().unwrap_or_default(), LEADER_GRANTS);
     let binding = only(&rendered.role_bindings, "RoleBinding");
-    assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(&subject)), "RoleBinding subjects");
+    assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(subject)), "RoleBinding subjects");
     assert_eq!(binding.role_ref.kind, "Role");
     assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
     assert_eq!(binding.metadata.namespace, role.metadata.namespace, "the RoleBinding is beside its Role");
+}
+
+/// Cluster wide: the jobs' grants and the reviews in one bound ClusterRole; Secrets in another,
+/// bound by no one until a namespace's admin binds it there.
+#[test]
+fn the_cluster_wide_install_is_least_privilege_and_reads_no_secret_unbound() {
+    let Some(rendered) = rendered() else { return };
+    let subject = deployment_subject(rendered);
+    let wanted: Vec<_> = JOB_GRANTS.iter().chain(REVIEW_GRANTS).copied().collect();
+    let role = cluster_role(rendered, "perennial-operator");
+    assert_grants("the ClusterRole", role.rules.as_deref().unwrap_or_default(), &wanted);
+    let credentials = cluster_role(rendered, "perennial-operator-credentials");
+    assert_grants("the credentials' ClusterRole", credentials.rules.as_deref().unwrap_or_default(), CREDENTIAL_GRANTS);
+    assert_bound(rendered, &subject, &["perennial-operator"]);
+    assert_leader_role(rendered, &subject);
+}
+
+/// Namespaced: the reviews alone cluster wide; the jobs' grants and Secrets in watched/'s Role,
+/// applied per namespace; the Deployment watches the namespaces it names.
+#[test]
+fn the_namespaced_install_grants_nothing_cluster_wide_but_reviews() {
+    let Some(rendered) = rendered_namespaced() else { return };
+    let subject = deployment_subject(rendered);
+    assert_eq!(rendered.cluster_roles.len(), 1, "one ClusterRole");
+    let role = cluster_role(rendered, "perennial-operator-tokenreviews");
+    assert_grants("the ClusterRole", role.rules.as_deref().unwrap_or_default(), REVIEW_GRANTS);
+    assert_bound(rendered, &subject, &["perennial-operator-tokenreviews"]);
+    assert_leader_role(rendered, &subject);
+    let env = env(operator_container(deployment(rendered)));
+    let watched = env.get("PERENNIAL_NAMESPACE").and_then(|v| v.value.clone()).expect("PERENNIAL_NAMESPACE");
+    assert!(!watched.trim().is_empty(), "the namespaces watched");
+
+    let watched = rendered_watched().expect("rendered like the rest");
+    assert_eq!(watched.all.len(), 2, "a Role and its RoleBinding");
+    for meta in &watched.all {
+        assert_eq!(meta.namespace, None, "{}: put in a namespace by `kubectl apply -n`", meta.id());
+    }
+    let role = only(&watched.roles, "Role");
+    let wanted: Vec<_> = JOB_GRANTS.iter().chain(CREDENTIAL_GRANTS).copied().collect();
+    assert_grants("watched/'s Role", role.rules.as_deref().unwrap_or_default(), &wanted);
+    let binding = only(&watched.role_bindings, "RoleBinding");
+    assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(&subject)), "RoleBinding subjects");
+    assert_eq!((binding.role_ref.kind.as_str(), Some(&binding.role_ref.name)), ("Role", role.metadata.name.as_ref()));
 }

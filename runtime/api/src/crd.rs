@@ -37,9 +37,18 @@ pub fn crds_yaml() -> String {
     documents().into_iter().map(|(_, yaml)| yaml).collect::<Vec<_>>().join("---\n")
 }
 
+/// The label every object of Perennial's install carries (deploy/'s kustomizations add it too).
+pub const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "perennial");
+
 /// The CRDs as every kubectl and API server take them: LifelongLearningJob, then Dataset.
 pub fn crds() -> [CustomResourceDefinition; 2] {
-    [LifelongLearningJob::crd(), Dataset::crd()].map(without_null_in_enums)
+    [LifelongLearningJob::crd(), Dataset::crd()].map(without_null_in_enums).map(|mut crd| {
+        // The label `kubectl apply -k deploy/operator` adds: `apply -f deploy/crds/` then gives
+        // the same, so the two applies do not flip it.
+        let (key, value) = PART_OF;
+        crd.metadata.labels.get_or_insert_with(Default::default).insert(key.to_owned(), value.to_owned());
+        crd
+    })
 }
 
 /// Drops the `null` that schemars lists in the `enum` of an optional enum field (`Option<Stage>`):

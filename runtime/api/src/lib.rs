@@ -22,7 +22,7 @@ pub use status::{
     ConditionData, DeployedModel, Input, JobCondition, LifelongLearningJobStatus, MAX_CONDITIONS, Model, Output, Phase,
     PolicyHealth, PolicyStatus, Stage, WorkerRef,
 };
-pub use validate::{FieldErrors, validate_dataset, validate_job, validate_pod};
+pub use validate::{FieldErrors, credential_refusal, validate_dataset, validate_job, validate_pod};
 
 /// Kubernetes' time type (RFC 3339 on the wire).
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

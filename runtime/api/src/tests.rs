@@ -1132,6 +1132,26 @@ fn validate_job_output_dir() {
     ]);
 }
 
+/// A job's Secret is one of its own namespace: another namespace's is refused by name, before
+/// the operator would read it.
+#[test]
+fn validate_job_credential_name() {
+    run_job_cases(vec![
+        case("credentialName minio", |j| j.spec.credential_name = Some("minio".into()), &[]),
+        case("credentialName blank", |j| j.spec.credential_name = Some(String::new()), &[]),
+        case(
+            "credentialName other/db-password",
+            |j| j.spec.credential_name = Some("other/db-password".into()),
+            &[("spec.credentialName", "names the Secret \"db-password\" of namespace \"other\"")],
+        ),
+        case(
+            "credentialName ../x",
+            |j| j.spec.credential_name = Some("../x".into()),
+            &[("spec.credentialName", "is not a Secret's name in this namespace (default)")],
+        ),
+    ]);
+}
+
 #[test]
 fn validate_job_dataset_reference() {
     run_job_cases(vec![
@@ -1387,6 +1407,20 @@ fn validate_dataset_rules() {
         ),
         ("url s3://bucket/key", Box::new(|d| d.spec.url = "s3://bucket/data/index.txt".into()), vec![]),
         ("credentialName", Box::new(|d| d.spec.credential_name = Some("minio".into())), vec![]),
+        ("credentialName dotted", Box::new(|d| d.spec.credential_name = Some("s3.minio-1".into())), vec![]),
+        (
+            "credentialName of another namespace",
+            Box::new(|d| d.spec.credential_name = Some("other/db-password".into())),
+            vec![(
+                "spec.credentialName",
+                "names the Secret \"db-password\" of namespace \"other\": a job or Dataset may use only a Secret of its own namespace",
+            )],
+        ),
+        (
+            "credentialName reaching out of its path",
+            Box::new(|d| d.spec.credential_name = Some("../../other/secrets/db-password".into())),
+            vec![("spec.credentialName", "is not a Secret's name in this namespace")],
+        ),
         (
             "bad name",
             Box::new(|d| d.metadata.name = Some("Lifelong_Dataset".into())),

@@ -34,6 +34,10 @@ pub fn validate_dataset(dataset: &Dataset) -> Result<(), FieldErrors> {
     if spec.node_name.trim().is_empty() {
         errors.push("spec.nodeName: empty; name the node whose agent watches the index".into());
     }
+    let namespace = dataset.metadata.namespace.as_deref().unwrap_or("default");
+    if let Some(why) = credential_refusal(spec.credential_name.as_deref(), namespace) {
+        errors.push(format!("spec.credentialName: {why}"));
+    }
     done(format!("Dataset {}", key(&dataset.metadata)), errors)
 }
 
@@ -83,6 +87,9 @@ pub fn validate_job(job: &LifelongLearningJob, dataset_exists: &dyn Fn(&str) -> 
         errors.push("spec.outputDir: empty; give a path or s3://bucket/prefix".into());
     } else if let Err(why) = check_location(&spec.output_dir) {
         errors.push(format!("spec.outputDir: {why}"));
+    }
+    if let Some(why) = credential_refusal(spec.credential_name.as_deref(), namespace) {
+        errors.push(format!("spec.credentialName: {why}"));
     }
     done(format!("LifelongLearningJob {}", key(&job.metadata)), errors)
 }
@@ -209,6 +216,41 @@ fn check_name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
             "metadata.namespace: {namespace:?} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)"
         ));
     }
+}
+
+/// Why a `credentialName` in `namespace` is refused, if it is: it must name a Secret of the
+/// object's own namespace (the operator reads no other, and the name goes into the API path
+/// as it is). Blank means none.
+pub fn credential_refusal(name: Option<&str>, namespace: &str) -> Option<String> {
+    let name = name.filter(|name| !name.is_empty())?;
+    if let Some((other, secret)) = name.split_once('/')
+        && is_dns_label(other)
+        && other != namespace
+    {
+        return Some(format!(
+            "{name:?} names the Secret {secret:?} of namespace {other:?}: a job or Dataset may use only a \
+             Secret of its own namespace ({namespace}); copy it there and name it alone"
+        ));
+    }
+    if !is_dns_subdomain(name) {
+        return Some(format!(
+            "{name:?} is not a Secret's name in this namespace ({namespace}): lower-case letters, digits, '-' and \
+             '.', at most 253"
+        ));
+    }
+    None
+}
+
+/// A DNS-1123 subdomain (a Secret's name): labels of `[a-z0-9-]`, alphanumeric at both ends,
+/// joined by dots.
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && label.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+        })
 }
 
 fn is_dns_label(name: &str) -> bool {

@@ -174,10 +174,12 @@ impl Cluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// The CRDs and `deploy/operator`, as the README says.
+    /// The CRDs, `deploy/operator` and `deploy/edge` (the operator's Role in the agents'
+    /// namespace, whose pods it watches), as the README says.
     fn install(&self) {
         self.kubectl(&["apply", "-f", "deploy/crds/"]);
         self.kubectl(&["apply", "-k", "deploy/operator"]);
+        self.kubectl(&["apply", "-k", "deploy/edge"]);
         for crd in ["crd/lifelonglearningjobs.sedna.io", "crd/datasets.sedna.io"] {
             self.kubectl(&["wait", "--timeout", "60s", "--for", "condition=Established", crd]);
         }
@@ -546,6 +548,10 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         .create(&PostParams::default(), &secret)
         .await
         .expect("the tokens' Secret");
+    // The cluster-wide install reads Secrets only where this is bound (README).
+    let account = "--serviceaccount=perennial-system:perennial-operator";
+    let role = "--clusterrole=perennial-operator-credentials";
+    cluster.kubectl(&["-n", &namespace, "create", "rolebinding", "perennial-operator-credentials", role, account]);
     let operator_kubeconfig = service_account::service_account_kubeconfig(
         &cluster.client,
         (&cluster.server, &cluster.ca_pem),

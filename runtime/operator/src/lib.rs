@@ -18,6 +18,7 @@ pub mod node_state;
 pub mod observe;
 pub mod patch;
 pub mod reconcile;
+pub mod scope;
 pub mod watches;
 pub mod written;
 
@@ -25,11 +26,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 
 pub use inbox::Inbox;
 pub use metrics::Metrics;
@@ -40,8 +40,8 @@ pub use reconcile::{Context, WorkerDefaults};
 /// How `perennial operator` runs.
 #[derive(Clone, Debug)]
 pub struct OperatorOptions {
-    /// Watch one namespace; `None`: all.
-    pub namespace: Option<String>,
+    /// The namespaces watched: all, or the ones given (`--namespace a,b`).
+    pub scope: scope::Scope,
     pub metrics_addr: SocketAddr,
     pub settings: Settings,
     pub workers: WorkerDefaults,
@@ -102,9 +102,6 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
 
     let (inbox, woken) = Inbox::new();
-    let scope = options.namespace.as_deref();
-    let jobs = scoped::<LifelongLearningJob>(&client, scope);
-    let (pods, datasets) = (scoped::<Pod>(&client, scope), scoped::<Dataset>(&client, scope));
     // One watch per kind, followed by the Controller and the link alike.
     let (link_changes, changes) = match options.link {
         Some(_) => {
@@ -113,7 +110,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         }
         None => (None, None),
     };
-    let (stores, triggers) = watches::start((jobs, datasets, pods), link_changes);
+    let (stores, triggers) = watches::start(&client, &options.scope, link_changes);
     let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
     let context = Arc::new(Context {
         client: client.clone(),
@@ -162,7 +159,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         let _ = stores.datasets.wait_until_ready().await;
         reconciles.await;
     };
-    tracing::info!(namespace = options.namespace.as_deref().unwrap_or("all"), "reconciling LifelongLearningJobs");
+    tracing::info!(namespaces = options.scope.describe(), "reconciling LifelongLearningJobs");
     match &elector {
         None => controller.await,
         Some(elector) => {
@@ -260,18 +257,6 @@ where
                 tokio::time::sleep(std::time::Duration::from_secs(2)).await;
             }
         }
-    }
-}
-
-/// An API over one namespace, or all of them.
-fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    match namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
     }
 }
 

@@ -83,6 +83,12 @@ pub enum Error {
     Conflicts(String),
     #[error("{0}")]
     Finalizer(Box<finalizer::Error<Error>>),
+    /// The job's Dataset is not in the operator's watch (deleted, or not made yet).
+    #[error("{job}: no Dataset {dataset:?} in its namespace; the job waits for it")]
+    DatasetMissing { job: String, dataset: String },
+    /// A Secret the job (or its Dataset) names that the operator will not or may not read.
+    #[error("{0}")]
+    Credential(String),
     /// Not a fault: the job's finalizer waits until its pods, being deleted, are gone.
     #[error("{job}: {pods} of its pods still terminating; the job goes once they are gone")]
     PodsTerminating { job: String, pods: usize },
@@ -94,6 +100,8 @@ impl Error {
         match self {
             Error::Kube { what, .. } => what,
             Error::Conflicts(_) => "status_conflicts",
+            Error::Credential(_) => "credential",
+            Error::DatasetMissing { .. } => "read_dataset",
             Error::Finalizer(inner) => match inner.as_ref() {
                 finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err) => err.kind(),
                 _ => "finalizer",
@@ -193,8 +201,12 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     if let Err(errors) = perennial_api::validate_job(job, &|_| true) {
         ctx.metrics.error("invalid_spec");
         ctx.events.publish(&job.object_ref(&()), true, "InvalidSpec", "Validate".into(), errors.to_string());
+        // On the status too, where `kubectl get ll -o yaml` and scripts look.
+        set_refusal(&jobs, job, ctx, Some(format!("{REFUSED}{errors}")), &key).await?;
         return Ok(Requeue::await_change());
     }
+    // Edited into a valid job: the former refusal goes.
+    set_refusal(&jobs, job, ctx, None, &key).await?;
 
     let reports = ctx.inbox.peek(&namespace, &name);
     // The job comes from the watch's store (or as last written here, if the store is behind),
@@ -280,6 +292,36 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         Some(after) => Requeue::requeue(after.min(RESYNC)),
         None => Requeue::requeue(RESYNC),
     })
+}
+
+/// How `status.message` starts while the job's spec is refused.
+pub const REFUSED: &str = "refused: ";
+
+/// Writes the spec's refusal to `status.message` (`None`: clears a former one), when that
+/// changes it: a merge patch of the one field, remembered for the next status write.
+async fn set_refusal(
+    jobs: &Api<LifelongLearningJob>,
+    job: &LifelongLearningJob,
+    ctx: &Context,
+    refusal: Option<String>,
+    key: &str,
+) -> Result<(), Error> {
+    let current = ctx.written_jobs.newest(job);
+    let message = current.status.as_ref().and_then(|status| status.message.as_deref());
+    let unchanged = match &refusal {
+        Some(refusal) => message == Some(refusal.as_str()),
+        None => !message.is_some_and(|m| m.starts_with(REFUSED)),
+    };
+    if unchanged {
+        return Ok(());
+    }
+    let body = json!({"status": {"message": refusal}});
+    let written = jobs
+        .patch_status(&job.name_any(), &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(kube_error("patch_status", key))?;
+    ctx.written_jobs.wrote(written);
+    Ok(())
 }
 
 /// Once a round completes, the Train and Eval pods of rounds before the newest kept ones go, in
@@ -454,15 +496,12 @@ fn started_reason(stage: Stage) -> &'static str {
 async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpec) -> Result<String, Error> {
     let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
     let dataset_name = &job.spec.dataset.name;
-    // From the Dataset watch; read from the API server only if the watch has not shown it yet
-    // (applied with the job a moment ago).
-    let dataset = match ctx.stores.datasets.get(&ObjectRef::new(dataset_name).within(&namespace)) {
-        Some(dataset) => dataset.as_ref().clone(),
-        None => {
-            let datasets: Api<Dataset> = Api::namespaced(ctx.client.clone(), &namespace);
-            datasets.get(dataset_name).await.map_err(kube_error("read_dataset", &key))?
-        }
+    // From the Dataset watch only: the edge heard of the job through that watch (its Dataset's
+    // node), so a Dataset it lacks is one deleted since (and the operator needs no `get` on them).
+    let Some(dataset) = ctx.stores.datasets.get(&ObjectRef::new(dataset_name).within(&namespace)) else {
+        return Err(Error::DatasetMissing { job: key, dataset: dataset_name.clone() });
     };
+    let dataset = dataset.as_ref().clone();
     let job_credential = credential(ctx, &namespace, job.spec.credential_name.as_deref(), &key).await?;
     let dataset_credential = credential(ctx, &namespace, dataset.spec.credential_name.as_deref(), &key).await?;
     let kind = spec.stage.worker_kind();
@@ -500,8 +539,21 @@ async fn credential(
     key: &str,
 ) -> Result<Option<Credential>, Error> {
     let Some(name) = name.filter(|n| !n.is_empty()) else { return Ok(None) };
+    // Only a Secret of the job's own namespace, by a plain name (a Dataset's is not validated
+    // before this): never another namespace's, never a path.
+    if let Some(why) = perennial_api::credential_refusal(Some(name), namespace) {
+        return Err(Error::Credential(format!("{key}: spec.credentialName: {why}")));
+    }
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let secret = secrets.get_metadata(name).await.map_err(kube_error("read_secret", key))?;
+    let secret = secrets.get_metadata(name).await.map_err(|err| match err {
+        // The cluster-wide install grants Secrets per namespace: say which grant is missing.
+        kube::Error::Api(status) if status.code == 403 => Error::Credential(format!(
+            "{key}: the operator may not read the Secret {namespace}/{name} (credentialName): bind the ClusterRole \
+             perennial-operator-credentials in {namespace} (README, \"On a cluster\"): {}",
+            status.message
+        )),
+        err => kube_error("read_secret", key)(err),
+    })?;
     let annotations = secret.metadata.annotations.unwrap_or_default();
     Ok(endpoint_url(&annotations).map(|endpoint_url| Credential { secret: name.to_owned(), endpoint_url }))
 }

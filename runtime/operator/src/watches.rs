@@ -3,6 +3,7 @@
 //! jobs it touches) and to the link (which updates the desired state of the nodes it touches).
 //! Before, the Controller and the link each watched all three kinds.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +13,11 @@ use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Resource};
+use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
 use super::observe::UID_LABEL;
+use super::scope::Scope;
 use perennial_api::{Dataset, LifelongLearningJob};
 
 /// The three stores, filled by the watches.
@@ -68,18 +70,16 @@ pub struct Triggers {
     pub pods: UnboundedReceiver<Result<Pod, watcher::Error>>,
 }
 
-/// Starts the three watches (pods: only the jobs', by Sedna's uid label). `link` hears every
-/// change when the edge link runs.
-pub fn start(
-    (jobs, datasets, pods): (Api<LifelongLearningJob>, Api<Dataset>, Api<Pod>),
-    link: Option<UnboundedSender<Seen>>,
-) -> (Stores, Triggers) {
-    let (job_store, job_triggers) = follow(jobs, watcher::Config::default(), Kind::Jobs, link.clone(), Seen::Job, None);
+/// Starts the three watches over `scope` (pods: only the jobs', by Sedna's uid label). `link`
+/// hears every change when the edge link runs.
+pub fn start(client: &Client, scope: &Scope, link: Option<UnboundedSender<Seen>>) -> (Stores, Triggers) {
+    let all = watcher::Config::default();
+    let (job_store, job_triggers) = follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None);
     let (dataset_store, dataset_triggers) =
-        follow(datasets, watcher::Config::default(), Kind::Datasets, link.clone(), Seen::Dataset, None);
+        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
-    let (pod_store, pod_triggers) = follow(pods, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()));
+    let (pod_store, pod_triggers) = follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()));
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
 }
@@ -89,7 +89,8 @@ pub fn start(
 /// list's objects: at the list's end, when the store takes them all). A watch error (RBAC, a
 /// missing CRD) is said and retried with backoff.
 fn follow<K>(
-    api: Api<K>,
+    client: &Client,
+    scope: &Scope,
     config: watcher::Config,
     kind: Kind,
     link: Option<UnboundedSender<Seen>>,
@@ -97,33 +98,48 @@ fn follow<K>(
     version: Option<Arc<AtomicU64>>,
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
     let (to_controller, triggers) = unbounded();
     // managedFields is never read here, and is often the biggest part of a stored object.
-    let objects = watcher(api, config).modify(|object| object.meta_mut().managed_fields = None);
-    let events = reflector::reflector(writer, objects).default_backoff();
+    // Each namespace's watch retried with backoff on its own (scope.rs).
+    let objects =
+        scope.watch(client, config, store.clone()).modify(|object: &mut K| object.meta_mut().managed_fields = None);
+    let events = reflector::reflector(writer, objects);
+    let scope = scope.clone();
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
-        // A (re)list's highest version: its objects reach the store together, at its end.
-        let mut listing = 0;
+        let mut floor = VersionFloor::new(scope.version_keys());
+        // A (re)list's highest versions: its objects reach the store together, at its end.
+        let mut listing: HashMap<String, u64> = HashMap::new();
         while let Some(event) = events.next().await {
             let object = match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
                     // The reflector stored the object before handing it on.
                     if let (Some(version), Some(number)) = (&version, version_of(&object)) {
-                        version.fetch_max(number, Ordering::Release);
+                        version.fetch_max(floor.saw(&scope.version_key(&object), number), Ordering::Release);
                     }
                     object
                 }
                 Ok(watcher::Event::InitApply(object)) => {
-                    listing = listing.max(version_of(&object).unwrap_or(0));
+                    let number = version_of(&object).unwrap_or(0);
+                    let highest = listing.entry(scope.version_key(&object)).or_default();
+                    *highest = (*highest).max(number);
                     object
                 }
                 Ok(watcher::Event::InitDone) => {
+                    for (key, number) in listing.drain() {
+                        floor.saw(&key, number);
+                    }
                     if let Some(version) = &version {
-                        version.fetch_max(std::mem::take(&mut listing), Ordering::Release);
+                        version.fetch_max(floor.lowest(), Ordering::Release);
                     }
                     if let Some(link) = &link {
                         let _ = link.unbounded_send(Seen::Listed(kind));
@@ -131,7 +147,7 @@ where
                     continue;
                 }
                 Ok(watcher::Event::Init) => {
-                    listing = 0;
+                    listing.clear();
                     continue;
                 }
                 Err(err) => {
@@ -150,7 +166,53 @@ where
     (store, triggers)
 }
 
+/// How far the watches have delivered, per namespace watched on its own (or for the one
+/// cluster-wide watch): the store holds every change up to the lowest of them. (Per-namespace
+/// watches go at their own pace; a version one has passed says nothing of another. A namespace
+/// with nothing listed yet keeps the floor at 0: unknown, so a pod just created counts until its
+/// watch shows it.)
+struct VersionFloor {
+    highest: HashMap<String, u64>,
+}
+
+impl VersionFloor {
+    fn new(keys: Vec<String>) -> VersionFloor {
+        VersionFloor { highest: keys.into_iter().map(|key| (key, 0)).collect() }
+    }
+
+    /// Notes `number` for `key`; the floor now.
+    fn saw(&mut self, key: &str, number: u64) -> u64 {
+        if let Some(highest) = self.highest.get_mut(key) {
+            *highest = (*highest).max(number);
+        }
+        self.lowest()
+    }
+
+    fn lowest(&self) -> u64 {
+        self.highest.values().copied().min().unwrap_or(0)
+    }
+}
+
 /// An object's resourceVersion as a number (the API server's are etcd revisions).
 fn version_of<K: Resource>(object: &K) -> Option<u64> {
     object.meta().resource_version.as_deref()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per-namespace watches: the store is complete up to the lowest of their versions, and
+    /// unknown (0) until each has shown one.
+    #[test]
+    fn the_floor_is_the_slowest_namespace() {
+        let mut floor = VersionFloor::new(vec!["a".into(), "b".into()]);
+        assert_eq!(floor.saw("a", 100), 0, "b has shown nothing yet");
+        assert_eq!(floor.saw("b", 40), 40);
+        assert_eq!(floor.saw("b", 120), 100);
+        assert_eq!(floor.saw("a", 90), 100, "never back");
+        assert_eq!(floor.saw("elsewhere", 500), 100, "a namespace not watched counts for nothing");
+        let mut all = VersionFloor::new(vec![String::new()]);
+        assert_eq!(all.saw("", 7), 7, "one cluster-wide watch");
+    }
 }

@@ -18,9 +18,10 @@ pub struct OperatorArgs {
     /// A kubeconfig file; without it, the in-cluster service account (or `~/.kube/config`).
     #[arg(long, env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "PERENNIAL_NAMESPACE")]
-    namespace: Option<String>,
+    /// Watch only these namespaces, comma-separated (default: all namespaces). The namespaced
+    /// install (deploy/operator-namespaced) sets it, with a Role in each of them.
+    #[arg(long, env = "PERENNIAL_NAMESPACE", value_delimiter = ',')]
+    namespace: Vec<String>,
     /// Where `/metrics` (Prometheus), `/healthz` and `/readyz` (the leader) are served.
     #[arg(long, env = "PERENNIAL_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -129,7 +130,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     let own_pod = args.pod_name.clone().map(|pod| (args.lease_namespace.clone(), pod));
     let options = OperatorOptions {
-        namespace: args.namespace,
+        scope: perennial_operator::scope::Scope::new(&args.namespace),
         metrics_addr: args.metrics_addr,
         settings: Settings {
             backoff_base: backoff,

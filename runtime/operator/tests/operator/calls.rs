@@ -700,12 +700,20 @@ async fn dataset_status_is_a_merge_patch_of_its_two_fields() {
 }
 
 #[tokio::test]
-async fn an_invalid_spec_is_said_on_the_job_and_nothing_else_happens() {
+async fn an_invalid_spec_is_said_on_the_job_and_in_its_status_and_nothing_else_happens() {
     let (mut api, ctx, _inbox) = setup();
     let mut bad = job_json(status_after(&[]));
     bad["spec"]["dataset"]["trainProb"] = json!(1.5);
     let bad: Arc<LifelongLearningJob> = Arc::new(serde_json::from_value(bad).expect("job"));
     let run = tokio::spawn(reconcile::reconcile(bad, ctx));
+    // The refusal in status.message: a merge patch of that field alone.
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let message = patch.body["status"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.starts_with("refused: ") && message.contains("spec.dataset.trainProb"), "{message}");
+    assert_eq!(patch.body["status"].as_object().map(|o| o.len()), Some(1), "{}", patch.body);
+    let mut status = status_after(&[]);
+    status["message"] = json!(message);
+    patch.ok(job_json(status));
     let (reason, kind, note) = api.event().await;
     assert_eq!((reason.as_str(), kind.as_str()), ("InvalidSpec", "Warning"));
     assert!(note.contains("trainProb"), "{note}");
@@ -766,8 +774,10 @@ async fn a_report_that_changes_nothing_against_the_cache_is_judged_again_against
     receipt.await.expect("applied, not dropped as stale");
 }
 
+/// A Dataset its watch does not show (deleted since the edge heard of the job) is not read from
+/// the API server (the operator has no `get` on Datasets): the stage's pod waits, and says why.
 #[tokio::test]
-async fn a_dataset_the_watch_has_not_shown_yet_is_read_from_the_api_server() {
+async fn a_dataset_the_watch_does_not_show_is_waited_for_not_read() {
     let (mut api, ctx, inbox) = setup();
     api.forget_datasets();
     inbox.deliver("ml", "thermal", train_ready());
@@ -775,12 +785,10 @@ async fn a_dataset_the_watch_has_not_shown_yet_is_read_from_the_api_server() {
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let status = patch.body["status"].clone();
     patch.ok(job_json(status));
-    api.expect("GET", "/apis/sedna.io/v1alpha1/namespaces/ml/datasets/thermal-data").await.ok(dataset_json());
-    let pod = api.train_pod("thermal-train-x7k2p").await;
-    let env = env_of(&pod);
-    assert!(env.contains(&("ORIGINAL_DATASET_URL".into(), "/home/data/data/thermal/index.txt".into())), "{env:?}");
-    api.only_events().await;
-    run.await.expect("join").expect("reconciled");
+    let events = api.only_events().await;
+    assert!(events.iter().any(|reason| reason == "WorkerNotCreated"), "{events:?}");
+    let error = run.await.expect("join").expect_err("no pod without its Dataset");
+    assert!(format!("{error:?}").contains("DatasetMissing"), "{error:?}");
 }
 
 #[tokio::test]
