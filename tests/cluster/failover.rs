@@ -48,8 +48,12 @@ fn ports(operator: &Operator) -> (u16, u16) {
 async fn the_standby_takes_over_mid_round_and_nothing_is_lost_or_doubled() {
     let world = World::new("failover").await;
     let mut leader = world.start_operator("replica-a");
-    until("replica-a to lead", Duration::from_secs(30), || async { leads(leader.metrics_port).await.then_some(()) })
-        .await;
+    // Its start shares the machine with the whole suite's: a minute, and its log if that is not enough.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !leads(leader.metrics_port).await {
+        assert!(std::time::Instant::now() < deadline, "replica-a never led in 60 s:\n{}", world.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let standby = world.start_operator("replica-b");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let service_port = listener.local_addr().expect("address").port();

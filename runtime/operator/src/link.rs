@@ -178,6 +178,16 @@ impl OperatorSide {
         reported.is_some_and(|reported| reported == status.policies) && same_fault
     }
 
+    /// The job's `status.policies` as the watch (or a write here) shows it, as JSON.
+    fn stored_policies(&self, namespace: &str, name: &str, uid: Option<&str>) -> Option<Value> {
+        let stored = self.stores.as_ref()?.jobs.get(&ObjectRef::new(name).within(namespace))?;
+        let job = self.written_jobs.newest(&stored);
+        if uid.is_some_and(|uid| job.metadata.uid.as_deref() != Some(uid)) {
+            return None;
+        }
+        serde_json::to_value(job.status.unwrap_or_default().policies).ok()
+    }
+
     async fn apply_job(&self, body: Value) -> Applied {
         let report: Report = match serde_json::from_value(body) {
             Ok(report) => report,
@@ -224,8 +234,9 @@ impl OperatorSide {
         if self.policies_hold(namespace, name, reported_uid, &policies, body.get("fault")) {
             return Applied::Applied; // no write that changes nothing
         }
+        let stored = self.stored_policies(namespace, name, reported_uid);
         let jobs: Api<LifelongLearningJob> = Api::namespaced(self.client.clone(), namespace);
-        let mut status = serde_json::json!({"policies": policies});
+        let mut status = serde_json::json!({"policies": policies_patch(stored.as_ref(), &policies)});
         // The edge's repeating error (null clears it); an edge that never sends one leaves it.
         if let Some(fault) = body.get("fault") {
             status["fault"] = fault.clone();
@@ -286,6 +297,16 @@ impl CloudSide for OperatorSide {
 
     fn desired(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>> {
         self.book.subscribe(node)
+    }
+}
+
+/// The merge patch of `status.policies` that makes each kind what the edge reported, whole: a
+/// member the stored copy has and the report has not (a shadow removed or promoted, a message
+/// cleared) is removed, where a plain merge would keep it. Without a stored copy, the report.
+fn policies_patch(stored: Option<&Value>, reported: &Value) -> Value {
+    match stored {
+        Some(stored) => super::patch::merge_diff(stored, reported).unwrap_or_else(|| serde_json::json!({})),
+        None => reported.clone(),
     }
 }
 
@@ -448,6 +469,31 @@ mod tests {
         let mut desired = NodeDesired::default();
         desired.jobs.insert(job.into(), json!({"metadata": {"namespace": "ml", "name": job}}));
         desired
+    }
+
+    #[test]
+    fn a_reported_kind_replaces_the_stored_one_whole() {
+        let stored = json!({
+            "trigger": {"plugin": "builtin:threshold-trigger", "health": "Failing", "message": "trapped",
+                        "shadow": {"plugin": "file:///new.wasm", "calls": 40}},
+            "selector": {"plugin": "builtin:first-select", "health": "Serving"}
+        });
+        let reported = json!({
+            "trigger": {"plugin": "file:///new.wasm", "health": "Serving"},
+            "splitter": null,
+            "selector": {"plugin": "builtin:first-select", "health": "Serving"}
+        });
+        let patch = policies_patch(Some(&stored), &reported);
+        assert_eq!(
+            patch,
+            json!({"trigger": {"plugin": "file:///new.wasm", "health": "Serving", "message": null, "shadow": null},
+                   "splitter": null}),
+            "the promoted shadow and the old message go; the selector is not written again"
+        );
+        let mut after = stored.clone();
+        super::super::patch::merge_apply(&mut after, &patch);
+        assert_eq!(after, json!({"trigger": reported["trigger"].clone(), "selector": reported["selector"].clone()}));
+        assert_eq!(policies_patch(None, &reported), reported, "no stored copy: the report as it is");
     }
 
     #[test]
