@@ -206,6 +206,17 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The kubelet's stop: SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub async fn terminate(&mut self, grace: Duration) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.kill();
+    }
+
     /// SIGKILL, and wait for it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

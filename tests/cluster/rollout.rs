@@ -65,16 +65,7 @@ async fn kubelet(world: Arc<World>, stop: Arc<AtomicBool>) -> HashMap<String, Co
             let name = pod.metadata.name.clone().unwrap_or_default();
             if pod.metadata.deletion_timestamp.is_some() {
                 if let Some(mut container) = running.remove(&name) {
-                    // The kubelet's stop: SIGTERM, the grace period, then the pod is gone.
-                    let pid = container.process.child.id().to_string();
-                    let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-                    for _ in 0..300 {
-                        if container.process.child.try_wait().ok().flatten().is_some() {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    container.process.kill();
+                    container.process.terminate(Duration::from_secs(30)).await;
                 }
                 let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
                 continue;

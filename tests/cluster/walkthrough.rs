@@ -234,16 +234,7 @@ async fn tend(machine: &Machine, pods: &Api<Pod>, pod: Pod, node: &str) {
     if pod.metadata.deletion_timestamp.is_some() {
         let stopping = machine.running.lock().expect("running").remove(&name);
         if let Some(mut container) = stopping {
-            // The kubelet's stop: SIGTERM, the grace period, then the pod is gone.
-            let pid = container.process.child.id().to_string();
-            let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
-            for _ in 0..300 {
-                if container.process.child.try_wait().ok().flatten().is_some() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            container.process.kill();
+            container.process.terminate(Duration::from_secs(30)).await;
         }
         let _ = pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
         return;
