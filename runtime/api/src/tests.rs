@@ -1896,3 +1896,25 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn a_relative_plugin_path_is_the_manifests_folder_s_not_the_working_folder_s() {
+    let text = perennial_job_text()
+        .replace("plugin: https://plugins.example.org/count-or-age-trigger.wasm", "plugin: policies/trigger.wasm")
+        .replace(
+            "plugin: builtin:metric-select",
+            "plugin: ./select.wasm\n      shadow: {plugin: ../other/shadow.wasm}",
+        );
+    let manifests = manifest::parse(&text, Path::new("/srv/jobs/thermal/job.yaml")).unwrap();
+    let spec = &job(&manifests[0]).spec;
+    let trigger = spec.train_spec.trigger.as_ref().and_then(|t| t.policy.as_ref()).expect("a trigger policy");
+    assert_eq!(trigger.plugin, "/srv/jobs/thermal/policies/trigger.wasm");
+    let select = spec.deploy_spec.select_policy.as_ref().expect("a select policy");
+    assert_eq!(select.plugin, "/srv/jobs/thermal/./select.wasm");
+    assert_eq!(select.shadow.as_ref().map(|s| s.plugin.as_str()), Some("/srv/jobs/thermal/../other/shadow.wasm"));
+    // Built-ins, absolute paths and URLs are left as they are.
+    assert_eq!(spec.dataset.split_policy.as_ref().map(|p| p.plugin.as_str()), Some("builtin:ratio-split"));
+    let manifests = manifest::parse(&perennial_job_text(), Path::new("jobs/perennial.yaml")).unwrap();
+    let trigger = job(&manifests[0]).spec.train_spec.trigger.clone().and_then(|t| t.policy).expect("a trigger policy");
+    assert_eq!(trigger.plugin, "https://plugins.example.org/count-or-age-trigger.wasm");
+}

@@ -152,7 +152,9 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Manifest>, ManifestError> {
                 Object::Dataset(Box::new(typed(value, fields::dataset).map_err(error)?))
             }
             ("sedna.io/v1alpha1", "LifelongLearningJob") => {
-                Object::Job(Box::new(typed(value, fields::job).map_err(error)?))
+                let mut job: LifelongLearningJob = typed(value, fields::job).map_err(error)?;
+                anchor_plugin_paths(&mut job, file);
+                Object::Job(Box::new(job))
             }
             ("v1", "Pod") => Object::Pod(Box::new(typed(value, || None).map_err(error)?)),
             ("", _) => return Err(error("apiVersion: missing".into())),
@@ -167,6 +169,33 @@ pub fn parse(text: &str, file: &Path) -> Result<Vec<Manifest>, ManifestError> {
         out.push(Manifest { object, file: file.to_owned(), document: document_no });
     }
     Ok(out)
+}
+
+/// A job's policies given by a relative path are its manifest's folder's, not the working
+/// folder's: the job means the same wherever `perennial run` is started.
+fn anchor_plugin_paths(job: &mut LifelongLearningJob, manifest: &Path) {
+    let Some(folder) = std::path::absolute(manifest).ok().and_then(|file| file.parent().map(Path::to_path_buf)) else {
+        return;
+    };
+    let anchor = |plugin: &mut String| {
+        if let Ok(perennial_types::Source::File(path)) = perennial_types::parse_source(plugin)
+            && path.is_relative()
+        {
+            *plugin = folder.join(path).display().to_string();
+        }
+    };
+    let spec = &mut job.spec;
+    let policies = [
+        spec.train_spec.trigger.as_mut().and_then(|trigger| trigger.policy.as_mut()),
+        spec.dataset.split_policy.as_mut(),
+        spec.deploy_spec.select_policy.as_mut(),
+    ];
+    for policy in policies.into_iter().flatten() {
+        anchor(&mut policy.plugin);
+        if let Some(shadow) = policy.shadow.as_mut() {
+            anchor(&mut shadow.plugin);
+        }
+    }
 }
 
 /// More `[` and `{` than this in one file are refused whatever quotes seem to hide them: a
