@@ -129,6 +129,7 @@ struct Container {
     ip: String,
 }
 
+#[derive(Clone)]
 enum Probe {
     Http(String),
     Tcp(u16),
@@ -246,13 +247,9 @@ async fn tend(machine: &Machine, pods: &Api<Pod>, pod: Pod, node: &str) {
         let Some(container) = start(machine, &pod).await else { return };
         machine.running.lock().expect("running").insert(name.clone(), container);
     }
-    let probe = match machine.running.lock().expect("running").get(&name).map(|c| &c.probe) {
-        Some(Probe::Http(url)) => Probe::Http(url.clone()),
-        Some(Probe::Tcp(port)) => Probe::Tcp(*port),
-        None => return,
-    };
+    let running = machine.running.lock().expect("running").get(&name).map(|c| (c.probe.clone(), c.ip.clone()));
+    let Some((probe, ip)) = running else { return };
     let ready = probe.ready().await;
-    let ip = machine.running.lock().expect("running").get(&name).map(|c| c.ip.clone()).unwrap_or_default();
     let container = pod.spec.as_ref().and_then(|spec| spec.containers.first()).map(|c| c.name.clone());
     let status = json!({"status": {
         "phase": "Running",

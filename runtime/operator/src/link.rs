@@ -28,7 +28,7 @@ use super::observe::UID_LABEL;
 use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
 use super::written::WrittenJobs;
-use perennial_api::{LifelongLearningJob, PolicyStatus};
+use perennial_api::{LifelongLearningJob, LifelongLearningJobStatus, PolicyStatus};
 use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired, ServerSettings, serve};
 use perennial_link::socket::{NodeTokens, server_tls};
 use perennial_types::Report;
@@ -151,41 +151,14 @@ impl OperatorSide {
         OperatorSide { stores: Some(stores), ..self }
     }
 
-    /// Whether the job's status (as the watch or a write here shows it) already holds these
-    /// policies and this fault (`None`: a report without one, which leaves it).
-    fn policies_hold(
-        &self,
-        namespace: &str,
-        name: &str,
-        uid: Option<&str>,
-        policies: &Value,
-        fault: Option<&Value>,
-    ) -> bool {
-        let Some(stored) = self.stores.as_ref().and_then(|s| s.jobs.get(&ObjectRef::new(name).within(namespace)))
-        else {
-            return false;
-        };
-        let job = self.written_jobs.newest(&stored);
-        if uid.is_some_and(|uid| job.metadata.uid.as_deref() != Some(uid)) {
-            return false;
-        }
-        let status = job.status.unwrap_or_default();
-        let reported: Option<BTreeMap<String, PolicyStatus>> = policies
-            .as_object()
-            .map(|kinds| kinds.iter().filter(|(_, p)| !p.is_null()).map(|(k, p)| (k.clone(), p.clone())).collect())
-            .and_then(|kinds: serde_json::Map<String, Value>| serde_json::from_value(Value::Object(kinds)).ok());
-        let same_fault = fault.is_none_or(|fault| fault.as_str() == status.fault.as_deref());
-        reported.is_some_and(|reported| reported == status.policies) && same_fault
-    }
-
-    /// The job's `status.policies` as the watch (or a write here) shows it, as JSON.
-    fn stored_policies(&self, namespace: &str, name: &str, uid: Option<&str>) -> Option<Value> {
+    /// The job's status as the watch (or a write here) shows it, if it is the job of `uid`.
+    fn stored_status(&self, namespace: &str, name: &str, uid: Option<&str>) -> Option<LifelongLearningJobStatus> {
         let stored = self.stores.as_ref()?.jobs.get(&ObjectRef::new(name).within(namespace))?;
         let job = self.written_jobs.newest(&stored);
         if uid.is_some_and(|uid| job.metadata.uid.as_deref() != Some(uid)) {
             return None;
         }
-        serde_json::to_value(job.status.unwrap_or_default().policies).ok()
+        Some(job.status.unwrap_or_default())
     }
 
     async fn apply_job(&self, body: Value) -> Applied {
@@ -226,19 +199,19 @@ impl OperatorSide {
         let Some(reported) = body.get("policies").and_then(Value::as_object) else {
             return Applied::Rejected(format!("job {key}: policies is not an object"));
         };
-        let mut policies = serde_json::Map::new();
-        for kind in ["trigger", "splitter", "selector"] {
-            policies.insert(kind.to_owned(), reported.get(kind).cloned().unwrap_or(Value::Null));
-        }
-        let policies = Value::Object(policies);
-        if self.policies_hold(namespace, name, reported_uid, &policies, body.get("fault")) {
+        let reported = canonical_policies(reported);
+        let stored = self.stored_status(namespace, name, reported_uid);
+        let stored_policies = stored.as_ref().and_then(|status| serde_json::to_value(&status.policies).ok());
+        let policies = policies_patch(stored_policies.as_ref(), &reported);
+        let fault = body.get("fault");
+        let same_fault = stored.is_some_and(|status| fault.is_none_or(|f| f.as_str() == status.fault.as_deref()));
+        if stored_policies.is_some() && policies == serde_json::json!({}) && same_fault {
             return Applied::Applied; // no write that changes nothing
         }
-        let stored = self.stored_policies(namespace, name, reported_uid);
         let jobs: Api<LifelongLearningJob> = Api::namespaced(self.client.clone(), namespace);
-        let mut status = serde_json::json!({"policies": policies_patch(stored.as_ref(), &policies)});
+        let mut status = serde_json::json!({"policies": policies});
         // The edge's repeating error (null clears it); an edge that never sends one leaves it.
-        if let Some(fault) = body.get("fault") {
+        if let Some(fault) = fault {
             status["fault"] = fault.clone();
         }
         let patch = serde_json::json!({"status": status});
@@ -300,13 +273,33 @@ impl CloudSide for OperatorSide {
     }
 }
 
-/// The merge patch of `status.policies` that makes each kind what the edge reported, whole: a
-/// member the stored copy has and the report has not (a shadow removed or promoted, a message
-/// cleared) is removed, where a plain merge would keep it. Without a stored copy, the report.
+/// The reported kinds as the status holds them: read through their type, so that a report and
+/// the stored copy compare alike (a kind given as null is no kind).
+fn canonical_policies(reported: &serde_json::Map<String, Value>) -> Value {
+    let kinds: serde_json::Map<String, Value> =
+        reported.iter().filter(|(_, policy)| !policy.is_null()).map(|(k, p)| (k.clone(), p.clone())).collect();
+    serde_json::from_value::<BTreeMap<String, PolicyStatus>>(Value::Object(kinds.clone()))
+        .ok()
+        .and_then(|typed| serde_json::to_value(typed).ok())
+        .unwrap_or(Value::Object(kinds))
+}
+
+/// The merge patch of `status.policies` that makes it what the edge reported, each kind whole: a
+/// member the stored copy has and the report has not (a kind gone, a shadow removed or promoted,
+/// a message cleared) is removed, where a plain merge would keep it; `{}` when nothing differs.
+/// Without a stored copy, the report with every kind it lacks removed.
 fn policies_patch(stored: Option<&Value>, reported: &Value) -> Value {
     match stored {
         Some(stored) => super::patch::merge_diff(stored, reported).unwrap_or_else(|| serde_json::json!({})),
-        None => reported.clone(),
+        None => {
+            let mut patch = reported.clone();
+            if let Some(kinds) = patch.as_object_mut() {
+                for kind in ["trigger", "splitter", "selector"] {
+                    kinds.entry(kind).or_insert(Value::Null);
+                }
+            }
+            patch
+        }
     }
 }
 
@@ -480,20 +473,21 @@ mod tests {
         });
         let reported = json!({
             "trigger": {"plugin": "file:///new.wasm", "health": "Serving"},
-            "splitter": null,
             "selector": {"plugin": "builtin:first-select", "health": "Serving"}
         });
         let patch = policies_patch(Some(&stored), &reported);
         assert_eq!(
             patch,
-            json!({"trigger": {"plugin": "file:///new.wasm", "health": "Serving", "message": null, "shadow": null},
-                   "splitter": null}),
+            json!({"trigger": {"plugin": "file:///new.wasm", "health": "Serving", "message": null, "shadow": null}}),
             "the promoted shadow and the old message go; the selector is not written again"
         );
         let mut after = stored.clone();
         super::super::patch::merge_apply(&mut after, &patch);
         assert_eq!(after, json!({"trigger": reported["trigger"].clone(), "selector": reported["selector"].clone()}));
-        assert_eq!(policies_patch(None, &reported), reported, "no stored copy: the report as it is");
+        assert_eq!(policies_patch(Some(&after), &reported), json!({}), "the same again: nothing to write");
+        let mut whole = reported.clone();
+        whole["splitter"] = Value::Null;
+        assert_eq!(policies_patch(None, &reported), whole, "no stored copy: the report, the kinds it lacks removed");
     }
 
     #[test]
