@@ -28,6 +28,8 @@ fn main() {
         println!("cargo:rerun-if-changed={}", workspace.join(watched).display());
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
+    // The platform a node names when it asks for precompiled policies (src/platform.rs).
+    println!("cargo:rustc-env=PERENNIAL_TARGET_TRIPLE={}", env::var("TARGET").expect("set by cargo"));
 
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     ensure_target(&rustc);

@@ -13,4 +13,5 @@ mod hostile;
 mod plugin;
 mod plugin_authors;
 mod plugin_swap;
+mod precompiled;
 mod state_faults;

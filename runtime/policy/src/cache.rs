@@ -8,7 +8,6 @@
 //! ignored and replaced: it is never trusted and never a crash.
 
 use std::hash::{Hash, Hasher};
-use std::io::Write;
 
 use sha2::{Digest as _, Sha256};
 use std::path::{Path, PathBuf};
@@ -17,8 +16,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 const MAGIC: &[u8; 8] = b"PRNLCWM3";
-/// The pinned wasmtime version (Cargo.toml pins `=48.0.8`).
-const WASMTIME_VERSION: &str = "48.0.8";
+use crate::platform::WASMTIME_VERSION;
 
 pub struct DiskCache {
     dir: PathBuf,
@@ -32,6 +30,7 @@ impl DiskCache {
         Ok(DiskCache { dir, engine_key: engine_key(engine) })
     }
 
+    #[cfg(feature = "compiler")]
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -59,6 +58,7 @@ impl DiskCache {
         component
     }
 
+    #[cfg(feature = "compiler")]
     /// Stores a compilation; failures only cost a recompile later, so they are logged.
     pub fn store(&self, digest: &str, component: &Component) {
         if let Err(err) = self.try_store(digest, component) {
@@ -66,7 +66,9 @@ impl DiskCache {
         }
     }
 
+    #[cfg(feature = "compiler")]
     fn try_store(&self, digest: &str, component: &Component) -> std::io::Result<()> {
+        use std::io::Write as _;
         let payload = component.serialize().map_err(std::io::Error::other)?;
         let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
         file.write_all(MAGIC)?;
@@ -85,7 +87,11 @@ impl DiskCache {
 pub fn engine_key(engine: &Engine) -> String {
     let mut hasher = Sha256Hasher(Sha256::new());
     WASMTIME_VERSION.hash(&mut hasher);
+    // Only a compiling build writes this cache (a compiler-free one reads signed artifacts).
+    #[cfg(feature = "compiler")]
     engine.precompile_compatibility_hash().hash(&mut hasher);
+    #[cfg(not(feature = "compiler"))]
+    let _ = engine;
     hex::encode(&hasher.0.finalize()[..16])
 }
 

@@ -8,17 +8,21 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
+use wasmtime::Engine;
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
-use wasmtime::{Config, Engine};
 
+use super::artifact;
 use super::bindings::{Kind, batch_data, host};
 use super::builtin;
 use super::cache::DiskCache;
+#[cfg(feature = "compiler")]
 use super::compiler::compile_in_child;
 use super::error::{LoadError, PolicyError, Step, one_line};
 use super::instance::{Policy, PolicyInfo};
+use super::platform;
 use super::reference::{PolicyRef, Source, ValidRef};
 use super::sandbox::{HostState, PolicyEvents};
+use super::signing::TrustedKey;
 use perennial_storage::{self as storage, S3Credentials};
 
 /// The most a component may be, and how long its fetch may take.
@@ -49,15 +53,22 @@ fn compile_mode() -> CompileMode {
     *COMPILE_MODE.get_or_init(|| CompileMode::Foreground)
 }
 
+/// Whether compiles may use every core (parallel compilation changes no code).
+#[cfg(feature = "compiler")]
+pub(crate) fn compiles_in_foreground() -> bool {
+    compile_mode() == CompileMode::Foreground
+}
+
+/// Whether this build can compile components ([`crate`]'s `compiler` feature); without, it runs
+/// only signed precompiled policies.
+pub const HAS_COMPILER: bool = cfg!(feature = "compiler");
+
 /// The process's engine. Its settings are fixed, so compiled code can be shared and cached
 /// (parallel compilation changes no code: a cache entry serves both modes).
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let mut config = Config::new();
-        config.parallel_compilation(compile_mode() == CompileMode::Foreground);
-        config.epoch_interruption(true);
-        config.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let config = platform::config(None).expect("this node's platform is one wasmtime runs");
         let engine = Engine::new(&config).expect("the policy engine settings are valid");
         let ticker = engine.clone();
         std::thread::Builder::new()
@@ -80,6 +91,8 @@ pub struct Inspection {
     pub size: usize,
     pub compile_time: Duration,
     pub from_cache: bool,
+    /// For a signed precompiled policy: what it was compiled for and who signed it.
+    pub precompiled: Option<artifact::Header>,
     /// Exported interfaces, e.g. `perennial:policy/trigger@0.1.0`.
     pub exports: Vec<String>,
     compiled: Arc<Compiled>,
@@ -98,6 +111,8 @@ struct Inner {
     s3: Option<S3Credentials>,
     /// The binary that compiles in a child process, when the host does so (`run`, `edge`).
     compiler: OnceLock<PathBuf>,
+    /// The key whose signature a precompiled policy needs (`--trust-key`).
+    trusted: OnceLock<TrustedKey>,
 }
 
 /// Loads policies. Cheap to clone; clones share the compile cache.
@@ -118,7 +133,8 @@ impl PolicyHost {
         batch_data::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         let disk = cache_dir.map(|dir| DiskCache::new(dir, engine)).transpose()?;
         let compiled = Mutex::new(HashMap::new());
-        Ok(PolicyHost { inner: Arc::new(Inner { linker, disk, compiled, s3, compiler: OnceLock::new() }) })
+        let inner = Inner { linker, disk, compiled, s3, compiler: OnceLock::new(), trusted: OnceLock::new() };
+        Ok(PolicyHost { inner: Arc::new(inner) })
     }
 
     /// A host with the compile cache in `dir`, or the one every subcommand shares by default
@@ -153,6 +169,11 @@ impl PolicyHost {
         let digest = hex::encode(Sha256::digest(bytes));
         self.compile("the component", &digest, bytes)?;
         Ok(digest)
+    }
+
+    /// Loads signed precompiled policies when `key` signed them (and no others).
+    pub fn trust(&self, key: TrustedKey) {
+        let _ = self.inner.trusted.set(key);
     }
 
     /// Loads a policy: checks the reference, fetches the component, verifies its digest,
@@ -224,6 +245,9 @@ impl PolicyHost {
 
     /// Verifies the digest and compiles: what `plugin check` reports.
     pub fn inspect(&self, valid: &ValidRef, bytes: &[u8]) -> Result<Inspection, LoadError> {
+        if artifact::is_artifact(bytes) {
+            return self.inspect_artifact(valid, bytes);
+        }
         let source = valid.source.to_string();
         let digest = hex::encode(Sha256::digest(bytes));
         if let Some(expected) = &valid.sha256
@@ -238,7 +262,57 @@ impl PolicyHost {
             exports: exported_interfaces(&compiled.component),
             compile_time: started.elapsed(),
             from_cache,
+            precompiled: None,
             size: bytes.len(),
+            digest,
+            source,
+            compiled,
+        })
+    }
+
+    /// A signed precompiled policy: verified against the trusted key, this node's platform and
+    /// engine, and the reference's pin (which names the source component), then deserialized.
+    /// Nothing is deserialized before all of that holds.
+    fn inspect_artifact(&self, valid: &ValidRef, bytes: &[u8]) -> Result<Inspection, LoadError> {
+        let source = valid.source.to_string();
+        let refused =
+            |message: String| LoadError::new(Step::Verify, PolicyError::Artifact { plugin: source.clone(), message });
+        let trusted = self.inner.trusted.get().ok_or_else(|| {
+            refused("it is a signed precompiled policy, and this node trusts no key (give it --trust-key)".into())
+        })?;
+        let node = platform::this_node();
+        let started = Instant::now();
+        let verified = artifact::open(bytes, trusted, node, &platform::fingerprint(node)).map_err(refused)?;
+        let header = verified.header;
+        if let Some(expected) = &valid.sha256
+            && *expected != header.component_sha256
+        {
+            let error = PolicyError::Digest {
+                plugin: format!("{source} (compiled from a component that)"),
+                expected: expected.clone(),
+                actual: header.component_sha256,
+            };
+            return Err(LoadError::new(Step::Verify, error));
+        }
+        let digest = header.component_sha256.clone();
+        let memorised = self.lock_compiled().get(&digest).cloned();
+        let compiled = match memorised {
+            Some(compiled) => compiled,
+            None => {
+                // SAFETY: the payload is what the trusted key signed for this platform and
+                // engine (checked above, on these very bytes); wasmtime checks its version and
+                // settings again.
+                let component = unsafe { Component::deserialize(engine(), verified.payload) }
+                    .map_err(|err| refused(format!("wasmtime refuses it: {}", one_line(&format!("{err:#}")))))?;
+                self.prelink(&source, &digest, component)?
+            }
+        };
+        Ok(Inspection {
+            exports: exported_interfaces(&compiled.component),
+            compile_time: started.elapsed(),
+            from_cache: false,
+            size: usize::try_from(header.component_size).unwrap_or(usize::MAX),
+            precompiled: Some(header),
             digest,
             source,
             compiled,
@@ -293,31 +367,54 @@ impl PolicyHost {
             return Ok((compiled.clone(), true));
         }
         let engine = engine();
-        let cached = self.inner.disk.as_ref().and_then(|disk| disk.load(engine, digest));
+        // A compiler-free node deserializes only what its trusted key signed: not this cache's
+        // checksummed (unsigned) entries.
+        let cached = self.inner.disk.as_ref().filter(|_| HAS_COMPILER).and_then(|disk| disk.load(engine, digest));
         let from_cache = cached.is_some();
         let component = match cached {
             Some(component) => component,
-            None => {
-                let failed = |message: String| {
-                    LoadError::new(Step::Compile, PolicyError::Compile { plugin: source.to_owned(), message })
-                };
-                match (&self.inner.disk, self.inner.compiler.get()) {
-                    (Some(disk), Some(exe)) => {
-                        compile_in_child(exe, disk.dir(), bytes).map_err(failed)?;
-                        disk.load(engine, digest)
-                            .ok_or_else(|| failed("the compiler's cache entry cannot be loaded".into()))?
-                    }
-                    (disk, _) => {
-                        let component = Component::from_binary(engine, bytes)
-                            .map_err(|err| failed(one_line(&format!("{err:#}"))))?;
-                        if let Some(disk) = disk {
-                            disk.store(digest, &component);
-                        }
-                        component
-                    }
-                }
-            }
+            None => self.compile_now(source, digest, bytes)?,
         };
+        Ok((self.prelink(source, digest, component)?, from_cache))
+    }
+
+    /// Compiles a component on this machine: in a child process when the host does so.
+    #[cfg(feature = "compiler")]
+    fn compile_now(&self, source: &str, digest: &str, bytes: &[u8]) -> Result<Component, LoadError> {
+        let failed = |message: String| {
+            LoadError::new(Step::Compile, PolicyError::Compile { plugin: source.to_owned(), message })
+        };
+        let engine = engine();
+        match (&self.inner.disk, self.inner.compiler.get()) {
+            (Some(disk), Some(exe)) => {
+                compile_in_child(exe, disk.dir(), bytes).map_err(failed)?;
+                disk.load(engine, digest).ok_or_else(|| failed("the compiler's cache entry cannot be loaded".into()))
+            }
+            (disk, _) => {
+                let component =
+                    Component::from_binary(engine, bytes).map_err(|err| failed(one_line(&format!("{err:#}"))))?;
+                if let Some(disk) = disk {
+                    disk.store(digest, &component);
+                }
+                Ok(component)
+            }
+        }
+    }
+
+    /// This build has no compiler: a component must come precompiled.
+    #[cfg(not(feature = "compiler"))]
+    fn compile_now(&self, source: &str, _digest: &str, _bytes: &[u8]) -> Result<Component, LoadError> {
+        let node = platform::this_node();
+        let message = format!(
+            "this edge agent has no compiler and runs only signed precompiled policies: compile it for this node \
+             with `perennial plugin compile {source} --target {node} --sign-key KEY` on any machine, and name the \
+             .pcwasm it writes in the job"
+        );
+        Err(LoadError::new(Step::Compile, PolicyError::Precompiled { plugin: source.to_owned(), message }))
+    }
+
+    /// Pre-links a compiled component and keeps it in memory under `digest`.
+    fn prelink(&self, source: &str, digest: &str, component: Component) -> Result<Arc<Compiled>, LoadError> {
         let pre = self.inner.linker.instantiate_pre(&component).map_err(|err| {
             let message = one_line(&format!("{err:#} (policies may import only perennial:policy and WASI 0.2)"));
             LoadError::new(
@@ -327,7 +424,7 @@ impl PolicyHost {
         })?;
         let compiled = Arc::new(Compiled { component, pre });
         self.lock_compiled().insert(digest.to_owned(), compiled.clone());
-        Ok((compiled, from_cache))
+        Ok(compiled)
     }
 
     fn lock_compiled(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Compiled>>> {

@@ -11,6 +11,10 @@ pub enum PolicyError {
     Digest { plugin: String, expected: String, actual: String },
     #[error("{plugin} is not a valid WebAssembly component: {message}")]
     Compile { plugin: String, message: String },
+    #[error("{plugin} is refused: {message}")]
+    Artifact { plugin: String, message: String },
+    #[error("{plugin} cannot run here: {message}")]
+    Precompiled { plugin: String, message: String },
     #[error("{plugin} is not a {kind} policy of perennial:policy@0.1.0: {message}")]
     WrongWorld { plugin: String, kind: &'static str, message: String },
     #[error("the plugin rejected its config: {0}")]

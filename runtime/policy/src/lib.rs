@@ -8,25 +8,31 @@
 //!   a bad answer is an error for that call only, and the next call gets a fresh instance.
 //! - [`PolicySlot`]: hot swap between two calls.
 
+pub mod artifact;
 mod bindings;
 pub mod builtin;
 mod cache;
+#[cfg(feature = "compiler")]
 pub mod compiler;
 mod engine;
 mod error;
 mod instance;
+pub mod platform;
+#[cfg(feature = "compiler")]
+pub mod precompile;
 mod reference {
     //! The policy reference lives with the words both halves share (the operator validates it too).
     pub use perennial_types::policy::*;
 }
 mod sandbox;
+pub mod signing;
 mod slot;
 mod types;
 
 pub use bindings::{Kind, SelectorKind, SplitterKind, TriggerKind};
 pub use cache::default_dir as default_cache_dir;
 pub use engine::{
-    COMPONENT_READ, CompileMode, EPOCH_TICK, Inspection, PolicyHost, engine, exported_interfaces,
+    COMPONENT_READ, CompileMode, EPOCH_TICK, HAS_COMPILER, Inspection, PolicyHost, engine, exported_interfaces,
     lower_this_threads_priority, release_freed_memory, set_compile_mode,
 };
 pub use error::{LoadError, PolicyError, Step};

@@ -34,6 +34,10 @@ pub struct EdgeArgs {
     /// `$XDG_CACHE_HOME/perennial/policies` or `~/.cache/perennial/policies`).
     #[arg(long, env = "PERENNIAL_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// The ed25519 public key (PEM) whose signature a precompiled policy (`.pcwasm`, made by
+    /// `perennial plugin compile`) needs; the compiler-free agent runs nothing else.
+    #[arg(long, value_name = "FILE", env = "PERENNIAL_TRUST_KEY")]
+    trust_key: Option<PathBuf>,
     /// The operator's link, `wss://host:port/v1/link`: the node's jobs come from it.
     #[arg(long, env = "PERENNIAL_CLOUD_URL", required_unless_present = "jobs")]
     cloud_url: Option<String>,
@@ -123,8 +127,15 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     };
     let store = Arc::new(Mutex::new(store));
     let host = PolicyHost::with_shared_cache(args.cache_dir.clone(), None)?;
+    #[cfg(feature = "edge")]
     if let Ok(exe) = std::env::current_exe() {
         host.compile_in_child_process(exe);
+    }
+    if let Some(path) = &args.trust_key {
+        let key = perennial_policy::signing::TrustedKey::from_file(path)
+            .map_err(|err| anyhow::anyhow!("--trust-key {err}"))?;
+        tracing::info!("precompiled policies signed by key {} are trusted", key.id());
+        host.trust(key);
     }
     let settings = RunnerSettings {
         rootfs: args.rootfs_mount_dir.clone(),

@@ -2,19 +2,21 @@
 
 #[cfg(any(feature = "cloud", feature = "embedded"))]
 mod crd;
-#[cfg(feature = "edge")]
+#[cfg(feature = "edge-precompiled")]
 mod decisions;
 #[cfg(feature = "embedded")]
 mod delete;
-#[cfg(feature = "edge")]
+#[cfg(feature = "edge-precompiled")]
 mod edge;
 mod fetch;
 #[cfg(feature = "cloud")]
 mod operator;
-#[cfg(feature = "edge")]
+#[cfg(feature = "edge-precompiled")]
 mod plugin;
-#[cfg(feature = "edge")]
+#[cfg(feature = "edge-precompiled")]
 mod plugin_new;
+#[cfg(feature = "edge-precompiled")]
+mod precompiled;
 #[cfg(feature = "embedded")]
 mod run;
 #[cfg(feature = "embedded")]
@@ -42,7 +44,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Tools for policy plugin authors: start a project, check, call and benchmark a plugin.
-    #[cfg(feature = "edge")]
+    #[cfg(feature = "edge-precompiled")]
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
     /// Runs lifelong learning jobs on this machine, no cluster: manifests in, rounds out.
@@ -53,13 +55,13 @@ enum Command {
     Status(status::StatusArgs),
     /// A job's recorded policy decisions, with what each policy saw (from a state dir of
     /// `perennial run` or `perennial edge`).
-    #[cfg(feature = "edge")]
+    #[cfg(feature = "edge-precompiled")]
     Decisions(decisions::DecisionsArgs),
     /// Deletes a job from a run's state dir (a running `perennial run` stops its workers).
     #[cfg(feature = "embedded")]
     Delete(delete::DeleteArgs),
     /// The edge agent: runs jobs on this node from its own state, and the worker report API.
-    #[cfg(feature = "edge")]
+    #[cfg(feature = "edge-precompiled")]
     Edge(edge::EdgeArgs),
     /// Prints the CustomResourceDefinitions (LifelongLearningJob, Dataset) as YAML.
     #[cfg(any(feature = "cloud", feature = "embedded"))]
@@ -83,7 +85,7 @@ impl Command {
         match self {
             #[cfg(feature = "embedded")]
             Command::Status(_) => true,
-            #[cfg(feature = "edge")]
+            #[cfg(feature = "edge-precompiled")]
             Command::Decisions(_) => true,
             #[cfg(any(feature = "cloud", feature = "embedded"))]
             Command::Crd => true,
@@ -136,9 +138,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         end_quietly_on_closed_stdout();
     }
     match cli.command {
-        #[cfg(feature = "edge")]
+        #[cfg(feature = "edge-precompiled")]
         Command::Plugin(command) => plugin::run(command).await,
-        #[cfg(feature = "edge")]
+        #[cfg(feature = "edge-precompiled")]
         Command::Edge(args) => edge::run(args).await,
         #[cfg(feature = "embedded")]
         Command::Run(args) => run::run(args).await,
@@ -146,7 +148,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::run(args),
         #[cfg(feature = "embedded")]
         Command::Delete(args) => delete::run(args),
-        #[cfg(feature = "edge")]
+        #[cfg(feature = "edge-precompiled")]
         Command::Decisions(args) => decisions::run(args),
         #[cfg(any(feature = "cloud", feature = "embedded"))]
         Command::Crd => crd::run(),

@@ -16,6 +16,8 @@ use serde::Deserialize;
 
 use super::decisions;
 use super::plugin_new::{self, Lang, PolicyKind};
+use super::precompiled;
+use perennial_policy::signing::TrustedKey;
 
 #[derive(Subcommand)]
 pub enum PluginCommand {
@@ -36,11 +38,45 @@ pub enum PluginCommand {
     },
     /// Compiles a component read from stdin into the compile cache: the child process that
     /// `run` and `edge` compile in.
+    #[cfg(feature = "edge")]
     #[command(name = "compile-into-cache", hide = true)]
     CompileIntoCache {
         #[arg(long)]
         cache_dir: PathBuf,
     },
+    /// Compile a policy for nodes that run it without compiling (the compiler-free edge
+    /// agent, 32-bit ARM): one signed `.pcwasm` per platform, which a node loads only if the
+    /// key it trusts signed it.
+    #[cfg(feature = "edge")]
+    Compile {
+        /// The component: builtin:NAME, a path, file:///path, https://... or s3://bucket/key.
+        #[arg(value_name = "REF")]
+        plugin: String,
+        /// Expected SHA-256 of the component (required for https:// and s3://).
+        #[arg(long)]
+        sha256: Option<String>,
+        /// A platform to compile for, as `perennial plugin platform` prints it on the node: a
+        /// target triple (aarch64-unknown-linux-gnu) or pulley32 / pulley64. Repeat for more.
+        #[arg(long = "target", value_name = "PLATFORM", required = true)]
+        targets: Vec<String>,
+        /// The ed25519 private key to sign with (PEM PKCS#8: `perennial plugin keygen` or
+        /// `openssl genpkey -algorithm ed25519`).
+        #[arg(long, value_name = "FILE", env = "PERENNIAL_SIGN_KEY")]
+        sign_key: PathBuf,
+        /// The folder to write NAME.PLATFORM.pcwasm into.
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        out_dir: PathBuf,
+    },
+    /// Make an ed25519 key pair to sign precompiled policies with: NAME.key (private: keep it
+    /// where the compiles run) and NAME.pub (what nodes trust: `--trust-key NAME.pub`).
+    Keygen {
+        /// The path of the pair without its extension, e.g. `keys/perennial`.
+        #[arg(value_name = "NAME")]
+        name: PathBuf,
+    },
+    /// What this node runs: its platform and engine fingerprint (what `plugin compile --target`
+    /// must name for it), and whether this build can compile policies itself.
+    Platform,
     /// Load and verify a plugin: its world, package version, size and compile time.
     Check {
         #[command(flatten)]
@@ -117,6 +153,9 @@ pub struct PluginArgs {
     /// Compile without reading or writing the on-disk cache.
     #[arg(long)]
     no_cache: bool,
+    /// The ed25519 public key (PEM) whose signature a precompiled policy (.pcwasm) needs.
+    #[arg(long, value_name = "FILE", env = "PERENNIAL_TRUST_KEY")]
+    trust_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -162,7 +201,17 @@ impl PluginArgs {
 
     fn host(&self) -> anyhow::Result<PolicyHost> {
         let cache_dir = (!self.no_cache).then(|| self.cache_dir.clone().unwrap_or_else(policy::default_cache_dir));
-        PolicyHost::new(cache_dir, S3Credentials::from_env()).context("cannot open the compile cache")
+        let host = PolicyHost::new(cache_dir, S3Credentials::from_env()).context("cannot open the compile cache")?;
+        self.trust(&host)?;
+        Ok(host)
+    }
+
+    /// Gives `host` the key of `--trust-key`, if any.
+    fn trust(&self, host: &PolicyHost) -> anyhow::Result<()> {
+        if let Some(path) = &self.trust_key {
+            host.trust(TrustedKey::from_file(path).map_err(|err| anyhow::anyhow!("--trust-key {err}"))?);
+        }
+        Ok(())
     }
 
     fn validate(&self) -> anyhow::Result<ValidRef> {
@@ -187,7 +236,17 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             println!("and see its README.md");
             Ok(())
         }
+        #[cfg(feature = "edge")]
         PluginCommand::CompileIntoCache { cache_dir } => compile_into_cache(cache_dir),
+        #[cfg(feature = "edge")]
+        PluginCommand::Compile { plugin, sha256, targets, sign_key, out_dir } => {
+            precompiled::compile(Compile { plugin, sha256, targets, sign_key, out_dir }).await
+        }
+        PluginCommand::Keygen { name } => precompiled::keygen(&name),
+        PluginCommand::Platform => {
+            precompiled::platform();
+            Ok(())
+        }
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
@@ -197,8 +256,12 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
     }
 }
 
+#[cfg(feature = "edge")]
+use precompiled::Compile;
+
 /// `plugin compile-into-cache`: one component from stdin (as large as a fetch may be), compiled
 /// on one thread of this low-priority process into `cache_dir`.
+#[cfg(feature = "edge")]
 fn compile_into_cache(cache_dir: PathBuf) -> anyhow::Result<()> {
     use std::io::Read;
     policy::set_compile_mode(policy::CompileMode::Background);
@@ -243,8 +306,19 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
     println!("world:    {world} ({package})");
     println!("sha256:   {}", inspection.digest);
     println!("size:     {} bytes", inspection.size);
-    let origin = if inspection.from_cache { "from cache" } else { "compiled" };
-    println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
+    match &inspection.precompiled {
+        Some(header) => println!(
+            "compile:  precompiled for {} (engine {}), signed by key {}; verified and loaded in {:.1} ms",
+            header.platform,
+            header.fingerprint,
+            header.signer,
+            ms(inspection.compile_time)
+        ),
+        None => {
+            let origin = if inspection.from_cache { "from cache" } else { "compiled" };
+            println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
+        }
+    }
     if args.config.is_some() {
         off_runtime(move || load_as(world, &host, &valid, &bytes)).await?;
         println!("config:   accepted");
@@ -329,20 +403,33 @@ async fn bench(args: &PluginArgs, iterations: u32, batch: usize) -> anyhow::Resu
     }
     let valid = reference.validate().map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
     let uncached = PolicyHost::new(None, S3Credentials::from_env())?;
+    args.trust(&uncached)?;
     let bytes = uncached.fetch(&valid.source).await?;
     let cold = uncached.inspect(&valid, &bytes)?;
     let Some((world, _)) = world_of(&cold.exports) else {
         bail!("{}: not a Perennial policy", args.plugin);
     };
-    println!("{} ({world}, {} bytes)", cold.source, cold.size);
-    println!("compile (cold):               {:>9.2} ms", ms(cold.compile_time));
-    off_runtime(move || bench_calls(world, &valid, &bytes, iterations, batch)).await
+    println!("{} ({world}, {} bytes) on {}", cold.source, cold.size, policy::platform::this_node());
+    let what = if cold.precompiled.is_some() { "verify + load (precompiled):" } else { "compile (cold):            " };
+    println!("{what}  {:>9.2} ms", ms(cold.compile_time));
+    let trust = args.trust_key.clone();
+    off_runtime(move || bench_calls(world, &valid, &bytes, trust, iterations, batch)).await
 }
 
 /// Loads from the disk cache and times calls (on a blocking thread: see [`off_runtime`]).
-fn bench_calls(world: &str, valid: &ValidRef, bytes: &[u8], iterations: u32, batch: usize) -> anyhow::Result<()> {
+fn bench_calls(
+    world: &str,
+    valid: &ValidRef,
+    bytes: &[u8],
+    trust_key: Option<PathBuf>,
+    iterations: u32,
+    batch: usize,
+) -> anyhow::Result<()> {
     let cache_dir = tempfile::tempdir()?;
     let cached_host = PolicyHost::new(Some(cache_dir.path().to_path_buf()), None)?;
+    if let Some(path) = trust_key {
+        cached_host.trust(TrustedKey::from_file(&path).map_err(|err| anyhow::anyhow!("--trust-key {err}"))?);
+    }
     cached_host.inspect(valid, bytes)?;
     cached_host.clear_memory_cache();
     let started = Instant::now();
