@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 const COMPILING: &str = env!("CARGO_BIN_EXE_perennial");
 const CAP_BYTES: u64 = 128 << 20;
+const TRIGGER_CONFIG: &str = r#"{"condition": {"operator": ">", "threshold": 500}}"#;
+const SPLIT_CONFIG: &str = r#"{"trainProb": 0.8}"#;
 
 fn main() {
     let Some(compiler_free) = std::env::var_os("PERENNIAL_BENCH_COMPILER_FREE").map(PathBuf::from) else {
@@ -61,14 +63,19 @@ fn main() {
     for (what, artifact, platform) in
         [("built-in trigger", &builtins[0].0, native.as_str()), ("Python trigger", &python_artifact.0, native.as_str())]
     {
-        let out = plugin_bench(&compiler_free, artifact, dir, platform, &[]);
+        let config = if what.starts_with("Python") { r#"{"samples": 3}"# } else { TRIGGER_CONFIG };
+        let out = plugin_bench(&compiler_free, artifact, dir, platform, &["--config", config]);
         println!("{what:<18} verify + load: {}", field(&out, "verify + load (precompiled):"));
     }
 
     println!("== native against Pulley (compiled for pulley64, run on this x86_64)");
-    for (name, extra) in
-        [("threshold-trigger", &[][..]), ("ratio-split", &["--batch", "10000", "--iterations", "200"][..])]
-    {
+    for (name, extra) in [
+        ("threshold-trigger", &["--config", TRIGGER_CONFIG][..]),
+        (
+            "ratio-split",
+            &["--config", SPLIT_CONFIG, "--batch", "10000", "--iterations", "200", "--timeout-ms", "10000"][..],
+        ),
+    ] {
         let on_native = precompile(dir, &format!("builtin:{name}"), name, &native);
         let on_pulley = precompile(dir, &format!("builtin:{name}"), name, "pulley64");
         let native_out = plugin_bench(Path::new(COMPILING), &on_native.0, dir, &native, extra);
@@ -158,11 +165,19 @@ fn job(dir: &Path, name: &str, trigger: &(PathBuf, String), builtins: &[(PathBuf
     std::fs::create_dir_all(&data).unwrap();
     let policy = |(path, pin): &(PathBuf, String)| serde_json::json!({"plugin": path, "sha256": pin});
     let mut trigger_ref = policy(trigger);
-    trigger_ref["config"] = serde_json::json!({"checkPeriodSeconds": 1, "samples": 1_000_000, "condition": {"operator": ">", "threshold": 1_000_000}});
+    // The built-in threshold trigger's config, or a `plugin new` Python trigger's.
+    let python = trigger.0.to_string_lossy().contains("py_trigger");
+    trigger_ref["config"] = if python {
+        serde_json::json!({"samples": 1_000_000})
+    } else {
+        serde_json::json!({"checkPeriodSeconds": 1, "condition": {"operator": ">", "threshold": 1_000_000}})
+    };
+    let mut splitter = policy(&builtins[1]);
+    splitter["config"] = serde_json::json!({"trainProb": 0.8});
     serde_json::json!({
         "name": format!("default/{name}"), "uid": format!("uid-{name}"),
         "spec": {"datasetUrl": data.join("index.txt"), "datasetFormat": "txt", "outputDir": data.join("out"), "trainProb": 0.8},
-        "splitter": policy(&builtins[1]), "trigger": trigger_ref, "selector": policy(&builtins[2]),
+        "splitter": splitter, "trigger": trigger_ref, "selector": policy(&builtins[2]),
     })
 }
 

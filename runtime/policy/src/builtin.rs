@@ -2,9 +2,10 @@
 
 include!(concat!(env!("OUT_DIR"), "/plugins.rs"));
 
-/// The component of built-in `name`.
+/// The component of built-in `name` (none in a build without the compiler, which embeds only
+/// their names).
 pub fn component(name: &str) -> Option<&'static [u8]> {
-    BUILTINS.iter().find(|(builtin, _)| *builtin == name).map(|(_, bytes)| *bytes)
+    BUILTINS.iter().find(|(builtin, _)| *builtin == name).map(|(_, bytes)| *bytes).filter(|bytes| !bytes.is_empty())
 }
 
 /// Names of the built-ins, for error messages and listings.

@@ -214,9 +214,18 @@ impl PolicyHost {
         let fetch_error =
             |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: source.to_string(), message });
         match source {
-            Source::Builtin(name) => builtin::component(name)
-                .map(Arc::from)
-                .ok_or_else(|| fetch_error(format!("no built-in called {name:?}"))),
+            Source::Builtin(name) => builtin::component(name).map(Arc::from).ok_or_else(|| {
+                fetch_error(if builtin::names().contains(&name.as_str()) {
+                    let node = platform::this_node();
+                    format!(
+                        "this edge agent has no compiler and runs built-ins precompiled too: compile it with \
+                         `perennial plugin compile builtin:{name} --target {node} --sign-key KEY` on any machine, \
+                         and name the .pcwasm it writes in the job"
+                    )
+                } else {
+                    format!("no built-in called {name:?}")
+                })
+            }),
             Source::File(path) => {
                 let path = std::path::absolute(path).map_err(|err| fetch_error(err.to_string()))?;
                 // Said plainly: an author's most common mistake is a path that is not there yet.

@@ -86,7 +86,7 @@ impl Command {
             #[cfg(feature = "embedded")]
             Command::Status(_) => true,
             #[cfg(feature = "edge-precompiled")]
-            Command::Decisions(_) => true,
+            Command::Decisions(_) | Command::Plugin(plugin::PluginCommand::Platform) => true,
             #[cfg(any(feature = "cloud", feature = "embedded"))]
             Command::Crd => true,
             _ => false,
