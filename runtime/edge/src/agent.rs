@@ -138,7 +138,7 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
     let fallback_trigger = match &job.fallback_trigger {
         Some(reference) if job.trigger.on_error == OnError::Fallback => {
             let fallback = |err| PolicyLoadError { kind: "trigger", fallback: true, source: err };
-            Some(host.load(reference, events.clone()).await.map_err(fallback)?)
+            load_fallback(host, job, reference, events.clone()).await.map_err(fallback)?
         }
         _ => None,
     };
@@ -146,13 +146,38 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
     let sedna_selector = PolicyRef::new("builtin:first-select");
     let fallback_selector =
         if job.selector.on_error == OnError::Fallback && job.selector.plugin != sedna_selector.plugin {
-            Some(host.load(&sedna_selector, events.clone()).await.map_err(failed("selector"))?)
+            load_fallback(host, job, &sedna_selector, events.clone()).await.map_err(failed("selector"))?
         } else {
             None
         };
     // A shadow that cannot load is reported on the job's status; it never stops the job.
     let (shadows, shadows_refused) = load_shadows(host, job, events).await;
     Ok(JobPolicies { splitter, trigger, selector, fallback_trigger, fallback_selector, shadows, shadows_refused })
+}
+
+/// Sedna's rule for a kind, which decides when the job's own policy fails. A compiler-free
+/// agent has no built-ins to run it with (they run precompiled, when a job names them): the job
+/// then goes without it, and a failing policy holds the job rather than stopping the agent.
+async fn load_fallback<K: Kind>(
+    host: &PolicyHost,
+    job: &JobConfig,
+    reference: &PolicyRef,
+    events: Arc<dyn PolicyEvents>,
+) -> Result<Option<Policy<K>>, perennial_policy::LoadError> {
+    let builtin = reference.plugin.starts_with("builtin:");
+    match host.load(reference, events).await {
+        Ok(policy) => Ok(Some(policy)),
+        Err(err) if builtin && !perennial_policy::HAS_COMPILER && err.step == perennial_policy::Step::Fetch => {
+            tracing::warn!(
+                job = job.name,
+                "no fallback {}: this compiler-free agent has no built-ins; if the job's {} fails, the job holds",
+                reference.plugin,
+                K::NAME
+            );
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
 }
 
 /// A policy of a job that cannot serve: its kind (`splitter`, `trigger`, `selector`) and why.
