@@ -315,12 +315,9 @@ fn a_round_runs_on_pulley_precompiled_policies() {
 /// component it would have to compile, and runs a whole round on Pulley.
 #[test]
 fn the_compiler_free_armv7_agent_runs_a_round_under_qemu() {
+    // .ci/arm builds the armv7 agent and runs this test with it, and checks it said it ran.
     let Some(binary) = std::env::var_os(ARMV7_BINARY) else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{ARMV7_BINARY} is not set: CI builds the armv7 agent and must run this"
-        );
-        eprintln!("skipped: {ARMV7_BINARY} is not set (.ci/run builds the armv7 agent)");
+        eprintln!("skipped: {ARMV7_BINARY} is not set (.ci/arm builds the armv7 agent and sets it)");
         return;
     };
     let temp = tempfile::tempdir().unwrap();
@@ -341,4 +338,5 @@ fn the_compiler_free_armv7_agent_runs_a_round_under_qemu() {
     assert!(platform.contains("platform:    pulley32") && platform.contains("compiler:    no"), "{platform}");
     refused(run(&["plugin", "call", "builtin:threshold-trigger", "--trigger", "{}"]), "has no compiler");
     a_round_on_precompiled_policies(&launcher, dir);
+    println!("armv7 under qemu-arm: a whole round on pulley32 policies, deployed");
 }
