@@ -2,7 +2,8 @@
 //! on. The DaemonSet as `kubectl apply -k deploy/edge` would install it: rendered by the real
 //! `kubectl kustomize`, read back as Kubernetes' own type (a misspelt field fails), on the host's
 //! network and filesystem, its state on the host, its identity a projected ServiceAccount token
-//! (no Secret of node tokens), its CA from a Secret, its link to the operator's Service. `install.sh`, run for real under a scratch root: what it writes,
+//! (no Secret of node tokens), its CA from a Secret, its link to the operator's Service, on the
+//! image's architectures only. `install.sh`, run for real under a scratch root: what it writes,
 //! that it takes this node's build (from a folder of builds too), and that it refuses bad input
 //! and a build for another machine before writing anything. The systemd unit it installs. And
 //! every variable either sets is one `perennial edge` reads.
@@ -227,6 +228,31 @@ fn daemonset_runs_the_agent_on_the_host_network() {
     let user = container.security_context.as_ref().and_then(|s| s.run_as_user);
     let pod_user = pod.security_context.as_ref().and_then(|s| s.run_as_user);
     assert_eq!(user.or(pod_user), Some(0), "the agent runs as root");
+}
+
+#[test]
+fn daemonset_runs_only_on_the_images_architectures() {
+    let Some(daemonset) = daemonset() else { return };
+    let pod = pod_spec(daemonset);
+    let required = pod.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
+    let required = required.and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+    let terms = &required.expect("a required node affinity").node_selector_terms;
+    assert!(!terms.is_empty(), "node selector terms");
+    // The terms are alternatives: each must keep to the image's platforms (the Dockerfile's
+    // --platform linux/amd64,linux/arm64,linux/arm/v7, by the kubelet's GOARCH names).
+    for term in terms {
+        let arch = term.match_expressions.iter().flatten().find(|e| e.key == "kubernetes.io/arch");
+        let arch = arch.unwrap_or_else(|| panic!("a node selector term without kubernetes.io/arch: {term:?}"));
+        assert_eq!(arch.operator, "In");
+        let mut values = arch.values.clone().unwrap_or_default();
+        values.sort();
+        assert_eq!(values, ["amd64", "arm", "arm64"], "the image's architectures");
+    }
+    let dockerfile = read_text("Dockerfile");
+    assert!(
+        dockerfile.contains("--platform linux/amd64,linux/arm64,linux/arm/v7"),
+        "the Dockerfile builds the image for the three architectures"
+    );
 }
 
 #[test]
