@@ -2,12 +2,35 @@
 # Installs the Perennial edge agent as a systemd service on this node; run it again to upgrade.
 #   sudo ./install.sh --binary ./perennial --cloud-url wss://link.example.com:10000/v1/link \
 #        --token-file ./node.token --ca-file ./ca.pem [--node-name NAME] [--bind-port 9100]
-# Everything is checked before anything is written: a refused install leaves the node as it was.
+# --binary is this node's build, or a folder of builds named perennial-x86_64, perennial-aarch64
+# and perennial-armv7, of which it takes this node's (uname -m); a build for another machine is
+# refused. Everything is checked before anything is written: a refused install leaves the node as it was.
 set -eu
 
 fail() {
     echo "install.sh: $*" >&2
     exit 2
+}
+
+# The machine an ELF file is built for, from its header's e_machine (at byte 18, in the byte
+# order of byte 5): x86_64, aarch64, arm, ...; nothing when the file is not ELF.
+elf_machine() {
+    # shellcheck disable=SC2046 # the 20 bytes, one word each
+    set -- $(od -An -v -tu1 -N20 "$1" 2>/dev/null)
+    [ $# -eq 20 ] && [ "$1.$2.$3.$4" = 127.69.76.70 ] || return 0
+    case "$6" in
+        1) set -- "$5" $((${19} + 256 * ${20})) ;;
+        2) set -- "$5" $((${19} * 256 + ${20})) ;;
+        *) return 0 ;;
+    esac
+    case "$1.$2" in
+        2.62) echo x86_64 ;;
+        2.183) echo aarch64 ;;
+        1.40) echo arm ;;
+        1.3) echo i386 ;;
+        2.243) echo riscv64 ;;
+        *) echo "ELF machine number $2" ;;
+    esac
 }
 
 binary="" cloud_url="" token_file="" ca_file="" node_name="" bind_port=9100
@@ -28,7 +51,7 @@ while [ $# -gt 0 ]; do
             shift 2
             ;;
         -h | --help)
-            sed -n '2,4s/^# \{0,1\}//p' "$0"
+            sed -n '2,7s/^# \{0,1\}//p' "$0"
             exit 0
             ;;
         *) fail "unknown option $1 (see --help)" ;;
@@ -39,7 +62,40 @@ done
 [ -n "$cloud_url" ] || fail "--cloud-url is required"
 [ -n "$token_file" ] || fail "--token-file is required"
 [ -n "$ca_file" ] || fail "--ca-file is required"
+# This node's machine as an ELF header names it, and the name of its build in a folder of builds.
+machine="$(uname -m)"
+if [ -n "${PERENNIAL_INSTALL_MACHINE:-}" ]; then
+    # The tests' stand-in for another node; never on a real install.
+    [ -n "$prefix" ] || fail "PERENNIAL_INSTALL_MACHINE is for tests, with PERENNIAL_INSTALL_ROOT"
+    machine="$PERENNIAL_INSTALL_MACHINE"
+fi
+case "$machine" in
+    x86_64 | amd64) arch=x86_64 build=x86_64 ;;
+    aarch64 | arm64) arch=aarch64 build=aarch64 ;;
+    # A 32-bit ARM userland (armv8l: on a 64-bit core). The armv7 build (ARMv7-A, hard float)
+    # does not run on ARMv6 boards (Raspberry Pi 1 and Zero): a folder has no build for them.
+    armv7l | armv8l) arch=arm build=armv7 ;;
+    armv6l) arch=arm build="" ;;
+    i386 | i486 | i586 | i686) arch=i386 build="" ;;
+    *) arch="$machine" build="" ;;
+esac
+if [ -d "$binary" ]; then
+    folder="$binary"
+    [ -n "$build" ] || fail "--binary $folder: this node is $machine, for which Perennial has no build"
+    binary="${folder%/}/perennial-$build"
+    if [ ! -f "$binary" ]; then
+        builds=""
+        for file in "${folder%/}"/perennial-*; do
+            [ -e "$file" ] && builds="$builds ${file##*/}"
+        done
+        fail "--binary $folder has no perennial-$build for this node ($machine); it has:${builds:- no perennial-* file}"
+    fi
+fi
 [ -f "$binary" ] && [ -r "$binary" ] || fail "--binary $binary is not a readable file"
+built_for="$(elf_machine "$binary")"
+[ -n "$built_for" ] || fail "--binary $binary is not an ELF executable (a Linux build of perennial)"
+[ "$built_for" = "$arch" ] || fail "--binary $binary is built for $built_for, this node is $machine\
+${build:+: install perennial-$build, its build (README, \"ARM nodes\"), or give --binary a folder of builds}"
 case "$cloud_url" in
     *[[:space:]\"\'\\]*) fail "--cloud-url must not hold spaces, quotes or backslashes" ;;
     wss://?*) ;;
@@ -83,5 +139,5 @@ if [ -z "$prefix" ]; then
     systemctl restart perennial-edge
     echo "perennial-edge is running: systemctl status perennial-edge"
 else
-    echo "installed under $prefix (no systemctl)"
+    echo "installed $binary ($built_for) under $prefix (no systemctl)"
 fi

@@ -2,9 +2,11 @@
 //! on. The DaemonSet as `kubectl apply -k deploy/edge` would install it: rendered by the real
 //! `kubectl kustomize`, read back as Kubernetes' own type (a misspelt field fails), on the host's
 //! network and filesystem, its state on the host, its identity a projected ServiceAccount token
-//! (no Secret of node tokens), its CA from a Secret, its link to the operator's Service. `install.sh`, run for real under a scratch root: what it writes, and that
-//! it refuses bad input before writing anything. The systemd unit it installs. And every variable
-//! either sets is one `perennial edge` reads.
+//! (no Secret of node tokens), its CA from a Secret, its link to the operator's Service, on the
+//! image's architectures only. `install.sh`, run for real under a scratch root: what it writes,
+//! that it takes this node's build (from a folder of builds too), and that it refuses bad input
+//! and a build for another machine before writing anything. The systemd unit it installs. And
+//! every variable either sets is one `perennial edge` reads.
 //!
 //! Without `kubectl` the DaemonSet's tests skip, except under CI (`CI` set), where they fail.
 
@@ -229,6 +231,31 @@ fn daemonset_runs_the_agent_on_the_host_network() {
 }
 
 #[test]
+fn daemonset_runs_only_on_the_images_architectures() {
+    let Some(daemonset) = daemonset() else { return };
+    let pod = pod_spec(daemonset);
+    let required = pod.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
+    let required = required.and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref());
+    let terms = &required.expect("a required node affinity").node_selector_terms;
+    assert!(!terms.is_empty(), "node selector terms");
+    // The terms are alternatives: each must keep to the image's platforms (the Dockerfile's
+    // --platform linux/amd64,linux/arm64,linux/arm/v7, by the kubelet's GOARCH names).
+    for term in terms {
+        let arch = term.match_expressions.iter().flatten().find(|e| e.key == "kubernetes.io/arch");
+        let arch = arch.unwrap_or_else(|| panic!("a node selector term without kubernetes.io/arch: {term:?}"));
+        assert_eq!(arch.operator, "In");
+        let mut values = arch.values.clone().unwrap_or_default();
+        values.sort();
+        assert_eq!(values, ["amd64", "arm", "arm64"], "the image's architectures");
+    }
+    let dockerfile = read_text("Dockerfile");
+    assert!(
+        dockerfile.contains("--platform linux/amd64,linux/arm64,linux/arm/v7"),
+        "the Dockerfile builds the image for the three architectures"
+    );
+}
+
+#[test]
 fn host_filesystem_and_state_are_host_paths() {
     let Some(daemonset) = daemonset() else { return };
     let container = agent(daemonset);
@@ -326,28 +353,73 @@ fn cloud_url_is_the_operators_link_service() {
 
 // ---- install.sh ----
 
-/// A node installed under a scratch root, from scratch inputs.
+/// ELF's e_machine numbers of the builds a node may be given.
+const EM_386: u16 = 3;
+const EM_ARM: u16 = 40;
+const EM_X86_64: u16 = 62;
+const EM_AARCH64: u16 = 183;
+
+/// A stand-in for a build of perennial: a real ELF header (what install.sh reads: the magic,
+/// the class and byte order, e_machine), then `tag` (which tells builds apart).
+fn elf(machine: u16, tag: &str) -> Vec<u8> {
+    let mut file = vec![0u8; 64];
+    file[..4].copy_from_slice(b"\x7fELF");
+    file[4] = if matches!(machine, EM_386 | EM_ARM) { 1 } else { 2 }; // 32 or 64-bit
+    file[5] = 1; // little-endian
+    file[6] = 1; // ELF version 1
+    file[16..18].copy_from_slice(&2u16.to_le_bytes()); // an executable
+    file[18..20].copy_from_slice(&machine.to_le_bytes());
+    file[20..24].copy_from_slice(&1u32.to_le_bytes());
+    file.extend_from_slice(tag.as_bytes());
+    file
+}
+
+/// A node installed under a scratch root, from scratch inputs. An x86_64 node unless
+/// [`Node::on`] says otherwise (install.sh reads `PERENNIAL_INSTALL_MACHINE` for `uname -m`).
 pub struct Node {
     pub root: TempDir,
     inputs: TempDir,
+    machine: &'static str,
 }
 
 impl Node {
     fn new() -> Node {
         let inputs = TempDir::new().expect("a scratch folder");
-        for (name, text) in [
-            ("perennial", "#!/bin/sh\necho a stand-in for perennial\n"),
-            ("node.token", "a-node-token\n"),
-            ("ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
-            ("empty.token", ""),
+        for (name, bytes) in [
+            ("perennial", elf(EM_X86_64, "a stand-in for perennial")),
+            ("node.token", b"a-node-token\n".to_vec()),
+            ("ca.pem", b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_vec()),
+            ("empty.token", Vec::new()),
+            ("a-script", b"#!/bin/sh\necho not a build of perennial\n".to_vec()),
         ] {
-            std::fs::write(inputs.path().join(name), text).expect("write an input");
+            std::fs::write(inputs.path().join(name), bytes).expect("write an input");
         }
-        Node { root: TempDir::new().expect("a scratch root"), inputs }
+        Node { root: TempDir::new().expect("a scratch root"), inputs, machine: "x86_64" }
+    }
+
+    /// A node whose `uname -m` is `machine`.
+    fn on(machine: &'static str) -> Node {
+        Node { machine, ..Node::new() }
     }
 
     fn input(&self, name: &str) -> String {
         self.inputs.path().join(name).display().to_string()
+    }
+
+    /// Writes an input file (or a folder's file: `builds/perennial-aarch64`).
+    fn write_input(&self, name: &str, bytes: &[u8]) -> String {
+        let path = self.inputs.path().join(name);
+        std::fs::create_dir_all(path.parent().expect("under the inputs")).expect("an input folder");
+        std::fs::write(&path, bytes).expect("write an input");
+        path.display().to_string()
+    }
+
+    /// The options of an install that succeeds, with `--binary` set to `binary`.
+    fn options_with_binary(&self, binary: &str) -> Vec<String> {
+        let mut options = self.options();
+        let index = options.iter().position(|o| o == "--binary").expect("--binary") + 1;
+        options[index] = binary.to_owned();
+        options
     }
 
     /// The options of an install that succeeds.
@@ -370,6 +442,7 @@ impl Node {
             .arg(repo_path("deploy/edge/install.sh"))
             .args(options)
             .env("PERENNIAL_INSTALL_ROOT", self.root.path())
+            .env("PERENNIAL_INSTALL_MACHINE", self.machine)
             .output()
             .expect("run sh")
     }
@@ -485,19 +558,110 @@ fn install_refuses_bad_input_before_writing_anything() {
         ("an empty token file", set("--token-file", &node.input("empty.token")), "--token-file"),
         ("an unknown option", set("--frobnicate", "yes"), "--frobnicate"),
         ("a missing binary", set("--binary", &missing), "--binary"),
+        ("a binary that is not ELF", set("--binary", &node.input("a-script")), "--binary"),
         ("a missing CA", set("--ca-file", &missing), "--ca-file"),
         ("an option without its value", last_without_value, "--bind-port"),
         ("a port out of range", set("--bind-port", "70000"), "--bind-port"),
         ("a node name with a space", set("--node-name", "n 1"), "--node-name"),
     ];
     for (what, options, named) in cases {
-        let output = node.install(&options);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{what}: install.sh succeeded");
+        let stderr = refused(&node, &options, what);
         assert!(stderr.contains(named), "{what}: the message does not name {named}: {stderr}");
-        let written = contents(node.root.path());
-        assert!(written.is_empty(), "{what}: install.sh refused, yet wrote {written:?}");
     }
+}
+
+/// Runs install.sh, which must refuse and write nothing; its message.
+fn refused(node: &Node, options: &[String], what: &str) -> String {
+    let output = node.install(options);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{what}: install.sh succeeded");
+    let written = contents(node.root.path());
+    assert!(written.is_empty(), "{what}: install.sh refused, yet wrote {written:?}");
+    stderr
+}
+
+#[test]
+fn install_refuses_a_build_for_another_machine_before_writing_anything() {
+    // (the node's `uname -m`, the build's e_machine, what install.sh calls the build's machine)
+    let cases = [
+        ("aarch64", EM_X86_64, "x86_64"),
+        ("x86_64", EM_AARCH64, "aarch64"),
+        ("arm64", EM_ARM, "arm"),
+        ("armv7l", EM_AARCH64, "aarch64"),
+        ("x86_64", EM_386, "i386"),
+        ("riscv64", EM_X86_64, "x86_64"),
+    ];
+    for (machine, built_for, name) in cases {
+        let node = Node::on(machine);
+        let binary = node.write_input("perennial", &elf(built_for, "another machine's build"));
+        let what = format!("a build for {name} on an {machine} node");
+        let stderr = refused(&node, &node.options_with_binary(&binary), &what);
+        let said = format!("--binary {binary} is built for {name}, this node is {machine}");
+        assert!(stderr.contains(&said), "{what}: the message does not say {said:?}: {stderr}");
+    }
+}
+
+#[test]
+fn install_takes_this_nodes_build_from_a_folder_of_builds() {
+    for (machine, build) in
+        [("x86_64", "x86_64"), ("aarch64", "aarch64"), ("arm64", "aarch64"), ("armv7l", "armv7"), ("armv8l", "armv7")]
+    {
+        let node = Node::on(machine);
+        for (name, em) in [("x86_64", EM_X86_64), ("aarch64", EM_AARCH64), ("armv7", EM_ARM)] {
+            node.write_input(&format!("builds/perennial-{name}"), &elf(em, &format!("the {name} build")));
+        }
+        let output = node.install(&node.options_with_binary(&node.input("builds")));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "--binary builds/ on an {machine} node: {stderr}");
+        let expected = node.input(&format!("builds/perennial-{build}"));
+        assert!(same_file(&node.at(BINARY), Path::new(&expected)), "an {machine} node gets perennial-{build}");
+        assert_eq!(mode(&node.at(BINARY)) & 0o111, 0o111, "the binary is executable");
+    }
+}
+
+#[test]
+fn install_refuses_a_folder_without_this_nodes_build_and_says_what_it_has() {
+    let node = Node::on("aarch64");
+    node.write_input("builds/perennial-x86_64", &elf(EM_X86_64, "the x86_64 build"));
+    node.write_input("builds/perennial-armv7", &elf(EM_ARM, "the armv7 build"));
+    let stderr = refused(&node, &node.options_with_binary(&node.input("builds")), "no perennial-aarch64");
+    for named in ["perennial-aarch64", "aarch64", "perennial-x86_64", "perennial-armv7"] {
+        assert!(stderr.contains(named), "the message does not name {named}: {stderr}");
+    }
+
+    // A build under this node's name that is another machine's is refused all the same.
+    node.write_input("builds/perennial-aarch64", &elf(EM_X86_64, "misnamed"));
+    let stderr = refused(&node, &node.options_with_binary(&node.input("builds")), "a misnamed build");
+    assert!(stderr.contains("is built for x86_64, this node is aarch64"), "a misnamed build: {stderr}");
+
+    // The armv7 build does not run on ARMv6 (Raspberry Pi 1 and Zero): a folder has none for it.
+    let node = Node::on("armv6l");
+    node.write_input("builds/perennial-armv7", &elf(EM_ARM, "the armv7 build"));
+    let stderr = refused(&node, &node.options_with_binary(&node.input("builds")), "an ARMv6 node");
+    assert!(stderr.contains("armv6l"), "the message names the node's machine: {stderr}");
+}
+
+#[test]
+fn install_takes_a_real_build_for_its_machine_and_refuses_it_elsewhere() {
+    // This test's own executable: a real ELF file, built for the machine the tests run on.
+    let (machine, other) = match std::env::consts::ARCH {
+        "x86_64" => ("x86_64", "aarch64"),
+        "aarch64" => ("aarch64", "x86_64"),
+        "arm" => ("armv7l", "x86_64"),
+        arch => {
+            eprintln!("skipped: no `uname -m` known for {arch}");
+            return;
+        }
+    };
+    let exe = std::env::current_exe().expect("the test's executable");
+    let exe = exe.display().to_string();
+    let node = Node::on(machine);
+    let output = node.install(&node.options_with_binary(&exe));
+    assert!(output.status.success(), "{exe} on an {machine} node: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(same_file(&node.at(BINARY), Path::new(&exe)), "the real build is installed");
+    let node = Node::on(other);
+    let stderr = refused(&node, &node.options_with_binary(&exe), "a real build on another machine");
+    assert!(stderr.contains(&format!("this node is {other}")), "{stderr}");
 }
 
 // ---- The systemd unit ----

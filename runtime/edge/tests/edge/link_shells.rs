@@ -366,6 +366,12 @@ async fn the_desired_state_lands_in_the_edge_store_then_its_changes_follow() {
     next.jobs.remove(JOB);
     side.desired.send_replace(Arc::new(next));
     until("the job forgotten", Duration::from_secs(10), || !jobs(&store).contains_key(JOB)).await;
+    // The link's events hear of a change after the store has committed it: on a slow machine
+    // (qemu), a poll of the store may see it first.
+    until("the change heard", Duration::from_secs(10), || {
+        edge.seen.desired.lock().unwrap().last().is_some_and(|c| !c.removed_jobs.is_empty())
+    })
+    .await;
     let changes = edge.seen.desired.lock().unwrap().clone();
     assert!(changes.windows(2).all(|w| w[0].seq < w[1].seq), "seqs increase: {changes:?}");
     assert_eq!(changes.last().map(|c| c.removed_jobs.clone()), Some(vec![JOB.to_owned()]));
