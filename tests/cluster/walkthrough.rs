@@ -201,7 +201,11 @@ async fn service(machine: Arc<Machine>, listener: TcpListener) {
 /// The kubelet and heartbeat of the two nodes, for the pods of `deploy/operator` and `deploy/edge`.
 async fn kubelet(machine: Arc<Machine>, stop: Arc<AtomicBool>) {
     let nodes: Api<Node> = Api::all(machine.client.clone());
-    for (node, labels) in [(CLOUD_NODE, json!({})), (EDGE_NODE, json!({}))] {
+    for node in [CLOUD_NODE, EDGE_NODE] {
+        // What a kubelet labels its node with: deploy/edge's DaemonSet runs only where
+        // `kubernetes.io/arch` names an architecture it has a build for.
+        let labels =
+            json!({"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux", "kubernetes.io/hostname": node});
         let object = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}});
         let _ = nodes.create(&PostParams::default(), &serde_json::from_value(object).expect("a node")).await;
     }
