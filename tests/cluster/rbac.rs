@@ -178,6 +178,16 @@ fn not_a_request(grant: &Grant) -> bool {
         || (grant.resource == "lifelonglearningjobs" && grant.verb == "get")
 }
 
+/// Waits for the leader to renew its Lease once (every 5 s): a round quicker than that would
+/// leave the `update` on leases unused.
+async fn leader_renewed(cluster: &Cluster, since: Timestamp) {
+    until("the operator renews its leader Lease", Duration::from_secs(30), || {
+        let renewed = requests(cluster, OPERATOR, since).iter().any(|r| r.resource == "leases" && r.verb == "update");
+        async move { renewed.then_some(()) }
+    })
+    .await;
+}
+
 /// (a) and (b): every grant used, no request refused.
 fn assert_least_privilege(user: &str, grants: &[Grant], requests: &[Request]) {
     assert!(!grants.is_empty(), "nothing is bound to {user}");
@@ -342,6 +352,7 @@ async fn agent_pod_token(world: &World) -> String {
 /// A whole round and a deletion, as the operator of the world's kubeconfig, with its own pod
 /// (`--pod-name`, labelled when it leads) and `overrides`; returns when the job is deleted.
 async fn round_and_deletion(world: &World, overrides: &[(&str, &str)]) {
+    let since = Timestamp::now();
     let kubelet = world.kubelet();
     let operator = world.start_operator_with("rbac", (free_port(), free_port()), overrides);
     let edge = world.start_edge(operator.link_port);
@@ -349,6 +360,7 @@ async fn round_and_deletion(world: &World, overrides: &[(&str, &str)]) {
     world.append_samples(8);
     world.until_deployed(1, Duration::from_secs(120)).await;
     world.cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=true", "--timeout=60s"]);
+    leader_renewed(world.cluster, since).await;
     let forbidden = World::forbidden_calls(&[&operator]);
     assert!(forbidden.is_empty(), "the operator's RBAC refused calls: {forbidden:#?}");
     drop((edge, kubelet));
@@ -385,6 +397,7 @@ async fn the_cluster_wide_install_grants_what_the_operator_uses_and_nothing_more
     owner_references_need_the_finalizers_grant(&world).await;
     a_secret_of_another_namespace_is_refused(&world, other).await;
     cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=true", "--timeout=60s"]);
+    leader_renewed(cluster, since).await;
     let forbidden = World::forbidden_calls(&[&operator]);
     drop((edge, operator, kubelet));
     let _ = Api::<Pod>::namespaced(client.clone(), SYSTEM).delete(&own_pod, &Default::default()).await;
