@@ -36,7 +36,7 @@ async fn a_flood_of_bad_tokens_costs_a_few_reviews_and_no_log_line_each() {
     for n in 0..ATTEMPTS {
         // A token the API server cannot review (not a ServiceAccount's), a new one each time.
         let token = format!("eyJhbGciOiJSUzI1NiJ9.bogus-{n}.sig");
-        let hello = perennial_link::hello("node-x", 0);
+        let hello = perennial_link::hello("node-x", 0, None);
         let refused = tokio::time::timeout(
             Duration::from_secs(5),
             perennial_link::socket::connect(&url, None, &token, tls.clone(), &hello),

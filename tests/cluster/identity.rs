@@ -58,7 +58,7 @@ impl Link {
             socket::greet(&node, &mut ws, 0, 15).await.map_err(|err| err.to_string())?;
             Ok::<_, String>((node, ws))
         };
-        let greeting = hello(claimed, 0);
+        let greeting = hello(claimed, 0, None);
         let client = socket::connect(&url, None, token, self.client_tls.clone(), &greeting);
         let (served, connected) = tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(server, client) })
             .await
@@ -321,7 +321,7 @@ async fn session_ends_with_its_pod(client: Client, namespace: &str) {
     tokio::spawn(perennial_link::cloud_server::serve(listener, settings, cloud, stopped));
     let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
     let (_welcomed, mut ws) =
-        socket::connect(&url, None, &token, tls.clone(), &hello("node-a", 0)).await.expect("admitted");
+        socket::connect(&url, None, &token, tls.clone(), &hello("node-a", 0, None)).await.expect("admitted");
     // Open: frames (its desired state) and then quiet, not an end.
     let open =
         tokio::time::timeout(Duration::from_secs(2), async { while let Ok(Some(_)) = socket::recv(&mut ws).await {} })
@@ -334,7 +334,7 @@ async fn session_ends_with_its_pod(client: Client, namespace: &str) {
             .await;
     assert!(ended.is_ok(), "the session of a deleted agent pod ends within 10 s");
     // And the cached review does not let it back in.
-    let again = socket::connect(&url, None, &token, tls, &hello("node-a", 0)).await;
+    let again = socket::connect(&url, None, &token, tls, &hello("node-a", 0, None)).await;
     assert!(again.is_err(), "the token of a deleted pod opens no new session");
 }
 

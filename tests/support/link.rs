@@ -1,10 +1,13 @@
 //! The link's test parts: a CA made here, and a cloud side applying reports to its own SQLite
-//! file (the operator keeps them in job status).
+//! file (the operator keeps them in job status) and serving artifacts from memory.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired};
+use perennial_link::PolicyPlatform;
+use perennial_link::cloud_server::{Applied, ArtifactPiece, CloudSide, NodeDesired};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rusqlite::{OptionalExtension, params};
 use serde_json::Value;
@@ -28,10 +31,20 @@ pub fn pki() -> Pki {
 }
 
 /// The cloud's durable side for the tests: every applied report, and each node's watermark, in
-/// one SQLite file (the operator keeps them in job status).
+/// one SQLite file (the operator keeps them in job status); and the artifacts it serves, with
+/// what was asked of it.
 pub struct TestCloud {
     path: PathBuf,
     pub desired: watch::Sender<Arc<NodeDesired>>,
+    /// The artifacts served, by the sha they are asked for (their bytes need not have it).
+    pub artifacts: Mutex<HashMap<String, Vec<u8>>>,
+    /// How long each chunk takes to read (a slow store).
+    pub artifact_delay: Mutex<Duration>,
+    /// Each accepted connection's node and policy platform, in order.
+    pub platforms: Mutex<Vec<(String, Option<PolicyPlatform>)>>,
+    /// Each chunk asked for: (sha256, offset, bytes served, the connection asking: its index in
+    /// `platforms`).
+    pub artifact_gets: Mutex<Vec<(String, u64, usize, usize)>>,
 }
 
 impl TestCloud {
@@ -42,7 +55,14 @@ impl TestCloud {
              CREATE TABLE IF NOT EXISTS watermark (node TEXT PRIMARY KEY, seq INTEGER);",
         )
         .expect("schema");
-        TestCloud { path: path.to_owned(), desired: watch::channel(Arc::new(desired)).0 }
+        TestCloud {
+            path: path.to_owned(),
+            desired: watch::channel(Arc::new(desired)).0,
+            artifacts: Mutex::default(),
+            artifact_delay: Mutex::default(),
+            platforms: Mutex::default(),
+            artifact_gets: Mutex::default(),
+        }
     }
 
     pub fn applied(&self) -> Vec<(u64, Value)> {
@@ -90,5 +110,23 @@ impl CloudSide for TestCloud {
 
     fn desired(&self, _node: &str) -> watch::Receiver<Arc<NodeDesired>> {
         self.desired.subscribe()
+    }
+
+    fn node_platform(&self, node: &str, platform: Option<&PolicyPlatform>) {
+        self.platforms.lock().unwrap().push((node.to_owned(), platform.cloned()));
+    }
+
+    async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+        let connection = self.platforms.lock().unwrap().len().saturating_sub(1);
+        let delay = *self.artifact_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        let piece = self.artifacts.lock().unwrap().get(sha256).map(|bytes| {
+            let from = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+            let to = from.saturating_add(max).min(bytes.len());
+            ArtifactPiece { total: bytes.len() as u64, data: bytes[from..to].to_vec() }
+        });
+        let served = piece.as_ref().map_or(0, |piece| piece.data.len());
+        self.artifact_gets.lock().unwrap().push((sha256.to_owned(), offset, served, connection));
+        piece.ok_or_else(|| format!("no artifact {sha256} here"))
     }
 }

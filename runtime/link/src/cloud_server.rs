@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -18,7 +19,7 @@ use tokio_rustls::rustls::ServerConfig;
 
 use super::desired::{DesiredSender, Kind};
 use super::heartbeat::{Heartbeat, HeartbeatAction};
-use super::messages::Message;
+use super::messages::{ARTIFACT_CHUNK_BYTES, Message, PolicyPlatform, check_sha256};
 use super::receiver::{Receiver, Verdict};
 use super::refusals::Refusals;
 use super::scope;
@@ -43,6 +44,18 @@ pub enum Applied {
     Failed(String),
 }
 
+/// Part of an artifact, as [`CloudSide::artifact_chunk`] reads it: its `total` length and at most
+/// `max` bytes from the offset asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactPiece {
+    pub total: u64,
+    pub data: Vec<u8>,
+}
+
+/// The most `artifactGet`s one node may have waiting (beside the one being served): its edge
+/// asks one chunk at a time per download.
+pub const MAX_WAITING_ARTIFACT_GETS: usize = 64;
+
 /// The cloud's durable side of the link.
 pub trait CloudSide: Send + Sync + 'static {
     /// The highest report seq of `node` applied durably (0: none).
@@ -52,6 +65,20 @@ pub trait CloudSide: Send + Sync + 'static {
     fn apply(&self, node: &str, seq: u64, body: Value) -> impl Future<Output = Applied> + Send;
     /// The node's desired state, as it changes.
     fn desired(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>>;
+    /// What `node` runs policies on, as its hello said (`None`: an older edge, or one that
+    /// fetches no artifacts). Called once per accepted connection, before its first desired
+    /// state is sent.
+    fn node_platform(&self, _node: &str, _platform: Option<&PolicyPlatform>) {}
+    /// At most `max` bytes of the artifact named `sha256` (64 lower-case hex digits, checked)
+    /// from byte `offset`, and its total length; or why it cannot be sent (said to the edge).
+    fn artifact_chunk(
+        &self,
+        _sha256: &str,
+        _offset: u64,
+        _max: usize,
+    ) -> impl Future<Output = Result<ArtifactPiece, String>> + Send {
+        async { Err("this cloud serves no policy artifacts".into()) }
+    }
 }
 
 pub struct ServerSettings {
@@ -71,6 +98,9 @@ type SessionLock = Arc<tokio::sync::Mutex<()>>;
 
 /// A report being applied: its seq and, once done, how it ended.
 type Applying<'a> = Pin<Box<dyn Future<Output = (u64, Applied)> + Send + 'a>>;
+
+/// An artifact chunk being read: once read, the frame that answers its `artifactGet`.
+type Serving<'a> = Pin<Box<dyn Future<Output = Message> + Send + 'a>>;
 
 /// One running connection per node: a way to end it, and a lock its session holds.
 #[derive(Default)]
@@ -200,7 +230,15 @@ async fn connection<C: CloudSide>(
     let protocol = |message: String| SessionError::Protocol { node: node.clone(), message };
     let watermark = side.last_applied_report(&node).await.map_err(|err| protocol(format!("its watermark: {err}")))?;
     let accepted = socket::greet(&node, &mut ws, watermark, heartbeat_secs).await?;
-    tracing::info!(node, watermark, "link up");
+    tracing::info!(
+        node,
+        watermark,
+        platform = accepted.policy_platform.as_ref().map(|p| p.platform.as_str()),
+        "link up"
+    );
+    side.node_platform(&node, accepted.policy_platform.as_ref());
+    // Only an edge that said its platform may ask for artifacts.
+    let fetches_artifacts = accepted.policy_platform.is_some();
     let mut receiver = Receiver::new(watermark);
     receiver.connected();
     let mut desired_source = side.desired(&node);
@@ -215,6 +253,10 @@ async fn connection<C: CloudSide>(
     // may take a while) frames are still read and pings answered.
     let mut queued: VecDeque<(u64, Value)> = VecDeque::new();
     let mut applying: Option<Applying<'_>> = None;
+    // Artifact chunks to send, one read at a time (the edge asks for a download's next chunk
+    // once one has arrived), while reports, pings and desired changes go on.
+    let mut artifact_gets: VecDeque<(String, u64)> = VecDeque::new();
+    let mut serving: Option<Serving<'_>> = None;
     let outcome = loop {
         while let Some(change) = desired.next_change() {
             write(&mut ws, &change, interval * 2, &node).await?;
@@ -231,8 +273,17 @@ async fn connection<C: CloudSide>(
                 }
             }));
         }
+        if serving.is_none()
+            && let Some((sha256, offset)) = artifact_gets.pop_front()
+        {
+            serving = Some(Box::pin(serve_artifact(side, node.as_str(), sha256, offset)));
+        }
         let next_poll = tokio::time::Instant::from_std(epoch + heartbeat.next_poll());
         tokio::select! {
+            answer = async { serving.as_mut().expect("guarded by the branch's condition").await }, if serving.is_some() => {
+                serving = None;
+                write(&mut ws, &answer, interval * 2, &node).await?;
+            }
             done = async { applying.as_mut().expect("guarded by the branch's condition").await }, if applying.is_some() => {
                 applying = None;
                 let (seq, outcome) = done;
@@ -266,6 +317,12 @@ async fn connection<C: CloudSide>(
                     Message::Ping { nonce } => write(&mut ws, &Message::Pong { nonce }, interval * 2, &node).await?,
                     Message::Pong { nonce } => {
                         heartbeat.pong(nonce, epoch.elapsed());
+                    }
+                    Message::ArtifactGet { sha256, offset } => {
+                        match admit_artifact_get(fetches_artifacts, &sha256, artifact_gets.len()) {
+                            Ok(()) => artifact_gets.push_back((sha256, offset)),
+                            Err(why) => break Err(protocol(why)),
+                        }
                     }
                     other => break Err(protocol(format!("a {} frame mid-connection", other.kind()))),
                 }
@@ -303,6 +360,34 @@ async fn connection<C: CloudSide>(
     // A peer that does not take the close is not waited for: the node's lock goes with us.
     let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
     outcome
+}
+
+/// Whether an `artifactGet` is served: only to an edge whose hello named its policy platform, for
+/// a digest, with at most [`MAX_WAITING_ARTIFACT_GETS`] waiting.
+fn admit_artifact_get(fetches_artifacts: bool, sha256: &str, waiting: usize) -> Result<(), String> {
+    if !fetches_artifacts {
+        return Err("an artifactGet frame, though its hello named no policy platform".into());
+    }
+    check_sha256(sha256).map_err(|err| format!("artifactGet: {err}"))?;
+    if waiting >= MAX_WAITING_ARTIFACT_GETS {
+        return Err(format!("over {MAX_WAITING_ARTIFACT_GETS} artifactGet frames waiting"));
+    }
+    Ok(())
+}
+
+/// The answer to an `artifactGet`: a chunk of at most [`ARTIFACT_CHUNK_BYTES`], or why not.
+async fn serve_artifact<C: CloudSide>(side: &C, node: &str, sha256: String, offset: u64) -> Message {
+    match side.artifact_chunk(&sha256, offset, ARTIFACT_CHUNK_BYTES).await {
+        Ok(ArtifactPiece { total, mut data }) => {
+            data.truncate(ARTIFACT_CHUNK_BYTES);
+            let data = base64::engine::general_purpose::STANDARD.encode(&data);
+            Message::ArtifactChunk { sha256, offset, total, data }
+        }
+        Err(reason) => {
+            tracing::warn!(node, sha256, offset, "an artifact the node asked for is not sent: {reason}");
+            Message::ArtifactMissing { sha256, reason }
+        }
+    }
 }
 
 /// Moves the sender from `before` to `after`.

@@ -3,6 +3,10 @@
 //! ([`Sender`], [`DesiredReceiver`], [`Heartbeat`]); the durable state is the edge's SQLite
 //! behind [`EdgeState`]. While the cloud is unreachable the edge goes on from that state and
 //! reports wait in the outbox.
+//!
+//! An agent that says its policy platform in its hello, and has [`Downloads`], also fetches
+//! artifacts in its sessions: each request the downloads queue is written as an `artifactGet`,
+//! and the operator's answers go back to them.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -13,10 +17,11 @@ use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tokio_rustls::rustls::ClientConfig;
 
+use super::artifacts::{ArtifactRequest, Downloads};
 use super::desired::{Changes, DesiredReceiver};
 use super::handshake::hello;
 use super::heartbeat::{Heartbeat, HeartbeatAction};
-use super::messages::{MAX_FRAME_BYTES, Message};
+use super::messages::{MAX_FRAME_BYTES, Message, PolicyPlatform};
 use super::sender::{Delete, SendError, Sender};
 use super::socket::{self, ClientStream, LinkError};
 use super::until_true;
@@ -53,6 +58,11 @@ pub struct ClientSettings {
     /// First wait after a failed connection; it doubles up to `max_backoff`.
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// What this node runs policies on, said in the hello; `None`: nothing said (as an older
+    /// agent), and no artifacts fetched.
+    pub policy_platform: Option<PolicyPlatform>,
+    /// Where artifacts are fetched to; the sessions fetch them when `policy_platform` is said.
+    pub downloads: Option<Arc<Downloads>>,
 }
 
 /// Where the edge's bearer token comes from.
@@ -142,6 +152,9 @@ pub async fn run<S: EdgeState>(
             _ = until_true(&mut stop) => Ok(()),
         };
         sender.disconnected();
+        if let Some(downloads) = &settings.downloads {
+            downloads.disconnected();
+        }
         events.connected(false);
         match ended {
             Ok(()) if *stop.borrow() => break,
@@ -216,7 +229,7 @@ async fn session<S: EdgeState>(
     established: &mut bool,
 ) -> Result<(), SessionError> {
     let mut desired = DesiredReceiver::new(with_state(state, |s| s.last_applied_desired()).await?);
-    let greeting = hello(&settings.node, desired.last_applied());
+    let greeting = hello(&settings.node, desired.last_applied(), settings.policy_platform.clone());
     // Read on every connect: the kubelet rotates a projected token.
     let token = settings.token.read().await?;
     let (welcomed, mut ws) =
@@ -235,6 +248,11 @@ async fn session<S: EdgeState>(
         with_state(state, move |s| s.delete(delete)).await?;
     }
     desired.connected();
+    // Only an edge that said its platform may ask (an older operator would not know the frame).
+    let artifacts = settings.downloads.as_deref().filter(|_| settings.policy_platform.is_some());
+    if let Some(downloads) = artifacts {
+        downloads.connected();
+    }
     *established = true;
     events.connected(true);
     tracing::info!(url = settings.url, node = settings.node, "link up");
@@ -248,9 +266,15 @@ async fn session<S: EdgeState>(
             frame = socket::recv(&mut ws) => {
                 let Some(frame) = frame? else { return Ok(()) };
                 heartbeat.received(epoch.elapsed());
-                if let Some(answer) = handle(frame, state, sender, &mut desired, &mut heartbeat, epoch, events).await? {
+                if let Some(frame) = artifact_answer(frame, artifacts).await?
+                    && let Some(answer) = handle(frame, state, sender, &mut desired, &mut heartbeat, epoch, events).await?
+                {
                     write(&mut ws, &answer, write_limit).await?;
                 }
+            }
+            request = next_artifact_request(artifacts) => {
+                let ArtifactRequest { sha256, offset } = request;
+                write(&mut ws, &Message::ArtifactGet { sha256, offset }, write_limit).await?;
             }
             _ = outbox.notified() => {}
             _ = tokio::time::sleep_until(next_poll) => match heartbeat.poll(epoch.elapsed()) {
@@ -307,6 +331,33 @@ async fn handle<S: EdgeState>(
         }
         other => Err(SessionError::Protocol(format!("the operator sent a {} frame mid-connection", other.kind()))),
     }
+}
+
+/// The next artifact request to write; never, in a session that fetches no artifacts.
+async fn next_artifact_request(artifacts: Option<&Downloads>) -> ArtifactRequest {
+    match artifacts {
+        Some(downloads) => downloads.next_request().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Hands the operator's answer to an `artifactGet` to the downloads (which may queue the next
+/// request); any other frame is given back.
+async fn artifact_answer(frame: Message, artifacts: Option<&Downloads>) -> Result<Option<Message>, SessionError> {
+    match (frame, artifacts) {
+        (Message::ArtifactChunk { sha256, offset, total, data }, Some(downloads)) => {
+            downloads.chunk(&sha256, offset, total, &data).await
+        }
+        (Message::ArtifactMissing { sha256, reason }, Some(downloads)) => downloads.missing(&sha256, &reason).await,
+        (frame @ (Message::ArtifactChunk { .. } | Message::ArtifactMissing { .. }), None) => {
+            return Err(SessionError::Protocol(format!(
+                "the operator sent an {} frame, though this edge asks for no artifacts",
+                frame.kind()
+            )));
+        }
+        (frame, _) => return Ok(Some(frame)),
+    }
+    Ok(None)
 }
 
 /// Sends outbox rows while the window has room.

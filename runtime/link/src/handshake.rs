@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::messages::{MIN_SUPPORTED, Message, PROTOCOL_VERSION, Side, negotiate, negotiate_between};
+use super::messages::{MIN_SUPPORTED, Message, PROTOCOL_VERSION, PolicyPlatform, Side, negotiate, negotiate_between};
 
 /// Why a connection was not opened.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -33,9 +33,10 @@ impl HandshakeError {
     }
 }
 
-/// The edge's first frame.
-pub fn hello(node: &str, last_applied_desired: u64) -> Message {
-    Message::Hello { version: PROTOCOL_VERSION, node: node.to_owned(), last_applied_desired }
+/// The edge's first frame. `policy_platform`: what the node runs policies on; an edge that names
+/// it may ask for artifacts.
+pub fn hello(node: &str, last_applied_desired: u64, policy_platform: Option<PolicyPlatform>) -> Message {
+    Message::Hello { version: PROTOCOL_VERSION, node: node.to_owned(), last_applied_desired, policy_platform }
 }
 
 /// A `hello` the cloud accepted.
@@ -45,6 +46,9 @@ pub struct Accepted {
     pub version: u32,
     /// The edge's last durably applied desired seq ([`super::DesiredSender::connected`]).
     pub last_applied_desired: u64,
+    /// What the node runs policies on, if its hello said (an older edge's does not); only then
+    /// may it ask for artifacts.
+    pub policy_platform: Option<PolicyPlatform>,
     /// The frame to send back.
     pub welcome: Message,
 }
@@ -57,7 +61,7 @@ pub fn accept_hello(
     last_applied_report: u64,
     heartbeat_secs: u32,
 ) -> Result<Accepted, HandshakeError> {
-    let Message::Hello { version, node: claimed, last_applied_desired } = first else {
+    let Message::Hello { version, node: claimed, last_applied_desired, policy_platform } = first else {
         return Err(HandshakeError::Unexpected { expected: "hello", got: first.kind() });
     };
     let version = negotiate(Side::Operator, *version).map_err(HandshakeError::Version)?;
@@ -67,6 +71,7 @@ pub fn accept_hello(
     Ok(Accepted {
         version,
         last_applied_desired: *last_applied_desired,
+        policy_platform: policy_platform.clone(),
         welcome: Message::Welcome { version, heartbeat_secs, last_applied_report },
     })
 }
@@ -112,7 +117,7 @@ mod tests {
     use super::*;
 
     fn hello_with(version: u32, node: &str) -> Message {
-        Message::Hello { version, node: node.into(), last_applied_desired: 5 }
+        Message::Hello { version, node: node.into(), last_applied_desired: 5, policy_platform: None }
     }
 
     #[test]
@@ -198,10 +203,27 @@ mod tests {
 
     #[test]
     fn a_hello_round_trips() {
-        let accepted = accept_hello("edge-1", &hello("edge-1", 12), 40, 15).unwrap();
+        let accepted = accept_hello("edge-1", &hello("edge-1", 12, None), 40, 15).unwrap();
         assert_eq!(accepted.last_applied_desired, 12);
         let welcomed = read_welcome(&accepted.welcome).unwrap();
         assert_eq!(welcomed.last_applied_report, 40);
         assert_eq!(welcomed.version, PROTOCOL_VERSION);
+    }
+
+    #[test]
+    fn the_cloud_learns_the_nodes_policy_platform_from_its_hello() {
+        let platform =
+            PolicyPlatform { platform: "pulley32".into(), fingerprint: "wasmtime-48.0.8".into(), compiles: false };
+        // Through the wire, as the cloud reads it.
+        let said = crate::decode(&crate::encode(&hello("edge-1", 3, Some(platform.clone()))).unwrap()).unwrap();
+        let accepted = accept_hello("edge-1", &said, 0, 15).unwrap();
+        assert_eq!(accepted.policy_platform, Some(platform));
+        // An edge that says none (or an older edge, whose hello has no such field) gets none.
+        let old =
+            crate::decode(r#"{"type": "hello", "version": 1, "node": "edge-1", "lastAppliedDesired": 3}"#).unwrap();
+        assert_eq!(accept_hello("edge-1", &old, 0, 15).unwrap().policy_platform, None);
+        let text = crate::encode(&hello("edge-1", 3, None)).unwrap();
+        assert!(!text.contains("policyPlatform"), "{text}");
+        assert_eq!(accept_hello("edge-1", &crate::decode(&text).unwrap(), 0, 15).unwrap().policy_platform, None);
     }
 }

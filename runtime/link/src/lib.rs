@@ -10,15 +10,20 @@
 //! - [`scope`]: a node reports only on its own jobs and datasets.
 //!
 //! The shells: [`socket`] (TLS, WebSocket, token, hello), [`cloud_server`] (the operator's
-//! listener over a [`cloud_server::CloudSide`]) and [`edge_client`] (the agent's connection over
-//! its SQLite, [`edge_client::EdgeState`]).
+//! listener over a [`cloud_server::CloudSide`]), [`edge_client`] (the agent's connection over
+//! its SQLite, [`edge_client::EdgeState`]) and [`artifacts`] (the edge's downloads of the files
+//! the operator prepared for its policy platform, by SHA-256: chunked, resumed after a cut,
+//! verified).
 //!
 //! One connection per node. On each connection the edge sends `hello`; the cloud answers
 //! `welcome` (with its report watermark) and a full `desired`; then reports flow up from the
 //! outbox and desired changes flow down, both acknowledged. A cut (or a restart of either end)
 //! loses nothing: the edge resends every report not acknowledged, the cloud sends its full
-//! desired state again, and both sides drop what they already have.
+//! desired state again, and both sides drop what they already have. An edge whose hello names
+//! its policy platform also asks for artifacts, one chunk at a time per download, beside all of
+//! that; after a cut it asks again from what it has.
 
+pub mod artifacts;
 pub mod cloud_server;
 pub mod desired;
 pub mod edge_client;
@@ -33,11 +38,14 @@ pub mod socket;
 #[cfg(test)]
 mod tests;
 
+pub use artifacts::{DownloadError, Downloads, sha256_hex};
+pub use cloud_server::ArtifactPiece;
 pub use desired::{Changes, DESIRED_WINDOW, DesiredError, DesiredReceiver, DesiredSender, Kind, object_key};
 pub use handshake::{Accepted, HandshakeError, Welcomed, accept_hello, hello, read_welcome};
 pub use heartbeat::{DEFAULT_HEARTBEAT_SECS, Heartbeat, HeartbeatAction};
 pub use messages::{
-    FrameError, MAX_FRAME_BYTES, MIN_SUPPORTED, Message, PROTOCOL_VERSION, Side, WINDOW, decode, encode, negotiate,
+    ARTIFACT_CHUNK_BYTES, FrameError, MAX_FRAME_BYTES, MIN_SUPPORTED, Message, PROTOCOL_VERSION, PolicyPlatform, Side,
+    WINDOW, check_sha256, decode, encode, negotiate,
 };
 pub use receiver::{ReceiveError, Receiver, Verdict};
 pub use sender::{Delete, Fetch, SendError, Sender};

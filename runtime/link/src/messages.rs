@@ -6,6 +6,12 @@
 //! from its outbox. Both directions are acknowledged by sequence number, so that nothing is lost
 //! across a cut (Sedna's link had no acks, no version and no keepalive: `reference/sedna.md` §3,
 //! §6.2). The bearer token travels in the HTTP upgrade's `Authorization` header, never in a frame.
+//!
+//! An edge whose `hello` names its policy platform may also fetch artifacts (policies compiled
+//! for that platform, each named by the hex SHA-256 of its bytes): it asks with `artifactGet`
+//! from an offset, one chunk at a time, and the cloud answers `artifactChunk` or
+//! `artifactMissing`. An edge that names no platform never asks (an older cloud would not know
+//! the frame).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,6 +31,23 @@ pub const MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
 /// more, so a node cannot make the cloud buffer without bound.
 pub const WINDOW: usize = 256;
 
+/// The most raw bytes one `artifactChunk` carries (its base64 text is a third more, well under
+/// [`MAX_FRAME_BYTES`]). The edge asks for the next chunk only once one has arrived, so the
+/// cloud holds at most one chunk per node.
+pub const ARTIFACT_CHUNK_BYTES: usize = 1 << 20;
+
+/// What an edge node runs policies on, said in its `hello`: the platform the operator compiles
+/// its policies for (e.g. `aarch64-unknown-linux-gnu` or `pulley32`), the fingerprint of the
+/// engine settings a precompiled policy must match, and whether the agent can compile a policy
+/// itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyPlatform {
+    pub platform: String,
+    pub fingerprint: String,
+    pub compiles: bool,
+}
+
 /// One frame.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase", rename_all_fields = "camelCase")]
@@ -32,7 +55,15 @@ pub enum Message {
     /// Edge → cloud, the first frame: the protocol version the edge speaks (its highest), its node
     /// name (it must match the token's node), and the seq of the last desired state it applied
     /// durably (the cloud numbers what it sends next above it, even after the cloud restarted).
-    Hello { version: u32, node: String, last_applied_desired: u64 },
+    /// `policy_platform`: what the node runs policies on; an edge that sends it may ask for
+    /// artifacts (absent from an older edge's hello, and omitted when `None`).
+    Hello {
+        version: u32,
+        node: String,
+        last_applied_desired: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy_platform: Option<PolicyPlatform>,
+    },
     /// Cloud → edge, the answer to `hello`: the version both will speak, the heartbeat interval
     /// both use, and the highest report seq the cloud has durably applied for this node (the edge
     /// deletes those from its outbox and resends the rest, in order).
@@ -63,6 +94,15 @@ pub enum Message {
     Ping { nonce: u64 },
     /// The answer to `ping`.
     Pong { nonce: u64 },
+    /// Edge → cloud, only from an edge whose hello named its policy platform: send the artifact
+    /// `sha256` (64 lower-case hex digits) from byte `offset`. One at a time per download: the
+    /// next is asked once the chunk has arrived.
+    ArtifactGet { sha256: String, offset: u64 },
+    /// Cloud → edge, the answer to `artifactGet`: at most [`ARTIFACT_CHUNK_BYTES`] bytes of the
+    /// artifact from `offset` (base64, standard alphabet), and its `total` length.
+    ArtifactChunk { sha256: String, offset: u64, total: u64, data: String },
+    /// Cloud → edge, the answer to `artifactGet` when the cloud cannot send it, and why.
+    ArtifactMissing { sha256: String, reason: String },
 }
 
 impl Message {
@@ -79,6 +119,9 @@ impl Message {
             Message::Reject { .. } => "reject",
             Message::Ping { .. } => "ping",
             Message::Pong { .. } => "pong",
+            Message::ArtifactGet { .. } => "artifactGet",
+            Message::ArtifactChunk { .. } => "artifactChunk",
+            Message::ArtifactMissing { .. } => "artifactMissing",
         }
     }
 }
@@ -134,6 +177,17 @@ pub fn negotiate_between(ours: Side, min: u32, max: u32, theirs: u32) -> Result<
     Ok(theirs.min(max))
 }
 
+/// Whether `sha256` names an artifact: 64 lower-case hex digits. The error names what was given
+/// (its first 80 characters: a peer's string is not logged without bound).
+pub fn check_sha256(sha256: &str) -> Result<(), String> {
+    if sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Ok(());
+    }
+    let shown: String = sha256.chars().take(80).collect();
+    let more = if shown.len() < sha256.len() { "…" } else { "" };
+    Err(format!("`{shown}{more}` is not a SHA-256 digest (64 lower-case hex digits)"))
+}
+
 /// A frame that could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
@@ -177,8 +231,21 @@ pub fn decode(text: &str) -> Result<Message, FrameError> {
 fn explain(text: &str, err: serde_json::Error) -> FrameError {
     let Ok(value) = serde_json::from_str::<Value>(text) else { return FrameError::NotJson(err) };
     let Some(kind) = value.get("type").and_then(Value::as_str) else { return FrameError::NoType };
-    const KNOWN: [&str; 10] =
-        ["hello", "welcome", "refused", "desired", "desiredAck", "report", "ack", "reject", "ping", "pong"];
+    const KNOWN: [&str; 13] = [
+        "hello",
+        "welcome",
+        "refused",
+        "desired",
+        "desiredAck",
+        "report",
+        "ack",
+        "reject",
+        "ping",
+        "pong",
+        "artifactGet",
+        "artifactChunk",
+        "artifactMissing",
+    ];
     if KNOWN.contains(&kind) {
         FrameError::Invalid { kind: kind.to_owned(), source: err }
     } else {
@@ -192,13 +259,30 @@ mod tests {
 
     use super::*;
 
+    const SHA: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
     /// Every message and its exact JSON: the wire format is a contract with other builds.
     #[test]
     fn wire_format() {
         let cases = [
             (
-                Message::Hello { version: 1, node: "edge-1".into(), last_applied_desired: 7 },
+                Message::Hello { version: 1, node: "edge-1".into(), last_applied_desired: 7, policy_platform: None },
                 json!({"type": "hello", "version": 1, "node": "edge-1", "lastAppliedDesired": 7}),
+            ),
+            (
+                Message::Hello {
+                    version: 1,
+                    node: "edge-1".into(),
+                    last_applied_desired: 7,
+                    policy_platform: Some(PolicyPlatform {
+                        platform: "aarch64-unknown-linux-gnu".into(),
+                        fingerprint: "wasmtime-48.0.8-3f2a".into(),
+                        compiles: false,
+                    }),
+                },
+                json!({"type": "hello", "version": 1, "node": "edge-1", "lastAppliedDesired": 7,
+                       "policyPlatform": {"platform": "aarch64-unknown-linux-gnu",
+                                          "fingerprint": "wasmtime-48.0.8-3f2a", "compiles": false}}),
             ),
             (
                 Message::Welcome { version: 1, heartbeat_secs: 15, last_applied_report: 41 },
@@ -229,6 +313,18 @@ mod tests {
             ),
             (Message::Ping { nonce: 3 }, json!({"type": "ping", "nonce": 3})),
             (Message::Pong { nonce: 3 }, json!({"type": "pong", "nonce": 3})),
+            (
+                Message::ArtifactGet { sha256: SHA.into(), offset: 1 << 20 },
+                json!({"type": "artifactGet", "sha256": SHA, "offset": 1 << 20}),
+            ),
+            (
+                Message::ArtifactChunk { sha256: SHA.into(), offset: 0, total: 3, data: "AQID".into() },
+                json!({"type": "artifactChunk", "sha256": SHA, "offset": 0, "total": 3, "data": "AQID"}),
+            ),
+            (
+                Message::ArtifactMissing { sha256: SHA.into(), reason: "no such policy".into() },
+                json!({"type": "artifactMissing", "sha256": SHA, "reason": "no such policy"}),
+            ),
         ];
         for (message, expected) in cases {
             let text = encode(&message).unwrap();
@@ -277,6 +373,7 @@ mod tests {
             (r#"{"type": 5}"#, "link frame has no string `type` field"),
             (r#"{"type": "gossip"}"#, "link frame of unknown type `gossip`"),
             (r#"{"type": "ack"}"#, "invalid `ack` link frame: missing field `seq`"),
+            (r#"{"type": "artifactGet", "sha256": "ab"}"#, "invalid `artifactGet` link frame: missing field `offset`"),
             (r#"{"type": "ack", "seq": -1}"#, "invalid `ack` link frame: invalid value: integer `-1`, expected u64"),
             (
                 r#"{"type": "hello", "version": 1, "node": 7, "lastAppliedDesired": 0}"#,
@@ -291,6 +388,38 @@ mod tests {
             let err = decode(text).unwrap_err();
             assert!(err.to_string().starts_with(expected), "{text}: got {err}");
         }
+    }
+
+    #[test]
+    fn an_old_edges_hello_without_a_policy_platform_still_parses() {
+        let old = decode(r#"{"type": "hello", "version": 1, "node": "edge-1", "lastAppliedDesired": 3}"#).unwrap();
+        assert_eq!(
+            old,
+            Message::Hello { version: 1, node: "edge-1".into(), last_applied_desired: 3, policy_platform: None }
+        );
+        // And a hello without one says nothing of it on the wire.
+        let text = encode(&old).unwrap();
+        assert!(!text.contains("policyPlatform"), "{text}");
+        let bad = decode(r#"{"type": "hello", "version": 1, "node": "e", "lastAppliedDesired": 3, "policyPlatform": {"platform": "x"}}"#)
+            .unwrap_err();
+        assert!(bad.to_string().starts_with("invalid `hello` link frame: missing field `fingerprint`"), "{bad}");
+    }
+
+    #[test]
+    fn artifact_names_are_sha256_digests() {
+        assert_eq!(check_sha256(SHA), Ok(()));
+        let cases = [
+            ("", "`` is not a SHA-256 digest (64 lower-case hex digits)"),
+            (&SHA[..63], "is not a SHA-256 digest"),
+            ("E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B7852B855", "`E3B0C442"),
+            ("../../../../etc/passwd00000000000000000000000000000000000000000000", "`../../../../etc/passwd"),
+        ];
+        for (given, said) in cases {
+            let err = check_sha256(given).unwrap_err();
+            assert!(err.contains(said), "{given}: {err}");
+        }
+        let long = "a".repeat(10_000);
+        assert!(check_sha256(&long).unwrap_err().len() < 200, "a long string is not repeated in full");
     }
 
     #[test]

@@ -139,7 +139,7 @@ impl Edge {
         self.conn = Conn::Opening;
         // Until the welcome says the interval, the edge's own default guards the handshake.
         self.heartbeat = Some(Heartbeat::new(Duration::from_secs(u64::from(HEARTBEAT_SECS)), now));
-        wire.send_up(&handshake::hello(NODE, self.desired.last_applied()));
+        wire.send_up(&handshake::hello(NODE, self.desired.last_applied(), None));
     }
 
     /// A new outbox row; sometimes a number is used by a row deleted before it is sent (a gap).
@@ -615,7 +615,9 @@ fn other_seeds() {
 /// the operator refused it.
 #[test]
 fn an_old_edge_is_refused() {
-    let hello = encode(&Message::Hello { version: 0, node: NODE.into(), last_applied_desired: 0 }).unwrap();
+    let hello =
+        encode(&Message::Hello { version: 0, node: NODE.into(), last_applied_desired: 0, policy_platform: None })
+            .unwrap();
     let first = decode(&hello).unwrap();
     let err = accept_hello(NODE, &first, 0, HEARTBEAT_SECS).unwrap_err();
     let refused = decode(&encode(&err.refusal()).unwrap()).unwrap();
@@ -686,7 +688,7 @@ fn a_rejected_report_is_dropped_without_retry() {
 #[test]
 fn a_replaced_edge_database_is_noticed() {
     let mut sender = Sender::new();
-    let welcome = accept_hello(NODE, &handshake::hello(NODE, 0), 5_000, HEARTBEAT_SECS).unwrap().welcome;
+    let welcome = accept_hello(NODE, &handshake::hello(NODE, 0, None), 5_000, HEARTBEAT_SECS).unwrap().welcome;
     let welcomed = read_welcome(&welcome).unwrap();
     let err = sender.connected(welcomed.last_applied_report, 12).unwrap_err();
     assert_eq!(err, SendError::CloudAhead { cloud: 5_000, allocated: 12 });

@@ -148,6 +148,8 @@ fn start_edge(pki: &Pki, url: String, store: Arc<Mutex<Store>>) -> Edge {
         node: "edge-1".into(),
         min_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(200),
+        policy_platform: None,
+        downloads: None,
     };
     let outbox = Arc::new(Notify::new());
     let seen = Arc::new(Seen::default());
@@ -387,6 +389,255 @@ async fn the_desired_state_lands_in_the_edge_store_then_its_changes_follow() {
     let _ = edge.task.await;
 }
 
+/// Artifacts (policies the operator compiled for the node's platform) fetched over the real
+/// link: chunked, resumed after a cut, verified by digest.
+mod artifacts {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use perennial_edge::sqlite::Store;
+    use perennial_link::edge_client::{self, ClientSettings};
+    use perennial_link::handshake::hello;
+    use perennial_link::socket::{self, client_tls};
+    use perennial_link::{ARTIFACT_CHUNK_BYTES, DownloadError, Downloads, Message, PolicyPlatform, sha256_hex};
+    use tokio::sync::{Notify, watch};
+
+    use super::{Edge, JOB, Proxy, Seen, one_job, queue, start_cloud, until};
+    use crate::support::link::{Pki, TestCloud, pki};
+
+    const MIB: usize = 1 << 20;
+
+    fn platform() -> PolicyPlatform {
+        PolicyPlatform {
+            platform: "aarch64-unknown-linux-gnu".into(),
+            fingerprint: "wasmtime-48.0.8-test".into(),
+            compiles: false,
+        }
+    }
+
+    /// `len` bytes that are not all alike, and their name.
+    fn artifact(len: usize, seed: u8) -> (String, Vec<u8>) {
+        let bytes: Vec<u8> = (0..len).map(|i| ((i * 7 + i / 4096) as u8).wrapping_add(seed)).collect();
+        (sha256_hex(&bytes), bytes)
+    }
+
+    /// An edge whose hello says `policy_platform`, fetching into `downloads`.
+    fn start_fetching_edge(
+        pki: &Pki,
+        url: String,
+        dir: &std::path::Path,
+        policy_platform: Option<PolicyPlatform>,
+    ) -> (Edge, Arc<Downloads>) {
+        let downloads = Downloads::new(dir.join("artifacts")).expect("downloads");
+        let store = Arc::new(Mutex::new(Store::open(&dir.join("edge.db")).expect("edge db")));
+        let settings = ClientSettings {
+            url,
+            server_name: None,
+            token: "token-one".into(),
+            tls: client_tls(pki.ca_pem.as_bytes()).expect("client TLS"),
+            node: "edge-1".into(),
+            min_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+            policy_platform,
+            downloads: Some(downloads.clone()),
+        };
+        let outbox = Arc::new(Notify::new());
+        let seen = Arc::new(Seen::default());
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(edge_client::run(settings, store.clone(), outbox.clone(), seen.clone(), stopped));
+        (Edge { store, outbox, seen, stop, task }, downloads)
+    }
+
+    fn fetch(
+        downloads: &Arc<Downloads>,
+        sha256: &str,
+        size: usize,
+        wait: Duration,
+    ) -> tokio::task::JoinHandle<Result<Vec<u8>, DownloadError>> {
+        let (downloads, sha256) = (downloads.clone(), sha256.to_owned());
+        tokio::spawn(async move { downloads.get(&sha256, size as u64, wait).await })
+    }
+
+    fn files(downloads: &Downloads) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(downloads.dir())
+            .expect("dir")
+            .map(|entry| entry.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn gets(side: &TestCloud) -> Vec<(String, u64, usize, usize)> {
+        side.artifact_gets.lock().unwrap().clone()
+    }
+
+    async fn stop(edge: Edge) {
+        edge.stop.send_replace(true);
+        let _ = edge.task.await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_5_mib_artifact_arrives_intact_in_chunks_while_reports_flow() {
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let (sha, bytes) = artifact(5 * MIB, 1);
+        side.artifacts.lock().unwrap().insert(sha.clone(), bytes.clone());
+        // A slow store: each chunk takes a while, and the link goes on meanwhile.
+        *side.artifact_delay.lock().unwrap() = Duration::from_millis(250);
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let url = format!("wss://localhost:{}/v1/link", cloud.address.port());
+        let (edge, downloads) = start_fetching_edge(&pki, url, dir.path(), Some(platform()));
+        let fetched = fetch(&downloads, &sha, 6 * MIB, Duration::from_secs(20));
+        until("the first chunk served", Duration::from_secs(10), || !gets(&side).is_empty()).await;
+        queue(&edge, JOB, 1);
+        until("report 1 applied", Duration::from_secs(10), || side.applied().len() == 1).await;
+        let served_by_then = gets(&side).len();
+        let got = fetched.await.expect("join").expect("the artifact");
+        assert!(served_by_then < 5, "the report was applied while the artifact came ({served_by_then} chunks served)");
+        assert!(got == bytes, "the artifact arrived intact");
+        let offsets: Vec<u64> = gets(&side).iter().map(|get| get.1).collect();
+        assert_eq!(
+            offsets,
+            (0..5).map(|n| (n * ARTIFACT_CHUNK_BYTES) as u64).collect::<Vec<_>>(),
+            "five chunks, in order"
+        );
+        assert_eq!(files(&downloads), [format!("{sha}.bin")]);
+        assert!(std::fs::read(downloads.dir().join(format!("{sha}.bin"))).expect("read") == bytes);
+        assert_eq!(*side.platforms.lock().unwrap(), [("edge-1".to_owned(), Some(platform()))]);
+        stop(edge).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_download_cut_midway_resumes_from_the_offset_it_reached() {
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let (sha, bytes) = artifact(5 * MIB, 2);
+        side.artifacts.lock().unwrap().insert(sha.clone(), bytes.clone());
+        *side.artifact_delay.lock().unwrap() = Duration::from_millis(100);
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let proxy = Proxy::start(cloud.address).await;
+        let (edge, downloads) = start_fetching_edge(&pki, proxy.url(), dir.path(), Some(platform()));
+        let fetched = fetch(&downloads, &sha, 5 * MIB, Duration::from_secs(20));
+        let part = downloads.dir().join(format!("{sha}.part"));
+        let length = || std::fs::metadata(&part).map_or(0, |meta| meta.len());
+        until("two chunks written", Duration::from_secs(10), || length() >= 2 * MIB as u64).await;
+        let (reached, connections) = (length(), side.platforms.lock().unwrap().len());
+        proxy.cut();
+        let got = fetched.await.expect("join").expect("the artifact, after the cut");
+        assert!(got == bytes, "the artifact arrived intact");
+        assert!(edge.seen.downs.load(Ordering::SeqCst) >= 1, "the link was cut");
+        let gets = gets(&side);
+        let after = gets.iter().find(|get| get.3 >= connections).expect("asked again after the cut");
+        assert!(after.1 > 0 && after.1 >= reached, "resumed from {} (had {reached}), not from the start", after.1);
+        let served: usize = gets.iter().map(|get| get.2).sum();
+        assert!(served < 2 * bytes.len(), "{served} bytes served for {} bytes", bytes.len());
+        assert_eq!(files(&downloads), [format!("{sha}.bin")]);
+        stop(edge).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bytes_with_another_digest_are_refused_and_the_next_get_fetches_again() {
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let (sha, _) = artifact(MIB + MIB / 2, 3);
+        let (other, wrong) = artifact(MIB + MIB / 2, 4);
+        side.artifacts.lock().unwrap().insert(sha.clone(), wrong);
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let url = format!("wss://localhost:{}/v1/link", cloud.address.port());
+        let (edge, downloads) = start_fetching_edge(&pki, url, dir.path(), Some(platform()));
+        let wait = Duration::from_secs(10);
+        let err = downloads.get(&sha, 2 * MIB as u64, wait).await.expect_err("another digest");
+        assert_eq!(err, DownloadError::Digest { expected: sha.clone(), actual: other.clone() });
+        assert!(files(&downloads).is_empty(), "nothing kept: {:?}", files(&downloads));
+        let err = downloads.get(&sha, 2 * MIB as u64, wait).await.expect_err("another digest again");
+        assert!(err.to_string().contains(&format!("have SHA-256 {other} instead")), "{err}");
+        let from_the_start = gets(&side).iter().filter(|get| get.1 == 0).count();
+        assert_eq!(from_the_start, 2, "the second get fetched again from the start: {:?}", gets(&side));
+        assert!(files(&downloads).is_empty(), "nothing kept: {:?}", files(&downloads));
+        stop(edge).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_artifact_is_missing_with_the_clouds_reason() {
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let url = format!("wss://localhost:{}/v1/link", cloud.address.port());
+        let (edge, downloads) = start_fetching_edge(&pki, url, dir.path(), Some(platform()));
+        let (sha, _) = artifact(100, 5);
+        let err = downloads.get(&sha, 1000, Duration::from_secs(10)).await.expect_err("missing");
+        let reason = format!("no artifact {sha} here");
+        assert_eq!(err, DownloadError::Missing { sha256: sha.clone(), reason: reason.clone() });
+        assert_eq!(err.to_string(), format!("artifact {sha}: the operator cannot send it: {reason}"));
+        assert!(files(&downloads).is_empty());
+        stop(edge).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_edge_that_names_no_platform_never_asks_for_an_artifact() {
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let (sha, bytes) = artifact(1000, 6);
+        side.artifacts.lock().unwrap().insert(sha.clone(), bytes);
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let url = format!("wss://localhost:{}/v1/link", cloud.address.port());
+        let (edge, downloads) = start_fetching_edge(&pki, url, dir.path(), None);
+        until("the link up", Duration::from_secs(10), || edge.seen.up.load(Ordering::SeqCst)).await;
+        let err = downloads.get(&sha, 1000, Duration::from_secs(1)).await.expect_err("never asked");
+        assert_eq!(err.to_string(), format!("artifact {sha} not received in 1s: is the link to the operator up?"));
+        assert!(gets(&side).is_empty(), "asked: {:?}", gets(&side));
+        assert_eq!(*side.platforms.lock().unwrap(), [("edge-1".to_owned(), None)]);
+        // The link itself works as ever.
+        queue(&edge, JOB, 1);
+        until("report 1 applied", Duration::from_secs(10), || side.applied().len() == 1).await;
+        stop(edge).await;
+    }
+
+    /// The cloud's side of the frames, spoken by hand: an edge that named no platform, or asks by
+    /// something that is no digest, is cut off; one that named its platform is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cloud_answers_artifact_gets_only_from_an_edge_that_named_its_platform() {
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let (sha, bytes) = artifact(3000, 7);
+        side.artifacts.lock().unwrap().insert(sha.clone(), bytes.clone());
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let url = format!("wss://localhost:{}/v1/link", cloud.address.port());
+        let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
+        // (its platform, the name asked for, answered)
+        let cases = [
+            (None, sha.clone(), false),
+            (Some(platform()), "ABC".to_owned(), false),
+            (Some(platform()), sha.clone(), true),
+        ];
+        for (said, asked, answered) in cases {
+            let (_, mut ws) = socket::connect(&url, None, "token-one", tls.clone(), &hello("edge-1", 0, said))
+                .await
+                .expect("welcomed");
+            assert!(matches!(socket::recv(&mut ws).await, Ok(Some(Message::Desired { .. }))));
+            socket::send(&mut ws, &Message::ArtifactGet { sha256: asked.clone(), offset: 1000 }).await.expect("sent");
+            let next = tokio::time::timeout(Duration::from_secs(5), socket::recv(&mut ws))
+                .await
+                .expect("an answer or a close");
+            if answered {
+                let Ok(Some(Message::ArtifactChunk { sha256, offset, total, data })) = next else { panic!("{next:?}") };
+                assert_eq!((sha256, offset, total), (sha.clone(), 1000, 3000));
+                use base64::Engine as _;
+                assert!(base64::engine::general_purpose::STANDARD.decode(data).expect("base64") == bytes[1000..]);
+            } else {
+                assert!(matches!(next, Ok(None) | Err(_)), "{asked}: the connection ends, got {next:?}");
+            }
+        }
+    }
+}
+
 /// The socket layer alone: the handshake's refusals as the edge sees them, and a first report
 /// and its ack over an accepted link.
 mod handshake {
@@ -424,7 +675,8 @@ mod handshake {
         let pki = pki();
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
-        let (welcomed, mut ws) = connect(&url, None, "token-one", tls, &hello("edge-1", 0)).await.expect("welcomed");
+        let (welcomed, mut ws) =
+            connect(&url, None, "token-one", tls, &hello("edge-1", 0, None)).await.expect("welcomed");
         assert_eq!(welcomed.version, PROTOCOL_VERSION);
         assert_eq!(welcomed.last_applied_report, 41, "the cloud's watermark for this node");
         assert_eq!(welcomed.heartbeat, Duration::from_secs(15));
@@ -440,7 +692,7 @@ mod handshake {
         let pki = pki();
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
-        let refused = connect(&url, None, "not-a-token", tls, &hello("edge-1", 0)).await.expect_err("refused");
+        let refused = connect(&url, None, "not-a-token", tls, &hello("edge-1", 0, None)).await.expect_err("refused");
         let text = refused.to_string();
         assert!(matches!(refused, LinkError::Refused(_)), "{text}");
         assert!(text.contains("bearer token") && text.contains("401"), "{text}");
@@ -453,7 +705,7 @@ mod handshake {
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
         // edge-2's token, edge-1's name: a node may only speak for itself.
-        let refused = connect(&url, None, "token-two", tls, &hello("edge-1", 0)).await.expect_err("refused");
+        let refused = connect(&url, None, "token-two", tls, &hello("edge-1", 0, None)).await.expect_err("refused");
         let text = refused.to_string();
         assert!(text.contains("`edge-1`") && text.contains("`edge-2`"), "{text}");
         assert!(served.await.expect("join").is_err());
@@ -464,7 +716,7 @@ mod handshake {
         let pki = pki();
         let (url, served) = operator(&pki).await;
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
-        let old = Message::Hello { version: 0, node: "edge-1".into(), last_applied_desired: 0 };
+        let old = Message::Hello { version: 0, node: "edge-1".into(), last_applied_desired: 0, policy_platform: None };
         let refused = connect(&url, None, "token-one", tls, &old).await.expect_err("refused");
         let text = refused.to_string();
         assert!(matches!(refused, LinkError::Refused(_)), "{text}");
@@ -478,7 +730,7 @@ mod handshake {
         let (url, _served) = operator(&pki).await;
         let stranger = self::pki();
         let tls = client_tls(stranger.ca_pem.as_bytes()).expect("client TLS");
-        let failed = connect(&url, None, "token-one", tls, &hello("edge-1", 0)).await.expect_err("untrusted");
+        let failed = connect(&url, None, "token-one", tls, &hello("edge-1", 0, None)).await.expect_err("untrusted");
         assert!(failed.to_string().contains("TLS"), "{failed}");
     }
 
@@ -488,15 +740,16 @@ mod handshake {
         let tls = client_tls(pki.ca_pem.as_bytes()).expect("client TLS");
         // The name given is what is checked, though the URL's host is in the certificate.
         let (url, _served) = operator(&pki).await;
-        let failed = connect(&url, Some("link.example.com"), "token-one", tls.clone(), &hello("edge-1", 0))
+        let failed = connect(&url, Some("link.example.com"), "token-one", tls.clone(), &hello("edge-1", 0, None))
             .await
             .expect_err("the certificate does not name link.example.com");
         assert!(failed.to_string().contains("TLS"), "{failed}");
         // Dialled by address (as through a NodePort), checked against the name given.
         let (url, served) = operator(&pki).await;
         let by_address = url.replace("wss://localhost:", "wss://127.0.0.1:");
-        let (_, mut ws) =
-            connect(&by_address, Some("localhost"), "token-one", tls, &hello("edge-1", 0)).await.expect("welcomed");
+        let (_, mut ws) = connect(&by_address, Some("localhost"), "token-one", tls, &hello("edge-1", 0, None))
+            .await
+            .expect("welcomed");
         send(&mut ws, &Message::Report { seq: 42, body: serde_json::json!({"job": "ml/thermal"}) })
             .await
             .expect("report");
