@@ -19,6 +19,7 @@ mod sedna_worker;
 mod service_account;
 
 mod absent;
+mod artifacts;
 mod failover;
 mod flood;
 mod harness;

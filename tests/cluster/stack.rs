@@ -40,6 +40,7 @@ pub struct World {
     lines: Mutex<usize>,
     /// How many operator processes were started (each logs to a file of its own).
     operator_logs: std::sync::atomic::AtomicUsize,
+    edge_logs: std::sync::atomic::AtomicUsize,
 }
 
 /// One `perennial operator` replica.
@@ -99,6 +100,7 @@ impl World {
             operator_kubeconfig,
             lines: Mutex::new(0),
             operator_logs: Default::default(),
+            edge_logs: Default::default(),
             root,
         }
     }
@@ -165,8 +167,13 @@ impl World {
 
     /// `perennial edge` for this world's node, linked to `link_port`.
     pub fn start_edge(&self, link_port: u16) -> Process {
+        self.start_edge_with(link_port, &[], &[])
+    }
+
+    /// [`World::start_edge`] with more flags and environment (its log: `edge-N.log`).
+    pub fn start_edge_with(&self, link_port: u16, more: &[&str], env: &[(&str, &str)]) -> Process {
         let file = |name: &str| self.file(name).display().to_string();
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "edge",
             "--bind-address",
             "127.0.0.1",
@@ -187,7 +194,14 @@ impl World {
         ]
         .map(str::to_owned)
         .to_vec();
-        Process::start(&args, self.file("edge.log"), &[("RUST_LOG", "info,perennial=debug")])
+        args.extend(more.iter().map(|arg| (*arg).to_owned()));
+        let mut env = env.to_vec();
+        env.push(("RUST_LOG", "info,perennial=debug"));
+        let log = match self.edge_logs.fetch_add(1, Ordering::SeqCst) {
+            0 => self.file("edge.log"),
+            n => self.file(&format!("edge-{n}.log")),
+        };
+        Process::start(&args, log, &env)
     }
 
     /// The Dataset (on this world's node) and the job, applied with kubectl as a user would:

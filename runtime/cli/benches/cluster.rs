@@ -12,7 +12,12 @@
 //! - many: 100 jobs over 10 edges (10 a node, each job its own Dataset), one operator,
 //!   `PERENNIAL_BENCH_ROUNDS_MANY` rounds (3), all jobs' samples appended at once.
 //!
-//! `PERENNIAL_BENCH_ONLY=alone|many` runs one of them; `PERENNIAL_BENCH_BINARY` runs another
+//! - compiling: the alone scenario again, while the operator (given `--sign-key`) compiles a
+//!   Python trigger (`perennial plugin new --lang python`, on a real S3 server) for two nodes of
+//!   two platforms (this machine's, and pulley64) that hold a job with it: a round's time and the
+//!   operator's RSS (its largest, sampled each round) beside the alone scenario's.
+//!
+//! `PERENNIAL_BENCH_ONLY=alone|many|compiling` runs one of them; `PERENNIAL_BENCH_BINARY` runs another
 //! `perennial` binary than this build's (a build before a change, say). Printed: the control-plane time of a round
 //! (samples appended -> round deployed), each stage hop, the operator's RSS idle and after the
 //! rounds, the API server's requests per job-round (`apiserver_request_total`, the bench's own
@@ -26,6 +31,10 @@
 #[allow(dead_code)]
 #[path = "../../../tests/support/link.rs"]
 mod link_support;
+#[path = "../../../tests/support/plugin_projects.rs"]
+mod plugin_projects;
+#[path = "../../../tests/support/s3.rs"]
+mod s3;
 #[path = "../../../tests/support/sedna_worker.rs"]
 mod sedna_worker;
 #[path = "../../../tests/support/service_account.rs"]
@@ -87,12 +96,19 @@ fn main() {
             let cluster = Cluster::new(kubeconfig).await;
             cluster.install();
             let mut results = Vec::new();
-            if only.is_empty() || only == "alone" {
-                results.push(scenario(&cluster, "1 job alone", 1, 1, rounds("PERENNIAL_BENCH_ROUNDS_ALONE", 20)).await);
+            let alone = rounds("PERENNIAL_BENCH_ROUNDS_ALONE", 20);
+            if only.is_empty() || only == "alone" || only == "compiling" {
+                results.push(scenario(&cluster, "1 job alone", 1, 1, alone, None).await);
+            }
+            if only.is_empty() || only == "compiling" {
+                let load = CompileLoad::new().await;
+                let label = "1 job alone, while the operator compiles a Python policy for 2 platforms";
+                results.push(scenario(&cluster, label, 1, 1, alone, Some(&load)).await);
             }
             if only.is_empty() || only == "many" {
                 results.push(
-                    scenario(&cluster, "100 jobs / 10 edges", 10, 10, rounds("PERENNIAL_BENCH_ROUNDS_MANY", 3)).await,
+                    scenario(&cluster, "100 jobs / 10 edges", 10, 10, rounds("PERENNIAL_BENCH_ROUNDS_MANY", 3), None)
+                        .await,
                 );
             }
             print_results(&results);
@@ -284,6 +300,10 @@ struct Process {
 
 impl Process {
     fn start(args: &[String], log: PathBuf) -> Process {
+        Process::start_with(args, log, &[])
+    }
+
+    fn start_with(args: &[String], log: PathBuf, env: &[(String, String)]) -> Process {
         let file = std::fs::File::create(&log).expect("log file");
         // Another build's binary may be measured with this bench (before and after a change).
         let binary =
@@ -291,6 +311,7 @@ impl Process {
         let child = Command::new(binary)
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(name, value)| (name, value)))
             .env_remove("KUBECONFIG")
             .stdout(Stdio::from(file.try_clone().expect("log")))
             .stderr(Stdio::from(file))
@@ -510,6 +531,10 @@ struct Outcome {
     rounds: Vec<RoundTimes>,
     rss_idle: f64,
     rss_after: f64,
+    /// The largest RSS sampled after each round.
+    rss_max: f64,
+    /// What the compiles for the nodes did, in the compiling scenario.
+    compiles: Option<String>,
     requests: BTreeMap<String, f64>,
     own: BTreeMap<String, f64>,
     /// The operator's own requests, as it counts them.
@@ -526,7 +551,44 @@ fn train_waiting(state: &Option<(String, String, u64)>) -> bool {
     state.as_ref().is_some_and(|(s, p, _)| s == "Train" && p == "Waiting")
 }
 
-async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize, rounds: usize) -> Outcome {
+/// A Python trigger on a real S3 server, and the key the operator signs its compiles with.
+struct CompileLoad {
+    s3: s3::S3Server,
+    plugin: String,
+    sha256: String,
+    dir: tempfile::TempDir,
+}
+
+impl CompileLoad {
+    async fn new() -> CompileLoad {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let perennial = Path::new(env!("CARGO_BIN_EXE_perennial"));
+        let project = plugin_projects::new_project(perennial, dir.path(), "trigger", "python", "py-trigger");
+        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-authors");
+        let component = plugin_projects::build("python", "trigger", &project, "py-trigger", &target);
+        let bytes = std::fs::read(&component).expect("the Python component");
+        let sha256: String = {
+            use sha2::Digest as _;
+            sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+        };
+        let s3 = s3::S3Server::start().await;
+        s3.put("policies", "py_trigger.wasm", &bytes);
+        let key = dir.path().join("operator");
+        plugin_projects::run_in(dir.path(), perennial.to_str().expect("path"), &["plugin", "keygen", "operator"], &[]);
+        assert!(key.with_extension("key").is_file(), "keygen wrote no key");
+        eprintln!("   the Python trigger: {:.1} MB, sha256 {sha256}", bytes.len() as f64 / 1e6);
+        CompileLoad { s3, plugin: "s3://policies/py_trigger.wasm".into(), sha256, dir }
+    }
+}
+
+async fn scenario(
+    cluster: &Cluster,
+    label: &str,
+    edges: usize,
+    per_node: usize,
+    rounds: usize,
+    compiling: Option<&CompileLoad>,
+) -> Outcome {
     eprintln!("== {label}: {} jobs on {edges} edges, {rounds} rounds", edges * per_node);
     let namespace = cluster.namespace("bench").await;
     let root = tempfile::tempdir().expect("tempdir");
@@ -536,9 +598,17 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         std::fs::write(root.path().join(file), pem).expect("pem");
     }
     let nodes: Vec<String> = (0..edges).map(|n| format!("node-{n}-{namespace}")).collect();
-    let tokens: serde_json::Map<String, Value> =
-        nodes.iter().map(|node| (node.clone(), json!(format!("token-of-{node}-for-the-bench")))).collect();
-    for node in &nodes {
+    // The compiling scenario's two nodes of a Python job: this machine's platform, and Pulley.
+    let python_nodes: Vec<String> = match compiling {
+        Some(_) => vec![format!("py-native-{namespace}"), format!("py-pulley-{namespace}")],
+        None => Vec::new(),
+    };
+    let tokens: serde_json::Map<String, Value> = nodes
+        .iter()
+        .chain(&python_nodes)
+        .map(|node| (node.clone(), json!(format!("token-of-{node}-for-the-bench"))))
+        .collect();
+    for node in nodes.iter().chain(&python_nodes) {
         std::fs::write(root.path().join(format!("token-{node}")), tokens[node].as_str().expect("token"))
             .expect("token");
     }
@@ -591,7 +661,15 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
     ]
     .map(str::to_owned)
     .to_vec();
-    let operator = Process::start(&args, root.path().join("operator.log"));
+    let mut args = args;
+    let mut env = Vec::new();
+    if let Some(load) = compiling {
+        let key = load.dir.path().join("operator.key").display().to_string();
+        args.extend(["--sign-key".into(), key, "--artifact-dir".into(), path("artifacts")]);
+        // The compile's child fetches the Python component from S3 with these.
+        env = load.s3.credentials().worker_env();
+    }
+    let operator = Process::start_with(&args, root.path().join("operator.log"), &env);
     let http = reqwest::Client::new();
     let ready = format!("http://127.0.0.1:{metrics_port}/leaderz");
     wait("the operator's /leaderz", Duration::from_secs(60), &[&operator], || async {
@@ -623,6 +701,35 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         .map(str::to_owned)
         .to_vec();
         edge_processes.push(Process::start(&args, root.path().join(format!("edge-{n}.log"))));
+    }
+    if let Some(load) = compiling {
+        let public = load.dir.path().join("operator.pub").display().to_string();
+        for (n, node) in python_nodes.iter().enumerate() {
+            let args: Vec<String> = [
+                "edge",
+                "--bind-address",
+                "127.0.0.1",
+                "--bind-port",
+                &free_port().to_string(),
+                "--cloud-url",
+                &format!("wss://localhost:{link_port}/v1/link"),
+                "--token-file",
+                &path(&format!("token-{node}")),
+                "--ca-file",
+                &path("ca.pem"),
+                "--node-name",
+                node,
+                "--state-dir",
+                &path(&format!("py-edge-{n}")),
+                "--trust-key",
+                &public,
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let pulley = [("PERENNIAL_POLICY_PLATFORM".to_owned(), "pulley64".to_owned())];
+            let env = if n == 1 { &pulley[..] } else { &[] };
+            edge_processes.push(Process::start_with(&args, root.path().join(format!("py-edge-{n}.log")), env));
+        }
     }
     let log = Arc::new(Log::default());
     let by_node: Arc<HashMap<String, u16>> = Arc::new(nodes.iter().cloned().zip(edge_ports.iter().copied()).collect());
@@ -690,6 +797,47 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
     let own_before = log.own.lock().expect("own").clone();
     let operator_before = operator_requests(&http, metrics_port).await;
     let cpu_before = (cluster.control_plane_cpu(), operator.cpu_seconds());
+    // The Python jobs come now: the operator compiles their trigger for both platforms while the
+    // rounds run.
+    let compiles_started = Instant::now();
+    if let Some(load) = compiling {
+        let mut items = Vec::new();
+        for (n, node) in python_nodes.iter().enumerate() {
+            let name = format!("py-job-{n}");
+            let index = root.path().join(format!("py-data-{n}/index.txt"));
+            std::fs::create_dir_all(index.parent().expect("parent")).expect("data dir");
+            std::fs::write(&index, "").expect("index");
+            let template = |kind: &str| json!({"spec": {"nodeName": node, "containers": [{"name": kind, "image": "example/worker:1"}]}});
+            items.push(json!({"apiVersion": "sedna.io/v1alpha1", "kind": "Dataset",
+                "metadata": {"name": format!("{name}-data")},
+                "spec": {"url": index, "format": "txt", "nodeName": node}}));
+            items.push(json!({"apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob",
+                "metadata": {"name": name},
+                "spec": {
+                    "dataset": {"name": format!("{name}-data"), "trainProb": 0.8},
+                    "trainSpec": {"template": template("train"), "trigger": {"policy": {
+                        "plugin": load.plugin, "sha256": load.sha256, "config": {"samples": 3},
+                        "limits": {"startTimeoutMs": 20000}}}},
+                    "evalSpec": {"template": template("eval")},
+                    "deploySpec": {"template": template("infer")},
+                    "outputDir": root.path().join(format!("py-out-{n}"))}}));
+        }
+        let manifest = root.path().join("python-jobs.json");
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+        std::fs::write(&manifest, serde_json::to_vec(&list).expect("json")).expect("manifest");
+        cluster.kubectl(&["apply", "-n", &namespace, "-f", &manifest.display().to_string()]);
+    }
+    let python_artifacts = || {
+        std::fs::read_dir(root.path().join("artifacts"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "pcwasm"))
+            .filter(|entry| compiling.is_some_and(|load| entry.file_name().to_string_lossy().starts_with(&load.sha256)))
+            .count()
+    };
+    let mut compiled_after = None;
+    let mut rss_max = operator.rss_mib();
     let started = Instant::now();
     let mut times = Vec::new();
     let per_round_limit = Duration::from_secs(if jobs.len() > 1 { 300 } else { 120 });
@@ -721,6 +869,10 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         .await;
         let last: Vec<f64> = times[times.len() - jobs.len()..].iter().map(|t| ms(t.total)).collect();
         eprintln!("   round {round}: p50 {:.0} ms, max {:.0} ms", pct(&last, 50.0), pct(&last, 100.0));
+        rss_max = rss_max.max(operator.rss_mib());
+        if compiled_after.is_none() && compiling.is_some() && python_artifacts() == 2 {
+            compiled_after = Some((compiles_started.elapsed(), round));
+        }
     }
     let elapsed = started.elapsed();
     // The operator publishes Events off the reconcile path: its calls are counted once they stop.
@@ -745,6 +897,28 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         _ => None,
     };
     let rss_after = operator.rss_mib();
+    let compiles = compiling.map(|_| {
+        let fetched = (0..python_nodes.len())
+            .filter(|n| {
+                std::fs::read_dir(root.path().join(format!("py-edge-{n}/artifacts")))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|entry| entry.metadata().is_ok_and(|meta| meta.len() > 1_000_000))
+            })
+            .count();
+        match compiled_after {
+            Some((after, round)) => format!(
+                "the Python trigger compiled for both platforms {:.1} s after its jobs came (by round {round}); \
+                 {fetched} of 2 nodes fetched it",
+                after.as_secs_f64()
+            ),
+            None => format!(
+                "the Python trigger was not compiled for both platforms during the rounds ({} of 2)",
+                python_artifacts()
+            ),
+        }
+    });
     let diff = |a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
         a.iter().map(|(k, v)| (k.clone(), v - b.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v > 0.0).collect()
     };
@@ -760,6 +934,8 @@ async fn scenario(cluster: &Cluster, label: &str, edges: usize, per_node: usize,
         rounds: times,
         rss_idle,
         rss_after,
+        rss_max,
+        compiles,
         requests: diff(&after, &before),
         own: diff(&own_after, &own_before),
         operator_requests: diff(&operator_after, &operator_before),
@@ -872,6 +1048,10 @@ fn print_results(results: &[Outcome]) {
         }
         println!("{:<48} {:>9.1} MiB", "operator RSS idle (jobs applied)", outcome.rss_idle);
         println!("{:<48} {:>9.1} MiB", "operator RSS after the rounds", outcome.rss_after);
+        println!("{:<48} {:>9.1} MiB", "operator RSS, largest after a round", outcome.rss_max);
+        if let Some(compiles) = &outcome.compiles {
+            println!("{compiles}");
+        }
         let per = done.max(1) as f64;
         let total: f64 = outcome.requests.values().sum();
         let own: f64 = outcome.own.values().sum();

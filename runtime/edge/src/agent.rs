@@ -29,7 +29,7 @@ use perennial_policy::{
 };
 
 pub use perennial_types::JobConfig;
-use perennial_types::{Phase, Stage};
+use perennial_types::{Phase, PolicyArtifact, Stage};
 
 /// How the loop waits.
 #[derive(Clone, Copy, Debug)]
@@ -96,19 +96,19 @@ async fn load_shadows(
         refused.push((kind, plugin.to_owned(), err.to_string()));
     };
     if let Some(shadow) = &job.trigger.shadow {
-        match host.load(&shadow.as_policy(), events.clone()).await {
+        match load_ref(host, job, &shadow.as_policy(), events.clone()).await {
             Ok(policy) => shadows.trigger = Some(Arc::new(policy)),
             Err(err) => note(DecisionKind::Trigger, &shadow.plugin, err),
         }
     }
     if let Some(shadow) = job.splitter.as_ref().and_then(|s| s.shadow.as_ref()) {
-        match host.load(&shadow.as_policy(), events.clone()).await {
+        match load_ref(host, job, &shadow.as_policy(), events.clone()).await {
             Ok(policy) => shadows.splitter = Some(Arc::new(policy)),
             Err(err) => note(DecisionKind::Splitter, &shadow.plugin, err),
         }
     }
     if let Some(shadow) = &job.selector.shadow {
-        match host.load(&shadow.as_policy(), events).await {
+        match load_ref(host, job, &shadow.as_policy(), events).await {
             Ok(policy) => shadows.selector = Some(Arc::new(policy)),
             Err(err) => note(DecisionKind::Selector, &shadow.plugin, err),
         }
@@ -121,6 +121,37 @@ fn shadow_refs(job: &JobConfig) -> [Option<&perennial_types::ShadowRef>; 3] {
     [job.trigger.shadow.as_ref(), job.splitter.as_ref().and_then(|s| s.shadow.as_ref()), job.selector.shadow.as_ref()]
 }
 
+/// Loads a policy of `job`: from the artifact the operator compiled for this node when it offers
+/// one, else from the reference (compiled here). While the operator compiles, or when it cannot
+/// and this agent has no compiler, the load fails with why, and the previous policy serves on.
+async fn load_ref<K: Kind>(
+    host: &PolicyHost,
+    job: &JobConfig,
+    reference: &PolicyRef,
+    events: Arc<dyn PolicyEvents>,
+) -> Result<Policy<K>, perennial_policy::LoadError> {
+    use perennial_policy::{LoadError, PolicyError, Step};
+    let not_yet =
+        |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: reference.plugin.clone(), message });
+    match job.policy_artifacts.get(&reference.plugin) {
+        Some(PolicyArtifact::Ready { component_sha256, artifact_sha256, size, .. }) => {
+            host.load_offered(reference, (component_sha256, artifact_sha256, *size), events).await
+        }
+        Some(PolicyArtifact::Compiling { platform }) => Err(not_yet(format!(
+            "the operator is compiling it for this node ({platform}); the previous policy serves until then"
+        ))),
+        Some(PolicyArtifact::Refused { reason }) if !perennial_policy::HAS_COMPILER => {
+            Err(not_yet(format!("the operator cannot compile it for this node: {reason}")))
+        }
+        _ => host.load(reference, events).await,
+    }
+}
+
+/// Whether the operator's offer for `plugin` differs between two versions of a job.
+fn offer_changed(current: &JobConfig, next: &JobConfig, plugin: &str) -> bool {
+    current.policy_artifacts.get(plugin) != next.policy_artifacts.get(plugin)
+}
+
 /// A reference without its shadow: what the serving policy is.
 fn serving_ref(reference: &PolicyRef) -> PolicyRef {
     PolicyRef { shadow: None, ..reference.clone() }
@@ -129,20 +160,20 @@ fn serving_ref(reference: &PolicyRef) -> PolicyRef {
 /// Loads a job's policies.
 pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPolicies, PolicyLoadError> {
     let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: job.name.clone() });
-    let failed = |kind: &'static str| move |err| PolicyLoadError { kind, fallback: false, source: err };
+    let failed = |kind: &'static str| move |err| PolicyLoadError { kind, fallback: false, error: err };
     let splitter = match &job.splitter {
-        Some(reference) => Some(host.load(reference, events.clone()).await.map_err(failed("splitter"))?),
+        Some(reference) => Some(load_ref(host, job, reference, events.clone()).await.map_err(failed("splitter"))?),
         None => None,
     };
-    let trigger = host.load(&job.trigger, events.clone()).await.map_err(failed("trigger"))?;
+    let trigger = load_ref(host, job, &job.trigger, events.clone()).await.map_err(failed("trigger"))?;
     let fallback_trigger = match &job.fallback_trigger {
         Some(reference) if job.trigger.on_error == OnError::Fallback => {
-            let fallback = |err| PolicyLoadError { kind: "trigger", fallback: true, source: err };
+            let fallback = |err| PolicyLoadError { kind: "trigger", fallback: true, error: err };
             load_fallback(host, job, reference, events.clone()).await.map_err(fallback)?
         }
         _ => None,
     };
-    let selector = host.load(&job.selector, events.clone()).await.map_err(failed("selector"))?;
+    let selector = load_ref(host, job, &job.selector, events.clone()).await.map_err(failed("selector"))?;
     let sedna_selector = PolicyRef::new("builtin:first-select");
     let fallback_selector =
         if job.selector.on_error == OnError::Fallback && job.selector.plugin != sedna_selector.plugin {
@@ -165,7 +196,7 @@ async fn load_fallback<K: Kind>(
     events: Arc<dyn PolicyEvents>,
 ) -> Result<Option<Policy<K>>, perennial_policy::LoadError> {
     let builtin = reference.plugin.starts_with("builtin:");
-    match host.load(reference, events).await {
+    match load_ref(host, job, reference, events).await {
         Ok(policy) => Ok(Some(policy)),
         Err(err) if builtin && !perennial_policy::HAS_COMPILER && err.step == perennial_policy::Step::Fetch => {
             tracing::warn!(
@@ -182,12 +213,13 @@ async fn load_fallback<K: Kind>(
 
 /// A policy of a job that cannot serve: its kind (`splitter`, `trigger`, `selector`) and why.
 #[derive(Debug, thiserror::Error)]
-#[error("{}{source}", if *.fallback { "its fallback: " } else { "" })]
+#[error("{}{error}", if *.fallback { "its fallback: " } else { "" })]
 pub struct PolicyLoadError {
     pub kind: &'static str,
     /// The fallback policy of that kind (Sedna's rule) failed.
     pub fallback: bool,
-    pub source: perennial_policy::LoadError,
+    /// Not a `source`: its text is this error's own, said once in a chain.
+    pub error: perennial_policy::LoadError,
 }
 
 fn now() -> u64 {
@@ -444,18 +476,23 @@ impl Swapper {
         wake: mpsc::Sender<Wake>,
     ) {
         let is_file = |plugin: &str| matches!(perennial_policy::parse_source(plugin), Ok(Source::File(_)));
-        let changed = |current: &PolicyRef, next: &PolicyRef| {
-            serving_ref(current) != serving_ref(next) || reload_files && is_file(&next.plugin)
+        // A new offer from the operator (its compile for this node is ready) loads again too.
+        let changed = |current_ref: &PolicyRef, next_ref: &PolicyRef| {
+            serving_ref(current_ref) != serving_ref(next_ref)
+                || reload_files && is_file(&next_ref.plugin)
+                || offer_changed(current, &next, &next_ref.plugin)
         };
         let shadows = shadow_refs(current) != shadow_refs(&next)
-            || reload_files && shadow_refs(&next).iter().flatten().any(|shadow| is_file(&shadow.plugin));
+            || reload_files && shadow_refs(&next).iter().flatten().any(|shadow| is_file(&shadow.plugin))
+            || shadow_refs(&next).iter().flatten().any(|shadow| offer_changed(current, &next, &shadow.plugin));
         let trigger = changed(&current.trigger, &next.trigger);
         let selector = changed(&current.selector, &next.selector);
         let splitter = match (&current.splitter, &next.splitter) {
             (Some(current), Some(next)) => changed(current, next),
             (current, next) => current != next,
         };
-        let fallback_trigger = current.fallback_trigger != next.fallback_trigger;
+        let fallback_trigger = current.fallback_trigger != next.fallback_trigger
+            || next.fallback_trigger.as_ref().is_some_and(|fallback| offer_changed(current, &next, &fallback.plugin));
         let (host, loads) = (self.host.clone(), self.loads.clone());
         self.runtime.spawn(async move {
             let Ok(_permit) = loads.acquire_owned().await else { return };
@@ -472,15 +509,17 @@ impl Swapper {
                 loaded.shadows = Some(load_shadows(&host, &next, events.clone()).await);
             }
             if trigger {
-                loaded.trigger = Some(host.load(&next.trigger, events.clone()).await.map_err(|err| err.to_string()));
+                loaded.trigger =
+                    Some(load_ref(&host, &next, &next.trigger, events.clone()).await.map_err(|err| err.to_string()));
             }
             if selector {
-                loaded.selector = Some(host.load(&next.selector, events.clone()).await.map_err(|err| err.to_string()));
+                loaded.selector =
+                    Some(load_ref(&host, &next, &next.selector, events.clone()).await.map_err(|err| err.to_string()));
             }
             if splitter {
                 loaded.splitter = Some(match &next.splitter {
                     Some(reference) => {
-                        host.load(reference, events.clone()).await.map(Some).map_err(|err| err.to_string())
+                        load_ref(&host, &next, reference, events.clone()).await.map(Some).map_err(|err| err.to_string())
                     }
                     None => Ok(None),
                 });
@@ -488,7 +527,7 @@ impl Swapper {
             if fallback_trigger {
                 loaded.fallback_trigger = Some(match &next.fallback_trigger {
                     Some(reference) if next.trigger.on_error == OnError::Fallback => {
-                        host.load(reference, events.clone()).await.ok()
+                        load_ref(&host, &next, reference, events.clone()).await.ok()
                     }
                     _ => None,
                 });
@@ -563,6 +602,8 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
             say_shadow_change(&job, kind, before.as_ref(), now, &refused);
         }
     }
+    // The operator's offers as this swap saw them: an offer that changes later loads again.
+    runner.job.policy_artifacts = next.policy_artifacts.clone();
     for (kind, reference, outcome) in outcomes {
         let plugin = &reference.plugin;
         let recorded = match &outcome {

@@ -105,6 +105,25 @@ pub fn rejected(store: &mut Store, job: &str, kind: &str, reason: &str, now: u64
     Ok(())
 }
 
+/// Records a policy of a job that could not start (nothing of it serves yet), and why: its
+/// status names the plugin and the reason.
+pub fn not_started(
+    store: &mut Store,
+    job: &str,
+    kind: &str,
+    plugin: &str,
+    reason: &str,
+    now: u64,
+) -> rusqlite::Result<()> {
+    store.conn().execute(
+        "INSERT INTO policy_health (job, kind, failing, message, since, plugin, rejected) VALUES (?1, ?2, 0, NULL, ?3, ?4, ?5)
+         ON CONFLICT (job, kind) DO UPDATE SET rejected = excluded.rejected,
+         plugin = COALESCE(policy_health.plugin, excluded.plugin)",
+        params![job, kind, now as i64, plugin, reason],
+    )?;
+    Ok(())
+}
+
 /// Forgets the job's rejected policies: its manifest as now accepted is what serves or is being
 /// swapped in.
 pub fn clear_rejected(store: &mut Store, job: &str) -> rusqlite::Result<()> {
@@ -116,8 +135,11 @@ pub fn clear_rejected(store: &mut Store, job: &str) -> rusqlite::Result<()> {
 /// swap, the rejection or the failure as the message). Both control planes show it so.
 pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, found: &Health) {
     let policy = policies.entry(found.kind.clone()).or_default();
-    if let (Some(plugin), Some(digest)) = (&found.plugin, &found.digest) {
-        (policy.plugin, policy.digest) = (plugin.clone(), digest.clone());
+    if let Some(plugin) = &found.plugin {
+        policy.plugin = plugin.clone();
+    }
+    if let Some(digest) = &found.digest {
+        policy.digest = digest.clone();
     }
     if let Some(config) = &found.config {
         policy.config = config.clone();
@@ -130,6 +152,10 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
         policy.shadow = found.shadow.clone();
     }
     (policy.health, policy.message) = match (&found.rejected, &found.failure) {
+        // Nothing loaded yet (a job that could not start): nothing serves instead.
+        (Some(why), _) if found.digest.is_none() => {
+            (PolicyHealth::LoadFailed, Some(format!("not loaded: {why}; the job waits for it")))
+        }
         (Some(why), _) => (PolicyHealth::LoadFailed, Some(format!("rejected {why}; the previous one serves"))),
         (None, Some(why)) => (PolicyHealth::Failing, Some(why.clone())),
         (None, None) => (PolicyHealth::Serving, None),

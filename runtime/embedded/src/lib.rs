@@ -409,6 +409,7 @@ pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: 
         trigger: stored.object.spec.trigger_policy(),
         selector: stored.object.spec.select_policy(),
         fallback_trigger: stored.object.spec.fallback_trigger(),
+        policy_artifacts: Default::default(),
     }
 }
 

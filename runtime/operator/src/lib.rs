@@ -6,6 +6,7 @@
 
 pub mod absent_nodes;
 pub mod api_requests;
+pub mod artifacts;
 pub mod client;
 pub mod events;
 pub mod identity;
@@ -190,7 +191,11 @@ fn start_link(
     changes: futures::channel::mpsc::UnboundedReceiver<watches::Seen>,
     own_pod: Option<leader_label::OwnPod>,
 ) -> tokio::sync::watch::Sender<bool> {
-    let book = Arc::new(link::NodeBook::default());
+    let book = Arc::new(match &options.artifacts {
+        Some(artifacts) => link::NodeBook::compiling(artifacts.clone()),
+        None => link::NodeBook::default(),
+    });
+    tokio::spawn(link::follow_compiles(book.clone()));
     let (complete, completed) = tokio::sync::oneshot::channel();
     tokio::spawn(link::follow_cluster(stores.clone(), changes, book.clone(), complete));
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));

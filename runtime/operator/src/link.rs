@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_rustls::rustls::ServerConfig;
 
+use super::artifacts::Artifacts;
 use super::identity::{IdentitySettings, TokenReviewer};
 use super::inbox::Inbox;
 use super::node_state::DesiredNodes;
@@ -29,9 +30,10 @@ use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
 use super::written::WrittenJobs;
 use perennial_api::{LifelongLearningJob, LifelongLearningJobStatus, PolicyStatus};
-use perennial_link::cloud_server::{Applied, CloudSide, NodeDesired, ServerSettings, serve};
+use perennial_link::cloud_server::{Applied, ArtifactPiece, CloudSide, NodeDesired, ServerSettings, serve};
+use perennial_link::messages::PolicyPlatform;
 use perennial_link::socket::{NodeTokens, server_tls};
-use perennial_types::Report;
+use perennial_types::{JobConfig, PolicyArtifact, Report};
 
 /// How long a report may wait for the status write that applies it before the connection is
 /// dropped (the edge resends it; the stage machine takes it once).
@@ -53,6 +55,8 @@ pub struct LinkOptions {
     /// Agents in the cluster: their projected ServiceAccount tokens, checked by TokenReview.
     pub identity: IdentitySettings,
     pub heartbeat_secs: u32,
+    /// Policies compiled for the nodes that say their platform (`--sign-key`).
+    pub artifacts: Option<Arc<Artifacts>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,35 +67,84 @@ pub enum LinkSetupError {
     Listen { address: SocketAddr, source: std::io::Error },
 }
 
-/// Each node's desired state, as a channel its connection follows.
+/// Each node's desired state, as a channel its connection follows. A node that said its platform
+/// gets, in each job's config, the offers of the policies compiled for it ([`Artifacts`]).
 #[derive(Default)]
 pub struct NodeBook {
-    nodes: Mutex<HashMap<String, watch::Sender<Arc<NodeDesired>>>>,
+    book: Mutex<Book>,
+    /// `None`: the operator compiles nothing (no `--sign-key`).
+    artifacts: Option<Arc<Artifacts>>,
+}
+
+#[derive(Default)]
+struct Book {
+    /// What each node's connection follows: its desired state with the offers.
+    nodes: HashMap<String, watch::Sender<Arc<NodeDesired>>>,
+    /// Each node's desired state as the cluster makes it, before the offers.
+    plain: HashMap<String, NodeDesired>,
+    /// What each connected node said it runs.
+    platforms: HashMap<String, PolicyPlatform>,
 }
 
 impl NodeBook {
+    /// A book whose nodes get the policies `artifacts` compiles for them.
+    pub fn compiling(artifacts: Arc<Artifacts>) -> NodeBook {
+        NodeBook { book: Mutex::default(), artifacts: Some(artifacts) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Every node's state now; a node left out holds nothing.
     pub fn replace_all(&self, mut desired: BTreeMap<String, NodeDesired>) {
-        let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for (node, sender) in nodes.iter() {
-            let next = desired.remove(node).unwrap_or_default();
-            sender.send_if_modified(|current| {
-                let changed = **current != next;
-                if changed {
-                    *current = Arc::new(next);
-                }
-                changed
-            });
+        let mut book = self.lock();
+        let known: Vec<String> = book.nodes.keys().cloned().collect();
+        for node in known {
+            let next = desired.remove(&node).unwrap_or_default();
+            self.publish(&mut book, &node, next);
         }
         for (node, next) in desired {
-            nodes.insert(node, watch::channel(Arc::new(next)).0);
+            self.publish(&mut book, &node, next);
         }
     }
 
     /// One node's state now.
     pub fn set(&self, node: &str, next: NodeDesired) {
-        let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        match nodes.get(node) {
+        self.publish(&mut self.lock(), node, next);
+    }
+
+    /// What `node` said it runs when it connected (`None`: an agent that did not say).
+    pub fn set_platform(&self, node: &str, platform: Option<&PolicyPlatform>) {
+        let mut book = self.lock();
+        let changed = match platform {
+            Some(platform) => book.platforms.insert(node.to_owned(), platform.clone()).as_ref() != Some(platform),
+            None => book.platforms.remove(node).is_some(),
+        };
+        if changed {
+            let plain = book.plain.get(node).cloned().unwrap_or_default();
+            self.publish(&mut book, node, plain);
+        }
+    }
+
+    /// Every node's offers made again (a compile finished).
+    pub fn refresh(&self) {
+        let mut book = self.lock();
+        let nodes: Vec<String> = book.platforms.keys().cloned().collect();
+        for node in nodes {
+            let plain = book.plain.get(&node).cloned().unwrap_or_default();
+            self.publish(&mut book, &node, plain);
+        }
+    }
+
+    /// Keeps `plain` as `node`'s state and sends it with the node's offers, if it changed.
+    fn publish(&self, book: &mut Book, node: &str, plain: NodeDesired) {
+        let next = match book.platforms.get(node) {
+            Some(platform) => with_offers(&plain, platform, self.artifacts.as_ref()),
+            None => plain.clone(),
+        };
+        book.plain.insert(node.to_owned(), plain);
+        match book.nodes.get(node) {
             Some(sender) => {
                 sender.send_if_modified(|current| {
                     let changed = **current != next;
@@ -102,7 +155,7 @@ impl NodeBook {
                 });
             }
             None => {
-                nodes.insert(node.to_owned(), watch::channel(Arc::new(next)).0);
+                book.nodes.insert(node.to_owned(), watch::channel(Arc::new(next)).0);
             }
         }
     }
@@ -110,8 +163,8 @@ impl NodeBook {
     /// The nodes that hold jobs and have no session (no connection follows their state), with
     /// the keys of their jobs.
     pub fn without_session(&self) -> BTreeMap<String, Vec<String>> {
-        let nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        nodes
+        let book = self.lock();
+        book.nodes
             .iter()
             .filter(|(_, sender)| sender.receiver_count() == 0)
             .map(|(node, sender)| (node.clone(), sender.borrow().jobs.keys().cloned().collect::<Vec<_>>()))
@@ -120,8 +173,56 @@ impl NodeBook {
     }
 
     pub fn subscribe(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>> {
-        let mut nodes = self.nodes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        nodes.entry(node.to_owned()).or_insert_with(|| watch::channel(Arc::default()).0).subscribe()
+        let mut book = self.lock();
+        book.nodes.entry(node.to_owned()).or_insert_with(|| watch::channel(Arc::default()).0).subscribe()
+    }
+
+    /// A piece of an artifact compiled for the nodes.
+    pub async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+        match &self.artifacts {
+            Some(artifacts) => artifacts.chunk(sha256, offset, max).await,
+            None => Err("this operator compiles no policies for nodes (it has no --sign-key)".into()),
+        }
+    }
+}
+
+/// `desired` with, in each job's config, the offer of each of its policies for `platform`.
+fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Option<&Arc<Artifacts>>) -> NodeDesired {
+    let mut desired = desired.clone();
+    for job in desired.jobs.values_mut() {
+        let Some(config) = job.get("config").cloned() else { continue };
+        let Ok(config) = serde_json::from_value::<JobConfig>(config) else { continue };
+        let mut offers = BTreeMap::new();
+        for reference in config.policy_plugins() {
+            if offers.contains_key(&reference.plugin) {
+                continue;
+            }
+            let offer = match artifacts {
+                Some(artifacts) => artifacts.offer(&reference, platform),
+                // A node that compiles runs its jobs without the operator's compiles.
+                None if platform.compiles => None,
+                None => Some(PolicyArtifact::Refused {
+                    reason: "this operator compiles no policies for nodes: give it --sign-key (a node without a \
+                             compiler runs only signed artifacts)"
+                        .into(),
+                }),
+            };
+            if let Some(offer) = offer {
+                offers.insert(reference.plugin.clone(), offer);
+            }
+        }
+        if !offers.is_empty() {
+            job["config"]["policyArtifacts"] = serde_json::to_value(offers).unwrap_or_default();
+        }
+    }
+    desired
+}
+
+/// Makes the nodes' offers again each time a compile finishes.
+pub async fn follow_compiles(book: Arc<NodeBook>) {
+    let Some(mut finished) = book.artifacts.as_ref().map(|artifacts| artifacts.finished()) else { return };
+    while finished.changed().await.is_ok() {
+        book.refresh();
     }
 }
 
@@ -270,6 +371,14 @@ impl CloudSide for OperatorSide {
 
     fn desired(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>> {
         self.book.subscribe(node)
+    }
+
+    fn node_platform(&self, node: &str, platform: Option<&PolicyPlatform>) {
+        self.book.set_platform(node, platform);
+    }
+
+    async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+        self.book.artifact_chunk(sha256, offset, max).await
     }
 }
 
@@ -508,5 +617,49 @@ mod tests {
         assert!(!early.has_changed().unwrap());
         assert!(other.has_changed().unwrap());
         assert_eq!(**other.borrow_and_update(), NodeDesired::default());
+    }
+
+    fn with_config(job: &str) -> NodeDesired {
+        let config = JobConfig {
+            name: format!("ml/{job}"),
+            uid: "u".into(),
+            spec: Default::default(),
+            splitter: None,
+            trigger: perennial_types::PolicyRef::new("/opt/policies/mine.wasm"),
+            selector: perennial_types::PolicyRef::new("builtin:first-select"),
+            fallback_trigger: None,
+            policy_artifacts: BTreeMap::new(),
+        };
+        let mut desired = NodeDesired::default();
+        let object = json!({"metadata": {"namespace": "ml", "name": job}, "config": config});
+        desired.jobs.insert(format!("ml/{job}"), object);
+        desired
+    }
+
+    #[test]
+    fn a_node_that_says_its_platform_gets_an_offer_per_policy_and_others_get_none() {
+        let book = NodeBook::default();
+        book.set("edge-1", with_config("a"));
+        let mut seen = book.subscribe("edge-1");
+        let offers = |seen: &mut watch::Receiver<Arc<NodeDesired>>| {
+            seen.borrow_and_update().jobs["ml/a"]["config"].get("policyArtifacts").cloned()
+        };
+        assert_eq!(offers(&mut seen), None, "a node that said nothing gets its jobs as they are");
+        // A compiling node, and an operator that compiles nothing: the node compiles itself.
+        let compiling = PolicyPlatform { platform: "pulley64".into(), fingerprint: "f".into(), compiles: true };
+        book.set_platform("edge-1", Some(&compiling));
+        assert_eq!(offers(&mut seen), None);
+        // A compiler-free node: each policy refused, with what to do.
+        book.set_platform("edge-1", Some(&PolicyPlatform { compiles: false, ..compiling }));
+        assert!(seen.has_changed().unwrap(), "the node hears of it");
+        let offered = offers(&mut seen).expect("offers");
+        for plugin in ["/opt/policies/mine.wasm", "builtin:first-select"] {
+            assert_eq!(offered[plugin]["state"], "refused", "{offered}");
+            let reason = offered[plugin]["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("give it --sign-key"), "{reason}");
+        }
+        // The node goes away without a platform: its jobs as they are again.
+        book.set_platform("edge-1", None);
+        assert_eq!(offers(&mut seen), None);
     }
 }

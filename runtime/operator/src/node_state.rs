@@ -193,6 +193,7 @@ pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<Pod>])
         trigger: job.spec.trigger_policy(),
         selector: job.spec.select_policy(),
         fallback_trigger: job.spec.fallback_trigger(),
+        policy_artifacts: Default::default(),
     };
     let mut workers: Vec<NodeWorker> = pods
         .iter()

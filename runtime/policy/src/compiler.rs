@@ -14,16 +14,18 @@ pub const SUBCOMMAND: [&str; 2] = ["plugin", "compile-into-cache"];
 /// Compiles `bytes` with `exe` into the cache folder `cache_dir`. The error is the child's
 /// own message, or how it ended.
 pub fn compile_in_child(exe: &Path, cache_dir: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
     let mut command = Command::new(exe);
-    command
-        .args(SUBCOMMAND)
-        .arg("--cache-dir")
-        .arg(cache_dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    command.args(SUBCOMMAND).arg("--cache-dir").arg(cache_dir);
+    run_low_priority(command, bytes)
+}
+
+/// Runs `command` (this program's compiling subcommand) as a child at a low priority that dies
+/// with its parent, `stdin` on its standard input. The error is the child's last line on
+/// standard error, or how it ended.
+pub fn run_low_priority(mut command: Command, stdin: &[u8]) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::path::PathBuf::from(command.get_program());
+    command.env("RUST_LOG", "warn").stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
     // SAFETY: only async-signal-safe calls between fork and exec: prctl and setpriority.
     unsafe {
         command.pre_exec(|| {
@@ -37,7 +39,7 @@ pub fn compile_in_child(exe: &Path, cache_dir: &Path, bytes: &[u8]) -> Result<()
         });
     }
     let mut child = command.spawn().map_err(|err| format!("cannot start the compiler {}: {err}", exe.display()))?;
-    let written = child.stdin.take().map(|mut stdin| stdin.write_all(bytes));
+    let written = child.stdin.take().map(|mut pipe| pipe.write_all(stdin));
     let mut stderr = String::new();
     if let Some(mut pipe) = child.stderr.take() {
         // Bounded: a message, not a flood.

@@ -113,6 +113,18 @@ struct Inner {
     compiler: OnceLock<PathBuf>,
     /// The key whose signature a precompiled policy needs (`--trust-key`).
     trusted: OnceLock<TrustedKey>,
+    /// Where the operator's artifacts for this node come from (the link).
+    artifacts: OnceLock<Arc<dyn ArtifactFetch>>,
+}
+
+/// Fetches a signed artifact the operator compiled for this node, by its SHA-256 (the edge's
+/// link); at most `size` bytes.
+pub trait ArtifactFetch: Send + Sync {
+    fn fetch<'a>(
+        &'a self,
+        artifact_sha256: &'a str,
+        size: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send + 'a>>;
 }
 
 /// Loads policies. Cheap to clone; clones share the compile cache.
@@ -133,7 +145,15 @@ impl PolicyHost {
         batch_data::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         let disk = cache_dir.map(|dir| DiskCache::new(dir, engine)).transpose()?;
         let compiled = Mutex::new(HashMap::new());
-        let inner = Inner { linker, disk, compiled, s3, compiler: OnceLock::new(), trusted: OnceLock::new() };
+        let inner = Inner {
+            linker,
+            disk,
+            compiled,
+            s3,
+            compiler: OnceLock::new(),
+            trusted: OnceLock::new(),
+            artifacts: OnceLock::new(),
+        };
         Ok(PolicyHost { inner: Arc::new(inner) })
     }
 
@@ -176,6 +196,11 @@ impl PolicyHost {
         let _ = self.inner.trusted.set(key);
     }
 
+    /// Fetches the operator's artifacts with `fetch` ([`PolicyHost::load_offered`]).
+    pub fn fetch_artifacts_with(&self, fetch: Arc<dyn ArtifactFetch>) {
+        let _ = self.inner.artifacts.set(fetch);
+    }
+
     /// Loads a policy: checks the reference, fetches the component, verifies its digest,
     /// compiles it (or takes it from the cache), instantiates it and configures it. The error
     /// names the step that failed.
@@ -186,6 +211,46 @@ impl PolicyHost {
     ) -> Result<Policy<K>, LoadError> {
         let valid = reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
         let bytes = self.fetch(&valid.source).await?;
+        self.load_fetched(valid, bytes, events).await
+    }
+
+    /// Loads `reference` from the artifact the operator compiled from it for this node
+    /// (`artifact_sha256`, `size` bytes, compiled from `component_sha256`), fetched over the
+    /// link. It is verified like any signed artifact: the trusted key, this node's platform and
+    /// engine, and the component it was compiled from (the reference's pin, else the offer's).
+    pub async fn load_offered<K: Kind>(
+        &self,
+        reference: &PolicyRef,
+        offer: (&str, &str, u64),
+        events: Arc<dyn PolicyEvents>,
+    ) -> Result<Policy<K>, LoadError> {
+        let (component_sha256, artifact_sha256, size) = offer;
+        let mut valid =
+            reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
+        let plugin = valid.source.to_string();
+        let fetch_error =
+            |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: plugin.clone(), message });
+        let fetch = self.inner.artifacts.get().ok_or_else(|| {
+            fetch_error("the operator compiled it for this node, and this agent has no link to fetch it".into())
+        })?;
+        let bytes = fetch
+            .fetch(artifact_sha256, size)
+            .await
+            .map_err(|message| fetch_error(format!("the operator's artifact for this node: {message}")))?;
+        if !artifact::is_artifact(&bytes) {
+            return Err(fetch_error(format!("the operator's artifact {artifact_sha256} is not a signed artifact")));
+        }
+        valid.sha256.get_or_insert_with(|| component_sha256.to_owned());
+        self.load_fetched(valid, Arc::from(bytes), events).await
+    }
+
+    /// Everything after the fetch, off the async threads (compiling is long CPU work).
+    async fn load_fetched<K: Kind>(
+        &self,
+        valid: ValidRef,
+        bytes: Arc<[u8]>,
+        events: Arc<dyn PolicyEvents>,
+    ) -> Result<Policy<K>, LoadError> {
         let host = self.clone();
         let load = move || host.load_bytes::<K>(&valid, &bytes, events);
         let stopped =

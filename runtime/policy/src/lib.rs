@@ -32,8 +32,8 @@ mod types;
 pub use bindings::{Kind, SelectorKind, SplitterKind, TriggerKind};
 pub use cache::default_dir as default_cache_dir;
 pub use engine::{
-    COMPONENT_READ, CompileMode, EPOCH_TICK, HAS_COMPILER, Inspection, PolicyHost, engine, exported_interfaces,
-    lower_this_threads_priority, release_freed_memory, set_compile_mode,
+    ArtifactFetch, COMPONENT_READ, CompileMode, EPOCH_TICK, HAS_COMPILER, Inspection, PolicyHost, engine,
+    exported_interfaces, lower_this_threads_priority, release_freed_memory, set_compile_mode,
 };
 pub use error::{LoadError, PolicyError, Step};
 pub use instance::{Policy, PolicyInfo, SelectorPolicy, SplitterPolicy, TriggerPolicy};

@@ -11,8 +11,8 @@ pub mod round;
 pub mod stage;
 
 pub use node::{
-    DEFAULT_EVAL_SET_SIZE, JobConfig, JobSpec, NodeJob, NodeJobMeta, NodeWorker, Report, StageNotice, new_worker_name,
-    node_job,
+    DEFAULT_EVAL_SET_SIZE, JobConfig, JobSpec, NodeJob, NodeJobMeta, NodeWorker, PolicyArtifact, Report, StageNotice,
+    new_worker_name, node_job,
 };
 pub use policy::{
     BUILTIN_POLICIES, Limits, OnError, PolicyDecision, PolicyHealth, PolicyRef, PolicyStatus, ShadowDisagreement,

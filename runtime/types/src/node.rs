@@ -3,6 +3,8 @@
 //! back. Both control planes (the operator over the link, the embedded mode in process) and the
 //! edge agent speak these.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -72,6 +74,44 @@ pub struct JobConfig {
     /// the built-in threshold-trigger. Absent: a failing trigger holds the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback_trigger: Option<PolicyRef>,
+    /// Set by the operator for a node that runs policies it compiled (the node said its platform
+    /// when it connected), by `plugin` string: the signed artifact to load instead of compiling.
+    /// Not for hand-written job files.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub policy_artifacts: BTreeMap<String, PolicyArtifact>,
+}
+
+/// The operator's compile of one policy for one node's platform.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum PolicyArtifact {
+    /// Compiled and signed: fetch it over the link by its digest.
+    Ready {
+        /// SHA-256 of the source component (what a job's `sha256` pins).
+        component_sha256: String,
+        /// SHA-256 of the artifact file, the name it is fetched by.
+        artifact_sha256: String,
+        /// The artifact's size in bytes (nothing larger is accepted).
+        size: u64,
+        platform: String,
+    },
+    /// Being compiled for `platform`: the previous policy serves until it is ready.
+    Compiling { platform: String },
+    /// The operator cannot compile it for this node, and why.
+    Refused { reason: String },
+}
+
+impl JobConfig {
+    /// Every policy reference the job loads: its policies, its fallback rules, its shadows.
+    pub fn policy_plugins(&self) -> Vec<PolicyRef> {
+        let mut refs = vec![self.trigger.clone(), self.selector.clone(), PolicyRef::new("builtin:first-select")];
+        refs.extend(self.splitter.clone());
+        refs.extend(self.fallback_trigger.clone());
+        let shadows =
+            [&self.trigger.shadow, &self.selector.shadow, &self.splitter.as_ref().and_then(|s| s.shadow.clone())];
+        refs.extend(shadows.into_iter().flatten().map(|shadow| shadow.as_policy()));
+        refs
+    }
 }
 
 fn first_select() -> PolicyRef {

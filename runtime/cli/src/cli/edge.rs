@@ -14,12 +14,14 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use perennial_edge::agent::{self, JobConfig, LoopSettings, Wake};
-use perennial_edge::link_state::{NodeJob, desired_jobs, node_job};
+use perennial_edge::link_state::{desired_jobs, node_job};
 use perennial_edge::model_copy::{ModelCopier, model_copier};
 use perennial_edge::sqlite::{self, Store};
 use perennial_edge::{self as edge, IndexFile, LocalFile, S3Index, worker_api};
 use perennial_link::Changes;
+use perennial_link::artifacts::Downloads;
 use perennial_link::edge_client::{self, ClientSettings, LinkEvents, TokenSource};
+use perennial_link::messages::PolicyPlatform;
 use perennial_link::socket::client_tls;
 use perennial_policy::PolicyHost;
 use perennial_storage::S3Credentials;
@@ -108,7 +110,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     perennial_policy::set_compile_mode(perennial_policy::CompileMode::Background);
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}: cannot create it", args.state_dir.display()))?;
-    let link = args.cloud_url.as_ref().map(|url| link_settings(url, &args)).transpose()?;
+    let mut link = args.cloud_url.as_ref().map(|url| link_settings(url, &args)).transpose()?;
     let _lock = perennial_edge::state_lock::lock(&args.state_dir, "perennial edge")?;
     let mut store = Store::open(&args.state_dir.join("edge.db"))?;
     store.counts_in_outbox = link.is_some();
@@ -137,6 +139,23 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         tracing::info!("precompiled policies signed by key {} are trusted", key.id());
         host.trust(key);
     }
+    // A node that trusts a key (or cannot compile) runs what the operator compiles for it: it
+    // says its platform when it connects, and fetches the signed artifacts over the link.
+    let link_up = Arc::new(AtomicBool::new(false));
+    if let Some(link) = link.as_mut()
+        && (args.trust_key.is_some() || !perennial_policy::HAS_COMPILER)
+    {
+        let platform = perennial_policy::platform::this_node();
+        link.policy_platform = Some(PolicyPlatform {
+            platform: platform.to_owned(),
+            fingerprint: perennial_policy::platform::fingerprint(platform),
+            compiles: perennial_policy::HAS_COMPILER,
+        });
+        let dir = args.state_dir.join("artifacts");
+        let downloads = Downloads::new(dir.clone()).with_context(|| format!("{}: cannot create it", dir.display()))?;
+        host.fetch_artifacts_with(Arc::new(LinkArtifacts { downloads: downloads.clone(), link_up: link_up.clone() }));
+        link.downloads = Some(downloads);
+    }
     let settings = RunnerSettings {
         rootfs: args.rootfs_mount_dir.clone(),
         poll: Duration::from_millis(args.poll_ms.max(10)),
@@ -144,6 +163,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     };
     let mut runners = Vec::new();
     let mut running = Running::default();
+    let mut waiting = Vec::new();
     for job in configs {
         // Before any of its writes: what an interrupted one left (a kill, a full disk).
         edge::output::clear_temporary(&settings.host_path(&job.spec.output_dir));
@@ -155,7 +175,11 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
             }
             // Standalone, the file is the operator's: a job that cannot run is an error.
             Err(err) if link.is_none() => return Err(err),
-            Err(err) => tracing::error!("job {} cannot run on this node: {err:#}", job.name),
+            Err(err) => {
+                tracing::error!("job {} cannot run on this node yet: {err:#}", job.name);
+                record_refused(&store, &job, &err);
+                waiting.push(job);
+            }
         }
     }
     running.next_index = runners.len();
@@ -175,13 +199,17 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let (stop_link, link_stopped) = watch::channel(false);
     let link_task = link.map(|link| {
         let (changes, changed) = async_mpsc::unbounded_channel();
-        tokio::spawn(follow_desired(changed, running, wake, host, settings, store.clone()));
+        let waiting: std::collections::BTreeMap<_, _> =
+            waiting.into_iter().map(|job| (job.name.clone(), job)).collect();
+        let said = std::collections::BTreeMap::new();
+        let jobs = Jobs { running, waiting, said };
+        tokio::spawn(follow_desired(changed, jobs, wake, host, settings, store.clone()));
         tokio::spawn(queue_status_changes(store.clone(), outbox.clone()));
         tokio::spawn(edge_client::run(
             link,
             store.clone(),
             outbox.clone(),
-            Arc::new(DesiredJobs { changes }),
+            Arc::new(DesiredJobs { changes, link_up }),
             link_stopped,
         ))
     });
@@ -240,6 +268,8 @@ fn link_settings(url: &str, args: &EdgeArgs) -> anyhow::Result<ClientSettings> {
         node,
         min_backoff: Duration::from_millis(500),
         max_backoff: Duration::from_secs(60),
+        policy_platform: None,
+        downloads: None,
     })
 }
 
@@ -290,6 +320,7 @@ struct Running {
 /// Hands each committed desired state to [`follow_desired`], in order.
 struct DesiredJobs {
     changes: async_mpsc::UnboundedSender<Changes>,
+    link_up: Arc<AtomicBool>,
 }
 
 impl LinkEvents for DesiredJobs {
@@ -298,68 +329,161 @@ impl LinkEvents for DesiredJobs {
     }
 
     fn connected(&self, up: bool) {
+        self.link_up.store(up, Ordering::Relaxed);
         if !up {
             tracing::info!("working from the local state until the link is back");
         }
     }
 }
 
+/// The node's jobs: those the loop runs, and those that could not start yet (their policies
+/// did not load: the operator still compiles them, the link was down, a fetch failed).
+struct Jobs {
+    running: Running,
+    waiting: std::collections::BTreeMap<String, JobConfig>,
+    /// Why each job that could not start did not, as last said (once per reason).
+    said: std::collections::BTreeMap<String, String>,
+}
+
+/// How often a job that could not start is tried again.
+const WAITING_RETRY: Duration = Duration::from_secs(15);
+
 /// Brings the job loop to each desired state, one after the other: new jobs start, changed ones
 /// swap their policies between two calls, re-staged ones are looked at now, removed ones stop.
+/// A job that cannot start yet is tried again with its next change, or every [`WAITING_RETRY`].
 /// (The edge store already holds the state: it was committed before the `desiredAck`.)
 async fn follow_desired(
     mut changes: async_mpsc::UnboundedReceiver<Changes>,
-    mut running: Running,
+    mut jobs: Jobs,
     wake: mpsc::Sender<Wake>,
     host: PolicyHost,
     settings: RunnerSettings,
     store: Arc<Mutex<Store>>,
 ) {
-    while let Some(change) = changes.recv().await {
-        for key in &change.removed_jobs {
-            if let Some((index, _)) = running.by_name.remove(key) {
-                tracing::info!(job = key, "the job left this node");
-                let _ = wake.send(Wake::Remove(index));
-            }
-        }
-        for (key, object) in &change.jobs {
-            let Ok(NodeJob { config, .. }) = node_job(key, object) else { continue };
-            match running.by_name.get_mut(key) {
-                // Policies and trainProb change in place; the rest (the index, the output) needs
-                // the job opened again, below.
-                Some((index, current)) if current.uid == config.uid && current.spec.same_files(&config.spec) => {
-                    if *current != config {
-                        let _ = wake.send(Wake::Swap(*index, Box::new(config.clone())));
-                        *current = config;
-                    }
-                    let _ = wake.send(Wake::Job(*index));
-                }
-                known => {
-                    if let Some((index, _)) = known {
-                        // Another uid (a new job: the old one's state was dropped), or the same
-                        // job on other files: the old runner stops, a new one starts.
-                        let _ = wake.send(Wake::Remove(*index));
-                    }
-                    match runner(&host, config.clone(), &settings).await {
-                        Ok(runner) => {
-                            tracing::info!(job = key, "the job came to this node");
-                            // The jobs thread may hold the store a while: not on this runtime's thread.
-                            tokio::task::block_in_place(|| agent::record_serving(&mut sqlite::lock(&store), &runner));
-                            let index = running.next_index;
-                            running.next_index += 1;
-                            running.by_name.insert(key.clone(), (index, config));
-                            let _ = wake.send(Wake::Add(Box::new(runner)));
-                            // Compiling the policies used memory the idle job does not need.
-                            perennial_policy::release_freed_memory();
-                        }
-                        Err(err) => {
-                            running.by_name.remove(key);
-                            tracing::error!(job = key, "the job cannot run on this node: {err:#}");
-                        }
+    let mut retry = tokio::time::interval(WAITING_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let placed: Vec<(String, JobConfig)> = tokio::select! {
+            change = changes.recv() => {
+                let Some(change) = change else { return };
+                for key in &change.removed_jobs {
+                    jobs.waiting.remove(key);
+                    if let Some((index, _)) = jobs.running.by_name.remove(key) {
+                        tracing::info!(job = key, "the job left this node");
+                        let _ = wake.send(Wake::Remove(index));
                     }
                 }
+                // A desired state comes on each connect too: the jobs waiting for the link (an
+                // artifact to fetch) are tried again with it.
+                let mut placed: Vec<(String, JobConfig)> = std::mem::take(&mut jobs.waiting).into_iter().collect();
+                for (key, object) in &change.jobs {
+                    if let Ok(job) = node_job(key, object) {
+                        placed.retain(|(waiting, _)| waiting != key);
+                        placed.push((key.clone(), job.config));
+                    }
+                }
+                placed
+            }
+            _ = retry.tick(), if !jobs.waiting.is_empty() => std::mem::take(&mut jobs.waiting).into_iter().collect(),
+        };
+        for (key, config) in placed {
+            place(&mut jobs, key, config, &wake, &host, &settings, &store).await;
+        }
+    }
+}
+
+/// Brings one job to `config`: a swap in place, a start, or a restart on other files.
+async fn place(
+    jobs: &mut Jobs,
+    key: String,
+    config: JobConfig,
+    wake: &mpsc::Sender<Wake>,
+    host: &PolicyHost,
+    settings: &RunnerSettings,
+    store: &Arc<Mutex<Store>>,
+) {
+    let running = &mut jobs.running;
+    match running.by_name.get_mut(&key) {
+        // Policies and trainProb change in place; the rest (the index, the output) needs the job
+        // opened again, below.
+        Some((index, current)) if current.uid == config.uid && current.spec.same_files(&config.spec) => {
+            if *current != config {
+                let _ = wake.send(Wake::Swap(*index, Box::new(config.clone())));
+                *current = config;
+            }
+            let _ = wake.send(Wake::Job(*index));
+        }
+        known => {
+            if let Some((index, _)) = known {
+                // Another uid (a new job: the old one's state was dropped), or the same job on
+                // other files: the old runner stops, a new one starts.
+                let _ = wake.send(Wake::Remove(*index));
+            }
+            running.by_name.remove(&key);
+            match runner(host, config.clone(), settings).await {
+                Ok(runner) => {
+                    tracing::info!(job = key, "the job came to this node");
+                    // The jobs thread may hold the store a while: not on this runtime's thread.
+                    tokio::task::block_in_place(|| agent::record_serving(&mut sqlite::lock(store), &runner));
+                    let index = running.next_index;
+                    running.next_index += 1;
+                    jobs.said.remove(&key);
+                    running.by_name.insert(key, (index, config));
+                    let _ = wake.send(Wake::Add(Box::new(runner)));
+                    // Compiling the policies used memory the idle job does not need.
+                    perennial_policy::release_freed_memory();
+                }
+                Err(err) => {
+                    // Said once per job and reason, not at every retry.
+                    let reason = format!("{err:#}");
+                    if jobs.said.insert(key.clone(), reason).as_deref() != Some(&format!("{err:#}")) {
+                        tracing::warn!(job = key, "the job cannot run on this node yet: {err:#}");
+                    }
+                    tokio::task::block_in_place(|| record_refused(store, &config, &err));
+                    jobs.waiting.insert(key, config);
+                }
             }
         }
+    }
+}
+
+/// Records on the job's status (`status.policies`) why a policy of a job that could not start
+/// did not load.
+fn record_refused(store: &Mutex<Store>, job: &JobConfig, err: &anyhow::Error) {
+    let Some(refused) = err.downcast_ref::<agent::PolicyLoadError>() else { return };
+    let plugin = match refused.kind {
+        "trigger" => &job.trigger.plugin,
+        "selector" => &job.selector.plugin,
+        _ => job.splitter.as_ref().map_or("", |splitter| splitter.plugin.as_str()),
+    };
+    let reason = format!("{plugin}: {refused}");
+    let mut store = sqlite::lock(store);
+    if let Err(err) = edge::health::not_started(&mut store, &job.name, refused.kind, plugin, &reason, unix_now()) {
+        tracing::warn!(job = job.name, "recording why the job's {} did not load: {err}", refused.kind);
+    }
+}
+
+/// The operator's artifacts for this node, fetched over the link (or read from the node's disk,
+/// verified again on every read).
+struct LinkArtifacts {
+    downloads: Arc<Downloads>,
+    link_up: Arc<AtomicBool>,
+}
+
+/// How long a policy load waits for an artifact over a link that is up.
+const ARTIFACT_WAIT: Duration = Duration::from_secs(60);
+
+impl perennial_policy::ArtifactFetch for LinkArtifacts {
+    fn fetch<'a>(
+        &'a self,
+        artifact_sha256: &'a str,
+        size: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>> + Send + 'a>> {
+        Box::pin(async move {
+            // With the link down, only what is on disk: the job is tried again later.
+            let wait = if self.link_up.load(Ordering::Relaxed) { ARTIFACT_WAIT } else { Duration::ZERO };
+            self.downloads.get(artifact_sha256, size, wait).await.map_err(|err| err.to_string())
+        })
     }
 }
 

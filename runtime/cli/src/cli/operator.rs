@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use perennial_lifecycle::Settings;
+use perennial_operator::artifacts::{ArtifactOptions, Artifacts};
 use perennial_operator::identity::IdentitySettings;
 use perennial_operator::link::LinkOptions;
 use perennial_operator::{self as cloud, OperatorOptions, WorkerDefaults, leader::LeaseSettings};
@@ -75,6 +76,15 @@ pub struct OperatorArgs {
     /// prove) open the link without a static node token.
     #[arg(long, env = "PERENNIAL_EDGE_SERVICE_ACCOUNT", default_value = "perennial-edge")]
     edge_service_account: String,
+    /// The ed25519 private key (PEM) the operator signs the policies it compiles for the nodes
+    /// with (`perennial plugin keygen`); nodes trust its public half (`edge --trust-key`).
+    /// Without it, the operator compiles nothing, and nodes compile their own policies.
+    #[arg(long, value_name = "FILE", env = "PERENNIAL_SIGN_KEY", requires = "link_addr")]
+    sign_key: Option<PathBuf>,
+    /// Where the policies compiled for the nodes are kept (one file per component, platform and
+    /// engine; they outlive a restart). Default: `artifacts` in the compile cache folder.
+    #[arg(long, value_name = "DIR", env = "PERENNIAL_ARTIFACT_DIR", requires = "sign_key")]
+    artifact_dir: Option<PathBuf>,
     /// The link's heartbeat: a silent connection is dropped after two, in seconds.
     #[arg(long, default_value_t = perennial_link::DEFAULT_HEARTBEAT_SECS)]
     link_heartbeat_secs: u32,
@@ -108,6 +118,15 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("perennial-operator-{}", std::process::id()));
     let backoff = Duration::from_secs(args.retry_backoff_secs.max(1));
+    let artifacts = match &args.sign_key {
+        Some(sign_key) => {
+            let dir =
+                args.artifact_dir.clone().unwrap_or_else(|| perennial_policy::default_cache_dir().join("artifacts"));
+            let options = ArtifactOptions { sign_key: sign_key.clone(), dir };
+            Some(Artifacts::new(&options)?)
+        }
+        None => None,
+    };
     let link = match (args.link_addr, args.link_cert, args.link_key) {
         (Some(addr), Some(cert_file), Some(key_file)) => Some(LinkOptions {
             addr,
@@ -125,6 +144,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 ..IdentitySettings::default()
             },
             heartbeat_secs: args.link_heartbeat_secs.max(1),
+            artifacts,
         }),
         _ => None,
     };

@@ -1,0 +1,381 @@
+//! Policies compiled for the nodes' platforms, in the cloud: a node that said its platform when
+//! it connected gets, beside each job, an offer per policy ([`PolicyArtifact`]): ready (a signed
+//! artifact it fetches over the link by its digest), compiling, or refused with why.
+//!
+//! Each (component, platform, engine fingerprint) is compiled once, whatever the number of nodes
+//! and jobs that use it, by `perennial plugin compile` in a child process at a low priority (its
+//! memory, hundreds of MB for a Python component, is never the operator's), and kept in a folder
+//! under a name made of those three digests: it outlives a restart and an upgrade of the
+//! toolchain. The child signs with the operator's key; the operator checks each artifact against
+//! that key before it offers it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use perennial_link::cloud_server::ArtifactPiece;
+use perennial_link::messages::PolicyPlatform;
+use perennial_policy::signing::{SigningKey, TrustedKey};
+use perennial_policy::{artifact, builtin, platform};
+use perennial_types::{PolicyArtifact, PolicyRef, Source};
+use tokio::sync::{Semaphore, watch};
+
+/// How long a refused compile stands before a node's next look tries it again (a fetch that
+/// failed may work now).
+const RETRY_REFUSED: Duration = Duration::from_secs(60);
+
+/// The largest artifact kept (a Python policy compiles to ~30 MB).
+const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
+
+/// `perennial operator --sign-key`, `--artifact-dir`.
+#[derive(Clone, Debug)]
+pub struct ArtifactOptions {
+    pub sign_key: PathBuf,
+    pub dir: PathBuf,
+}
+
+/// One compile: a component for a platform's engine.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    component_sha256: String,
+    platform: String,
+    fingerprint: String,
+}
+
+impl Key {
+    fn file_name(&self) -> String {
+        format!("{}.{}.{}.pcwasm", self.component_sha256, self.platform, self.fingerprint)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum State {
+    Compiling,
+    Ready { artifact_sha256: String, size: u64 },
+    Refused { reason: String, at: Instant },
+}
+
+/// The cloud's compiles and their artifacts.
+pub struct Artifacts {
+    sign_key: PathBuf,
+    trusted: TrustedKey,
+    dir: PathBuf,
+    /// The program that compiles (this one: `perennial plugin compile`).
+    exe: PathBuf,
+    states: Mutex<HashMap<Key, State>>,
+    /// Ready artifacts by their file's digest: what a node asks for.
+    files: Mutex<HashMap<String, PathBuf>>,
+    /// One compile at a time: the operator's reconciles keep the other core.
+    compiles: Arc<Semaphore>,
+    /// Counts finished compiles: the nodes' offers are made again when it moves.
+    finished: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for Artifacts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Artifacts").field("dir", &self.dir).field("key", &self.trusted.id()).finish()
+    }
+}
+
+/// Why `--sign-key` or `--artifact-dir` cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactSetupError {
+    #[error("--sign-key {0}")]
+    Key(String),
+    #[error("--artifact-dir {path}: {source}")]
+    Dir { path: String, source: std::io::Error },
+    #[error("the compiler (this program): {0}")]
+    Exe(std::io::Error),
+}
+
+impl Artifacts {
+    pub fn new(options: &ArtifactOptions) -> Result<Arc<Artifacts>, ArtifactSetupError> {
+        let key = SigningKey::from_file(&options.sign_key).map_err(ArtifactSetupError::Key)?;
+        let dir_error = |source| ArtifactSetupError::Dir { path: options.dir.display().to_string(), source };
+        std::fs::create_dir_all(options.dir.join("tmp")).map_err(dir_error)?;
+        let exe = std::env::current_exe().map_err(ArtifactSetupError::Exe)?;
+        let artifacts = Artifacts {
+            sign_key: options.sign_key.clone(),
+            trusted: key.trusted(),
+            dir: options.dir.clone(),
+            exe,
+            states: Mutex::default(),
+            files: Mutex::default(),
+            compiles: Arc::new(Semaphore::new(1)),
+            finished: watch::channel(0).0,
+        };
+        tracing::info!(
+            dir = %options.dir.display(),
+            "policies are compiled for the nodes that ask, signed by key {}",
+            artifacts.trusted.id()
+        );
+        Ok(Arc::new(artifacts))
+    }
+
+    /// Moves each time a compile finishes (the offers it changes are made again).
+    pub fn finished(&self) -> watch::Receiver<u64> {
+        self.finished.subscribe()
+    }
+
+    /// The offer for `reference` to `node`; `None` when the node loads it as it is (a signed
+    /// artifact named by the job). Starts the compile when none was made.
+    pub fn offer(self: &Arc<Self>, reference: &PolicyRef, node: &PolicyPlatform) -> Option<PolicyArtifact> {
+        let refused = |reason: String| Some(PolicyArtifact::Refused { reason });
+        if reference.plugin.ends_with(".pcwasm") {
+            return None;
+        }
+        if let Err(reason) = serves(node) {
+            return refused(reason);
+        }
+        let valid = match reference.validate() {
+            Ok(valid) => valid,
+            Err(err) => return refused(err),
+        };
+        let component_sha256 = match (&valid.source, &valid.sha256) {
+            (Source::Builtin(name), _) => match builtin::component(name) {
+                Some(bytes) => builtin_digest(name, bytes),
+                None => return refused(format!("no built-in called {name:?}")),
+            },
+            (Source::File(path), _) => {
+                return refused(format!(
+                    "{} is a path on the node: the operator compiles only what it can fetch (builtin:, \
+                     https:// or s3:// with its sha256); or name a .pcwasm made by `perennial plugin compile`",
+                    path.display()
+                ));
+            }
+            (_, Some(sha256)) => sha256.clone(),
+            (_, None) => return refused("a remote plugin needs its sha256".into()),
+        };
+        let key = Key { component_sha256, platform: node.platform.clone(), fingerprint: node.fingerprint.clone() };
+        let mut states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = match states.get(&key) {
+            Some(State::Refused { at, .. }) if at.elapsed() >= RETRY_REFUSED => None,
+            Some(state) => Some(state.clone()),
+            None => None,
+        };
+        let state = match state {
+            Some(state) => state,
+            None => {
+                let state = match self.cached(&key) {
+                    Some(ready) => ready,
+                    None => {
+                        self.start(key.clone(), reference);
+                        State::Compiling
+                    }
+                };
+                states.insert(key.clone(), state.clone());
+                state
+            }
+        };
+        Some(match state {
+            State::Compiling => PolicyArtifact::Compiling { platform: key.platform },
+            State::Ready { artifact_sha256, size, .. } => PolicyArtifact::Ready {
+                component_sha256: key.component_sha256,
+                artifact_sha256,
+                size,
+                platform: key.platform,
+            },
+            State::Refused { reason, .. } => PolicyArtifact::Refused { reason },
+        })
+    }
+
+    /// A piece of a ready artifact, by its file's digest.
+    pub async fn chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+        let path = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(sha256).cloned();
+        let path = path.ok_or_else(|| format!("this operator has no artifact {sha256}"))?;
+        tokio::task::spawn_blocking(move || read_piece(&path, offset, max)).await.map_err(|err| err.to_string())?
+    }
+
+    /// A sound artifact for `key` left by an earlier compile (this run or an earlier one).
+    fn cached(&self, key: &Key) -> Option<State> {
+        let path = self.dir.join(key.file_name());
+        let bytes = std::fs::read(&path).ok()?;
+        match self.check(&bytes, key) {
+            Ok(state) => Some(self.keep(state, path)),
+            Err(err) => {
+                tracing::warn!(path = %path.display(), "a stored artifact is not sound, compiling again: {err}");
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Checks an artifact against the operator's own key and what it was compiled for; its
+    /// file's digest and size.
+    fn check(&self, bytes: &[u8], key: &Key) -> Result<(String, u64), String> {
+        let verified = artifact::open(bytes, &self.trusted, &key.platform, &key.fingerprint)?;
+        if verified.header.component_sha256 != key.component_sha256 {
+            return Err(format!(
+                "compiled from component {}, not {}",
+                verified.header.component_sha256, key.component_sha256
+            ));
+        }
+        Ok((artifact::sha256_hex(bytes), bytes.len() as u64))
+    }
+
+    fn keep(&self, (artifact_sha256, size): (String, u64), path: PathBuf) -> State {
+        let mut files = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        files.insert(artifact_sha256.clone(), path);
+        State::Ready { artifact_sha256, size }
+    }
+
+    /// Compiles `key` in a child process, then makes the offers again.
+    fn start(self: &Arc<Self>, key: Key, reference: &PolicyRef) {
+        let (this, plugin, pin) = (self.clone(), reference.plugin.clone(), reference.sha256.clone());
+        tokio::spawn(async move {
+            let Ok(_permit) = this.compiles.clone().acquire_owned().await else { return };
+            let started = Instant::now();
+            let worker = this.clone();
+            let job = key.clone();
+            let outcome = tokio::task::spawn_blocking(move || worker.compile(&job, &plugin, pin.as_deref()))
+                .await
+                .unwrap_or_else(|err| Err(format!("the compile stopped: {err}")));
+            let state = match outcome {
+                Ok((state, path)) => {
+                    tracing::info!(
+                        component = key.component_sha256,
+                        platform = key.platform,
+                        "compiled for the nodes in {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    this.keep(state, path)
+                }
+                Err(reason) => {
+                    tracing::warn!(component = key.component_sha256, platform = key.platform, "not compiled: {reason}");
+                    State::Refused { reason, at: Instant::now() }
+                }
+            };
+            this.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, state);
+            this.finished.send_modify(|count| *count += 1);
+        });
+    }
+
+    /// `perennial plugin compile` in a child, into a folder of its own; the artifact checked and
+    /// moved into place.
+    fn compile(&self, key: &Key, plugin: &str, pin: Option<&str>) -> Result<((String, u64), PathBuf), String> {
+        let out = tempfile::tempdir_in(self.dir.join("tmp")).map_err(|err| format!("a working folder: {err}"))?;
+        let mut command = Command::new(&self.exe);
+        command.args(["plugin", "compile", plugin, "--target", &key.platform, "--sign-key"]);
+        command.arg(&self.sign_key).arg("--out-dir").arg(out.path());
+        if let Some(pin) = pin {
+            command.args(["--sha256", pin]);
+        }
+        perennial_policy::compiler::run_low_priority(command, &[])?;
+        let made = std::fs::read_dir(out.path())
+            .map_err(|err| err.to_string())?
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .find(|path| path.extension().is_some_and(|ext| ext == "pcwasm"))
+            .ok_or("the compiler wrote no artifact")?;
+        let size = std::fs::metadata(&made).map_err(|err| err.to_string())?.len();
+        if size > MAX_ARTIFACT_BYTES {
+            return Err(format!("the artifact is {size} bytes, over the {MAX_ARTIFACT_BYTES} byte limit"));
+        }
+        let bytes = std::fs::read(&made).map_err(|err| err.to_string())?;
+        let checked = self.check(&bytes, key)?;
+        let path = self.dir.join(key.file_name());
+        std::fs::rename(&made, &path).map_err(|err| format!("{}: {err}", path.display()))?;
+        Ok((checked, path))
+    }
+}
+
+/// Whether this operator's compiler makes code that `node` runs: a platform it compiles for,
+/// and the same engine (wasmtime version and settings).
+pub fn serves(node: &PolicyPlatform) -> Result<(), String> {
+    platform::check_target(&node.platform)?;
+    let ours = platform::fingerprint(&node.platform);
+    if ours != node.fingerprint {
+        return Err(format!(
+            "the node's engine fingerprint for {} is {}, this operator compiles for {ours} (wasmtime {}): run the \
+             same Perennial release on the node and the operator",
+            node.platform,
+            node.fingerprint,
+            platform::WASMTIME_VERSION
+        ));
+    }
+    Ok(())
+}
+
+/// The digest of a built-in's component, computed once per name.
+fn builtin_digest(name: &str, bytes: &[u8]) -> String {
+    static DIGESTS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let mut digests = DIGESTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, digest)) = digests.iter().find(|(known, _)| known == name) {
+        return digest.clone();
+    }
+    let digest = artifact::sha256_hex(bytes);
+    digests.push((name.to_owned(), digest.clone()));
+    digest
+}
+
+fn read_piece(path: &Path, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).map_err(|err| format!("{}: {err}", path.display()))?;
+    let total = file.metadata().map_err(|err| err.to_string())?.len();
+    if offset > total {
+        return Err(format!("offset {offset} is past the artifact's end ({total} bytes)"));
+    }
+    file.seek(SeekFrom::Start(offset)).map_err(|err| err.to_string())?;
+    let mut data = Vec::with_capacity(max.min((total - offset) as usize));
+    file.take(max as u64).read_to_end(&mut data).map_err(|err| err.to_string())?;
+    Ok(ArtifactPiece { total, data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(platform: &str, fingerprint: String) -> PolicyPlatform {
+        PolicyPlatform { platform: platform.into(), fingerprint, compiles: false }
+    }
+
+    #[test]
+    fn a_node_of_another_engine_is_told_why() {
+        assert_eq!(serves(&node("pulley32", platform::fingerprint("pulley32"))), Ok(()));
+        assert_eq!(
+            serves(&node("aarch64-unknown-linux-gnu", platform::fingerprint("aarch64-unknown-linux-gnu"))),
+            Ok(())
+        );
+        let err = serves(&node("pulley32", "0".repeat(32))).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "the node's engine fingerprint for pulley32 is {}, this operator",
+                "0".repeat(32)
+            )),
+            "{err}"
+        );
+        assert!(err.contains("run the same Perennial release"), "{err}");
+        let err = serves(&node("mips-unknown-linux-gnu", String::new())).unwrap_err();
+        assert!(err.contains("is not a platform policies compile for"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn offers_name_what_cannot_be_compiled_and_pieces_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (private, _) = perennial_policy::signing::generate().unwrap();
+        std::fs::write(dir.path().join("op.key"), private).unwrap();
+        let options = ArtifactOptions { sign_key: dir.path().join("op.key"), dir: dir.path().join("artifacts") };
+        let artifacts = Artifacts::new(&options).unwrap();
+        let node = node("pulley64", platform::fingerprint("pulley64"));
+        let file = PolicyRef::new("/opt/policies/mine.wasm");
+        let Some(PolicyArtifact::Refused { reason }) = artifacts.offer(&file, &node) else {
+            panic!("a path is refused")
+        };
+        assert!(reason.contains("is a path on the node"), "{reason}");
+        assert_eq!(artifacts.offer(&PolicyRef::new("https://x/p.pulley64.pcwasm"), &node), None);
+        let unknown = PolicyRef::new("builtin:nope");
+        assert!(
+            matches!(artifacts.offer(&unknown, &node), Some(PolicyArtifact::Refused { reason }) if reason.contains("nope"))
+        );
+        let err = artifacts.chunk(&"a".repeat(64), 0, 10).await.unwrap_err();
+        assert_eq!(err, format!("this operator has no artifact {}", "a".repeat(64)));
+
+        let path = dir.path().join("blob");
+        std::fs::write(&path, vec![7u8; 25]).unwrap();
+        let piece = read_piece(&path, 20, 10).unwrap();
+        assert_eq!((piece.total, piece.data.len()), (25, 5));
+        assert!(read_piece(&path, 26, 10).unwrap_err().contains("past the artifact's end"));
+    }
+}
