@@ -841,7 +841,10 @@ async fn scenario(
     let started = Instant::now();
     let mut times = Vec::new();
     let per_round_limit = Duration::from_secs(if jobs.len() > 1 { 300 } else { 120 });
-    for round in 1..=rounds {
+    // While compiling: rounds go on until the compiles are done (a round at least after them).
+    let mut round = 0;
+    while round < rounds || compiling.is_some() && compiled_after.is_none() && round < 500 {
+        round += 1;
         let mut appended = Vec::new();
         for job in &mut jobs {
             let deployed = log.state(&job.name).map_or(0, |(_, _, d)| d);
@@ -897,16 +900,29 @@ async fn scenario(
         _ => None,
     };
     let rss_after = operator.rss_mib();
-    let compiles = compiling.map(|_| {
-        let fetched = (0..python_nodes.len())
+    let fetched = || {
+        (0..python_nodes.len())
             .filter(|n| {
                 std::fs::read_dir(root.path().join(format!("py-edge-{n}/artifacts")))
                     .into_iter()
                     .flatten()
                     .flatten()
-                    .any(|entry| entry.metadata().is_ok_and(|meta| meta.len() > 1_000_000))
+                    .any(|entry| {
+                        entry.path().extension().is_some_and(|ext| ext == "bin")
+                            && entry.metadata().is_ok_and(|meta| meta.len() > 1_000_000)
+                    })
             })
-            .count();
+            .count()
+    };
+    // The nodes fetch what was compiled (a minute at most).
+    for _ in 0..600 {
+        if compiling.is_none() || compiled_after.is_none() || fetched() == python_nodes.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let compiles = compiling.map(|_| {
+        let fetched = fetched();
         match compiled_after {
             Some((after, round)) => format!(
                 "the Python trigger compiled for both platforms {:.1} s after its jobs came (by round {round}); \

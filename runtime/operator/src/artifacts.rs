@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, watch};
 
 /// How long a refused compile stands before a node's next look tries it again (a fetch that
 /// failed may work now).
-const RETRY_REFUSED: Duration = Duration::from_secs(60);
+pub const RETRY_REFUSED: Duration = Duration::from_secs(60);
 
 /// The largest artifact kept (a Python policy compiles to ~30 MB).
 const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
@@ -185,14 +185,25 @@ impl Artifacts {
     pub async fn chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
         let path = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(sha256).cloned();
         let path = path.ok_or_else(|| format!("this operator has no artifact {sha256}"))?;
-        tokio::task::spawn_blocking(move || read_piece(&path, offset, max)).await.map_err(|err| err.to_string())?
+        tokio::task::spawn_blocking(move || {
+            let piece = read_piece(&path, offset, max);
+            // A whole artifact went through this process a piece at a time: give the pieces back.
+            if piece.as_ref().is_ok_and(|piece| offset + piece.data.len() as u64 >= piece.total) {
+                perennial_policy::release_freed_memory();
+            }
+            piece
+        })
+        .await
+        .map_err(|err| err.to_string())?
     }
 
     /// A sound artifact for `key` left by an earlier compile (this run or an earlier one).
     fn cached(&self, key: &Key) -> Option<State> {
         let path = self.dir.join(key.file_name());
-        let bytes = std::fs::read(&path).ok()?;
-        match self.check(&bytes, key) {
+        if !path.is_file() {
+            return None;
+        }
+        match self.check(&path, key) {
             Ok(state) => Some(self.keep(state, path)),
             Err(err) => {
                 tracing::warn!(path = %path.display(), "a stored artifact is not sound, compiling again: {err}");
@@ -202,17 +213,14 @@ impl Artifacts {
         }
     }
 
-    /// Checks an artifact against the operator's own key and what it was compiled for; its
-    /// file's digest and size.
-    fn check(&self, bytes: &[u8], key: &Key) -> Result<(String, u64), String> {
-        let verified = artifact::open(bytes, &self.trusted, &key.platform, &key.fingerprint)?;
-        if verified.header.component_sha256 != key.component_sha256 {
-            return Err(format!(
-                "compiled from component {}, not {}",
-                verified.header.component_sha256, key.component_sha256
-            ));
+    /// Checks an artifact file against the operator's own key and what it was compiled for
+    /// (read in pieces: a Python policy's is tens of MB); its digest and size.
+    fn check(&self, path: &Path, key: &Key) -> Result<(String, u64), String> {
+        let (header, digest, size) = artifact::open_file(path, &self.trusted, &key.platform, &key.fingerprint)?;
+        if header.component_sha256 != key.component_sha256 {
+            return Err(format!("compiled from component {}, not {}", header.component_sha256, key.component_sha256));
         }
-        Ok((artifact::sha256_hex(bytes), bytes.len() as u64))
+        Ok((digest, size))
     }
 
     fn keep(&self, (artifact_sha256, size): (String, u64), path: PathBuf) -> State {
@@ -259,10 +267,15 @@ impl Artifacts {
         let mut command = Command::new(&self.exe);
         command.args(["plugin", "compile", plugin, "--target", &key.platform, "--sign-key"]);
         command.arg(&self.sign_key).arg("--out-dir").arg(out.path());
+        // One compile thread (wasmtime compiles in parallel on rayon's pool): a core stays free
+        // for the operator, the API server and the nodes.
+        command.env("RAYON_NUM_THREADS", "1");
         if let Some(pin) = pin {
             command.args(["--sha256", pin]);
         }
-        perennial_policy::compiler::run_low_priority(command, &[])?;
+        // The lowest priority: the operator's reconciles (and the API server beside it) come
+        // first; a compile is never what a round waits for.
+        perennial_policy::compiler::run_low_priority(command, &[], perennial_policy::compiler::Priority::Idle)?;
         let made = std::fs::read_dir(out.path())
             .map_err(|err| err.to_string())?
             .filter_map(Result::ok)
@@ -273,8 +286,7 @@ impl Artifacts {
         if size > MAX_ARTIFACT_BYTES {
             return Err(format!("the artifact is {size} bytes, over the {MAX_ARTIFACT_BYTES} byte limit"));
         }
-        let bytes = std::fs::read(&made).map_err(|err| err.to_string())?;
-        let checked = self.check(&bytes, key)?;
+        let checked = self.check(&made, key)?;
         let path = self.dir.join(key.file_name());
         std::fs::rename(&made, &path).map_err(|err| format!("{}: {err}", path.display()))?;
         Ok((checked, path))

@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio_rustls::rustls::ServerConfig;
 
-use super::artifacts::Artifacts;
+use super::artifacts::{Artifacts, RETRY_REFUSED};
 use super::identity::{IdentitySettings, TokenReviewer};
 use super::inbox::Inbox;
 use super::node_state::DesiredNodes;
@@ -218,10 +218,17 @@ fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Opti
     desired
 }
 
-/// Makes the nodes' offers again each time a compile finishes.
+/// Makes the nodes' offers again each time a compile finishes, and every minute (a compile
+/// refused for a reason that may pass, a fetch that failed, is tried again then).
 pub async fn follow_compiles(book: Arc<NodeBook>) {
     let Some(mut finished) = book.artifacts.as_ref().map(|artifacts| artifacts.finished()) else { return };
-    while finished.changed().await.is_ok() {
+    let mut again = tokio::time::interval(RETRY_REFUSED);
+    again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            changed = finished.changed() => if changed.is_err() { return },
+            _ = again.tick() => {}
+        }
         book.refresh();
     }
 }

@@ -101,6 +101,15 @@ pub fn open<'a>(
     }
     let (header_bytes, rest) = rest.split_at_checked(length).ok_or("it is cut short (in its header)")?;
     let (signature, payload) = rest.split_at_checked(SIGNATURE_LEN).ok_or("it is cut short (in its signature)")?;
+    let header = signed_header(header_bytes, signature, trusted)?;
+    let actual = hex::encode(Sha256::digest(payload));
+    check_payload(&header, &actual)?;
+    check_made_for(&header, platform, fingerprint)?;
+    Ok(Verified { header, payload })
+}
+
+/// The header, if `signature` is `trusted`'s over it.
+fn signed_header(header_bytes: &[u8], signature: &[u8], trusted: &TrustedKey) -> Result<Header, String> {
     let header: Header =
         serde_json::from_slice(header_bytes).map_err(|err| format!("its header is not an artifact's: {err}"))?;
     if !trusted.verifies(&signed_message(header_bytes), signature) {
@@ -114,13 +123,20 @@ pub fn open<'a>(
             )
         });
     }
-    let actual = hex::encode(Sha256::digest(payload));
+    Ok(header)
+}
+
+fn check_payload(header: &Header, actual: &str) -> Result<(), String> {
     if actual != header.artifact_sha256 {
         return Err(format!(
             "its compiled code has sha256 {actual}, not the signed {} (corrupt or altered)",
             header.artifact_sha256
         ));
     }
+    Ok(())
+}
+
+fn check_made_for(header: &Header, platform: &str, fingerprint: &str) -> Result<(), String> {
     if header.platform != platform {
         return Err(format!("it is compiled for {}, and this node runs {platform}", header.platform));
     }
@@ -131,7 +147,54 @@ pub fn open<'a>(
             header.fingerprint
         ));
     }
-    Ok(Verified { header, payload })
+    Ok(())
+}
+
+/// An artifact file checked as [`open`] checks one, read in pieces (never whole in memory): its
+/// header, the SHA-256 of the whole file, and its size.
+pub fn open_file(
+    path: &std::path::Path,
+    trusted: &TrustedKey,
+    platform: &str,
+    fingerprint: &str,
+) -> Result<(Header, String, u64), String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|err| format!("{}: {err}", path.display()))?;
+    let mut whole = Sha256::new();
+    let mut read = |buffer: &mut [u8], what: &str| -> Result<(), String> {
+        file.read_exact(buffer).map_err(|_| format!("it is cut short ({what})"))?;
+        whole.update(&*buffer);
+        Ok(())
+    };
+    let mut start = [0u8; 12];
+    read(&mut start, "no header")?;
+    if start[..8] != MAGIC[..] {
+        return Err("it is not a signed artifact".into());
+    }
+    let length = u32::from_le_bytes([start[8], start[9], start[10], start[11]]) as usize;
+    if length > HEADER_MAX {
+        return Err(format!("its header is {length} bytes, more than an artifact's ({HEADER_MAX} at most)"));
+    }
+    let mut header_bytes = vec![0u8; length];
+    read(&mut header_bytes, "in its header")?;
+    let mut signature = [0u8; SIGNATURE_LEN];
+    read(&mut signature, "in its signature")?;
+    let header = signed_header(&header_bytes, &signature, trusted)?;
+    let mut payload = Sha256::new();
+    let mut size = (12 + length + SIGNATURE_LEN) as u64;
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer).map_err(|err| format!("{}: {err}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        payload.update(&buffer[..n]);
+        whole.update(&buffer[..n]);
+        size += n as u64;
+    }
+    check_payload(&header, &hex::encode(payload.finalize()))?;
+    check_made_for(&header, platform, fingerprint)?;
+    Ok((header, hex::encode(whole.finalize()), size))
 }
 
 fn signed_message(header: &[u8]) -> Vec<u8> {
@@ -172,6 +235,32 @@ mod tests {
         assert!(err.contains("compiled for aarch64-unknown-linux-gnu"), "{err}");
         let err = open(&sealed, &trusted, "aarch64-unknown-linux-gnu", "f2").expect_err("refused");
         assert!(err.contains("engine f1"), "{err}");
+    }
+
+    #[test]
+    fn a_file_is_checked_in_pieces_as_bytes_are() {
+        let key = key();
+        let trusted = key.trusted();
+        let dir = tempfile::tempdir().expect("a folder");
+        let path = dir.path().join("a.pcwasm");
+        let payload = vec![7u8; 3 << 20];
+        let sealed = seal(&payload, "c0de", 9, "pulley64", "f1", &key);
+        std::fs::write(&path, &sealed).expect("write");
+        let (header, digest, size) = open_file(&path, &trusted, "pulley64", "f1").expect("opens");
+        assert_eq!(header, open(&sealed, &trusted, "pulley64", "f1").expect("opens").header);
+        assert_eq!((digest, size), (sha256_hex(&sealed), sealed.len() as u64));
+        assert_eq!(
+            open_file(&path, &trusted, "pulley32", "f1").unwrap_err(),
+            open(&sealed, &trusted, "pulley32", "f1").unwrap_err()
+        );
+        let mut altered = sealed.clone();
+        let last = altered.len() - 1;
+        altered[last] ^= 1;
+        std::fs::write(&path, &altered).expect("write");
+        let err = open_file(&path, &trusted, "pulley64", "f1").unwrap_err();
+        assert!(err.contains("(corrupt or altered)"), "{err}");
+        std::fs::write(&path, &sealed[..20]).expect("write");
+        assert!(open_file(&path, &trusted, "pulley64", "f1").unwrap_err().contains("cut short"));
     }
 
     #[test]

@@ -16,24 +16,44 @@ pub const SUBCOMMAND: [&str; 2] = ["plugin", "compile-into-cache"];
 pub fn compile_in_child(exe: &Path, cache_dir: &Path, bytes: &[u8]) -> Result<(), String> {
     let mut command = Command::new(exe);
     command.args(SUBCOMMAND).arg("--cache-dir").arg(cache_dir);
-    run_low_priority(command, bytes)
+    run_low_priority(command, bytes, Priority::Low)
 }
 
-/// Runs `command` (this program's compiling subcommand) as a child at a low priority that dies
-/// with its parent, `stdin` on its standard input. The error is the child's last line on
-/// standard error, or how it ended.
-pub fn run_low_priority(mut command: Command, stdin: &[u8]) -> Result<(), String> {
+/// How far below the parent a compiling child runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    /// `nice` 10: beside the decisions of running jobs, which a compile may be waited for by.
+    Low,
+    /// Linux's `SCHED_IDLE`: only on a core nothing else wants (the operator's compiles for its
+    /// nodes, which no reconcile waits for).
+    Idle,
+}
+
+/// Runs `command` (this program's compiling subcommand) as a child at `priority` that dies with
+/// its parent, `stdin` on its standard input. The error is the child's last line on standard
+/// error, or how it ended.
+pub fn run_low_priority(mut command: Command, stdin: &[u8], priority: Priority) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     let exe = std::path::PathBuf::from(command.get_program());
     command.env("RUST_LOG", "warn").stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe calls between fork and exec: prctl and setpriority.
+    // SAFETY: only async-signal-safe calls between fork and exec: prctl, setpriority and
+    // sched_setscheduler.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             #[cfg(target_os = "linux")]
             {
                 // The child dies with its parent: no orphan compile.
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+                match priority {
+                    Priority::Low => {
+                        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+                    }
+                    Priority::Idle => {
+                        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+                        let param = libc::sched_param { sched_priority: 0 };
+                        libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+                    }
+                }
             }
             Ok(())
         });
