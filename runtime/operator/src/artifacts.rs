@@ -15,10 +15,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use perennial_artifact::child::{Priority, release_freed_memory, run_low_priority};
+use perennial_artifact::signing::{SigningKey, TrustedKey};
+use perennial_artifact::{artifact, target as platform};
 use perennial_link::cloud_server::ArtifactPiece;
 use perennial_link::messages::PolicyPlatform;
-use perennial_policy::signing::{SigningKey, TrustedKey};
-use perennial_policy::{artifact, builtin, platform};
 use perennial_types::{PolicyArtifact, PolicyRef, Source};
 use tokio::sync::{Semaphore, watch};
 
@@ -64,6 +65,8 @@ pub struct Artifacts {
     dir: PathBuf,
     /// The program that compiles (this one: `perennial plugin compile`).
     exe: PathBuf,
+    /// The built-ins' digests by name, or why they are not known.
+    builtins: Result<HashMap<String, String>, String>,
     states: Mutex<HashMap<Key, State>>,
     /// Ready artifacts by their file's digest: what a node asks for.
     files: Mutex<HashMap<String, PathBuf>>,
@@ -96,7 +99,12 @@ impl Artifacts {
         let dir_error = |source| ArtifactSetupError::Dir { path: options.dir.display().to_string(), source };
         std::fs::create_dir_all(options.dir.join("tmp")).map_err(dir_error)?;
         let exe = std::env::current_exe().map_err(ArtifactSetupError::Exe)?;
+        let builtins = builtin_digests(&exe);
+        if let Err(err) = &builtins {
+            tracing::warn!("the built-in policies cannot be compiled for the nodes: {err}");
+        }
         let artifacts = Artifacts {
+            builtins,
             sign_key: options.sign_key.clone(),
             trusted: key.trusted(),
             dir: options.dir.clone(),
@@ -134,9 +142,12 @@ impl Artifacts {
             Err(err) => return refused(err),
         };
         let component_sha256 = match (&valid.source, &valid.sha256) {
-            (Source::Builtin(name), _) => match builtin::component(name) {
-                Some(bytes) => builtin_digest(name, bytes),
-                None => return refused(format!("no built-in called {name:?}")),
+            (Source::Builtin(name), _) => match &self.builtins {
+                Ok(builtins) => match builtins.get(name) {
+                    Some(digest) => digest.clone(),
+                    None => return refused(format!("no built-in called {name:?}")),
+                },
+                Err(err) => return refused(format!("the operator cannot list its built-ins: {err}")),
             },
             (Source::File(path), _) => {
                 return refused(format!(
@@ -189,7 +200,7 @@ impl Artifacts {
             let piece = read_piece(&path, offset, max);
             // A whole artifact went through this process a piece at a time: give the pieces back.
             if piece.as_ref().is_ok_and(|piece| offset + piece.data.len() as u64 >= piece.total) {
-                perennial_policy::release_freed_memory();
+                release_freed_memory();
             }
             piece
         })
@@ -275,7 +286,7 @@ impl Artifacts {
         }
         // The lowest priority: the operator's reconciles (and the API server beside it) come
         // first; a compile is never what a round waits for.
-        perennial_policy::compiler::run_low_priority(command, &[], perennial_policy::compiler::Priority::Idle)?;
+        run_low_priority(command, &[], Priority::Idle)?;
         let made = std::fs::read_dir(out.path())
             .map_err(|err| err.to_string())?
             .filter_map(Result::ok)
@@ -310,16 +321,27 @@ pub fn serves(node: &PolicyPlatform) -> Result<(), String> {
     Ok(())
 }
 
-/// The digest of a built-in's component, computed once per name.
-fn builtin_digest(name: &str, bytes: &[u8]) -> String {
-    static DIGESTS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
-    let mut digests = DIGESTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, digest)) = digests.iter().find(|(known, _)| known == name) {
-        return digest.clone();
+/// The built-ins this program embeds, by name, with their component's SHA-256: asked of the
+/// program itself (`perennial plugin builtin-digests`), whose compiling part this process does not
+/// link.
+fn builtin_digests(exe: &Path) -> Result<HashMap<String, String>, String> {
+    let output = Command::new(exe)
+        .args(["plugin", "builtin-digests"])
+        .output()
+        .map_err(|err| format!("{}: {err}", exe.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{} plugin builtin-digests: {}",
+            exe.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
     }
-    let digest = artifact::sha256_hex(bytes);
-    digests.push((name.to_owned(), digest.clone()));
-    digest
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .map(|(name, digest)| (name.to_owned(), digest.trim().to_owned()))
+        .collect())
 }
 
 fn read_piece(path: &Path, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
@@ -366,7 +388,7 @@ mod tests {
     #[tokio::test]
     async fn offers_name_what_cannot_be_compiled_and_pieces_are_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let (private, _) = perennial_policy::signing::generate().unwrap();
+        let (private, _) = perennial_artifact::signing::generate().unwrap();
         std::fs::write(dir.path().join("op.key"), private).unwrap();
         let options = ArtifactOptions { sign_key: dir.path().join("op.key"), dir: dir.path().join("artifacts") };
         let artifacts = Artifacts::new(&options).unwrap();
@@ -378,9 +400,9 @@ mod tests {
         assert!(reason.contains("is a path on the node"), "{reason}");
         assert_eq!(artifacts.offer(&PolicyRef::new("https://x/p.pulley64.pcwasm"), &node), None);
         let unknown = PolicyRef::new("builtin:nope");
-        assert!(
-            matches!(artifacts.offer(&unknown, &node), Some(PolicyArtifact::Refused { reason }) if reason.contains("nope"))
-        );
+        // This test's binary is not `perennial`: it cannot list built-ins, and says so.
+        let Some(PolicyArtifact::Refused { reason }) = artifacts.offer(&unknown, &node) else { panic!("refused") };
+        assert!(reason.contains("nope") || reason.contains("cannot list its built-ins"), "{reason}");
         let err = artifacts.chunk(&"a".repeat(64), 0, 10).await.unwrap_err();
         assert_eq!(err, format!("this operator has no artifact {}", "a".repeat(64)));
 

@@ -526,15 +526,7 @@ pub fn lower_this_threads_priority() {
     }
 }
 
-/// Hands memory freed since (a compile's working set) back to the system, so that a node sees
-/// the process's steady size rather than its peak.
-pub fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
+pub use perennial_artifact::child::release_freed_memory;
 
 /// A policy may not wait: `wasi:io/poll` would block the host thread, where no epoch deadline
 /// can stop it (a `sleep` in a plugin would hang the job). Both ways of waiting trap instead.

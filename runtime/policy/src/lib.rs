@@ -8,7 +8,6 @@
 //!   a bad answer is an error for that call only, and the next call gets a fresh instance.
 //! - [`PolicySlot`]: hot swap between two calls.
 
-pub mod artifact;
 mod bindings;
 pub mod builtin;
 mod cache;
@@ -25,9 +24,10 @@ mod reference {
     pub use perennial_types::policy::*;
 }
 mod sandbox;
-pub mod signing;
 mod slot;
 mod types;
+
+pub use perennial_artifact::{artifact, signing};
 
 pub use bindings::{Kind, SelectorKind, SplitterKind, TriggerKind};
 pub use cache::default_dir as default_cache_dir;

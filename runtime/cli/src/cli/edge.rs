@@ -178,7 +178,9 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
             Err(err) => {
                 tracing::error!("job {} cannot run on this node yet: {err:#}", job.name);
                 record_refused(&store, &job, &err);
-                waiting.push(job);
+                if may_pass(&err) {
+                    waiting.push(job);
+                }
             }
         }
     }
@@ -440,11 +442,22 @@ async fn place(
                         tracing::warn!(job = key, "the job cannot run on this node yet: {err:#}");
                     }
                     tokio::task::block_in_place(|| record_refused(store, &config, &err));
-                    jobs.waiting.insert(key, config);
+                    if may_pass(&err) {
+                        jobs.waiting.insert(key, config);
+                    }
                 }
             }
         }
     }
+}
+
+/// Whether a job that could not start may start later as it is. A policy that did not compile,
+/// verify or start needs a change to be fixed (which comes as one); a fetch may pass by itself
+/// (the operator still compiling, the link down, a server away), and so may the rest (an index
+/// on S3 out of reach).
+fn may_pass(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<agent::PolicyLoadError>()
+        .is_none_or(|refused| refused.error.step == perennial_policy::Step::Fetch)
 }
 
 /// Records on the job's status (`status.policies`) why a policy of a job that could not start

@@ -82,7 +82,7 @@ pub struct OperatorArgs {
     #[arg(long, value_name = "FILE", env = "PERENNIAL_SIGN_KEY", requires = "link_addr")]
     sign_key: Option<PathBuf>,
     /// Where the policies compiled for the nodes are kept (one file per component, platform and
-    /// engine; they outlive a restart). Default: `artifacts` in the compile cache folder.
+    /// engine; they outlive a restart). Default: `perennial-artifacts` in the temporary folder.
     #[arg(long, value_name = "DIR", env = "PERENNIAL_ARTIFACT_DIR", requires = "sign_key")]
     artifact_dir: Option<PathBuf>,
     /// The link's heartbeat: a silent connection is dropped after two, in seconds.
@@ -120,8 +120,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let backoff = Duration::from_secs(args.retry_backoff_secs.max(1));
     let artifacts = match &args.sign_key {
         Some(sign_key) => {
-            let dir =
-                args.artifact_dir.clone().unwrap_or_else(|| perennial_policy::default_cache_dir().join("artifacts"));
+            let dir = args.artifact_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("perennial-artifacts"));
             let options = ArtifactOptions { sign_key: sign_key.clone(), dir };
             Some(Artifacts::new(&options)?)
         }

@@ -44,6 +44,11 @@ pub enum PluginCommand {
         #[arg(long)]
         cache_dir: PathBuf,
     },
+    /// The built-ins this build embeds, a line each: NAME SHA256 (the operator, which does not
+    /// link them, keys its compiles for the nodes with these).
+    #[cfg(feature = "edge")]
+    #[command(name = "builtin-digests", hide = true)]
+    BuiltinDigests,
     /// Compile a policy for nodes that run it without compiling (the compiler-free edge
     /// agent, 32-bit ARM): one signed `.pcwasm` per platform, which a node loads only if the
     /// key it trusts signed it.
@@ -238,6 +243,15 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         }
         #[cfg(feature = "edge")]
         PluginCommand::CompileIntoCache { cache_dir } => compile_into_cache(cache_dir),
+        #[cfg(feature = "edge")]
+        PluginCommand::BuiltinDigests => {
+            for name in perennial_policy::builtin::names() {
+                if let Some(component) = perennial_policy::builtin::component(name) {
+                    println!("{name} {}", perennial_policy::artifact::sha256_hex(component));
+                }
+            }
+            Ok(())
+        }
         #[cfg(feature = "edge")]
         PluginCommand::Compile { plugin, sha256, targets, sign_key, out_dir } => {
             precompiled::compile(Compile { plugin, sha256, targets, sign_key, out_dir }).await

@@ -30,7 +30,7 @@ pub struct Header {
     pub component_size: u64,
     /// What it was compiled for: a target triple, or `pulley32` / `pulley64`.
     pub platform: String,
-    /// The engine's settings it was compiled for ([`crate::platform::Platform::fingerprint`]).
+    /// The engine's settings it was compiled for ([`crate::target::fingerprint`]).
     pub fingerprint: String,
     /// SHA-256 of the payload.
     pub artifact_sha256: String,
