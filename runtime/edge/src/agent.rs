@@ -137,9 +137,9 @@ async fn load_ref<K: Kind>(
         Some(PolicyArtifact::Ready { component_sha256, artifact_sha256, size, .. }) => {
             host.load_offered(reference, (component_sha256, artifact_sha256, *size), events).await
         }
-        Some(PolicyArtifact::Compiling { platform }) => Err(not_yet(format!(
-            "the operator is compiling it for this node ({platform}); the previous policy serves until then"
-        ))),
+        Some(PolicyArtifact::Compiling { platform }) => {
+            Err(not_yet(format!("the operator is compiling it for this node ({platform}); it loads once compiled")))
+        }
         Some(PolicyArtifact::Refused { reason }) if !perennial_policy::HAS_COMPILER => {
             Err(not_yet(format!("the operator cannot compile it for this node: {reason}")))
         }
