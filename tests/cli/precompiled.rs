@@ -240,6 +240,14 @@ fn a_round_on_precompiled_policies(launcher: &Launcher, dir: &Path) {
         play_workers(&state, &output);
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Stopped as systemd stops it (SIGTERM): the model file is written before the deploy's
+    // transaction commits, and a SIGKILL between the two (a wide window under qemu) would leave
+    // the selector's decision unrecorded, as the crash it is. The agent ends its turn first.
+    let _ = std::process::Command::new("kill").args(["-TERM", &agent.id().to_string()]).status();
+    let stopping = Instant::now();
+    while agent.try_wait().unwrap().is_none() && stopping.elapsed() < launcher.patience {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = agent.kill();
     let _ = agent.wait();
     assert_eq!(std::fs::read(&deployed).unwrap(), b"eval-model-1", "the evaluated model of round 1 is deployed");
