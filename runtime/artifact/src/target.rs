@@ -32,8 +32,11 @@ pub fn fingerprint(platform: &str) -> String {
 /// Whether `platform` is one a compile can target: Pulley, or a triple of an x86_64 or aarch64
 /// Linux.
 pub fn check_target(platform: &str) -> Result<(), String> {
-    let known = PULLEY.contains(&platform)
-        || (["x86_64-", "aarch64-"].iter().any(|arch| platform.starts_with(arch)) && platform.contains("-linux"));
+    // A platform names files and is handed to a compile: a triple's characters only (a node's
+    // hello carries it, and `x86_64-linux/../..` must name nothing).
+    let plain = platform.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let triple = ["x86_64-", "aarch64-"].iter().any(|arch| platform.starts_with(arch)) && platform.contains("-linux");
+    let known = plain && (PULLEY.contains(&platform) || triple);
     if known {
         Ok(())
     } else {
@@ -64,5 +67,8 @@ mod tests {
         assert!(check_target("pulley32").is_ok());
         let err = check_target("armv7-unknown-linux-gnueabihf").expect_err("refused");
         assert!(err.contains("pulley32"), "{err}");
+        for odd in ["x86_64-linux/../../etc", "aarch64-unknown-linux-gnu ", "x86_64-unknown-linux-gnu.pcwasm", ""] {
+            assert!(check_target(odd).is_err(), "{odd:?} is no platform");
+        }
     }
 }

@@ -679,14 +679,13 @@ async fn scenario(
     .await;
 
     // The edges, with their default flags.
-    let mut edge_processes = Vec::new();
-    for (n, node) in nodes.iter().enumerate() {
-        let args: Vec<String> = [
+    let edge_args = |port: u16, node: &str, state: &str| -> Vec<String> {
+        [
             "edge",
             "--bind-address",
             "127.0.0.1",
             "--bind-port",
-            &edge_ports[n].to_string(),
+            &port.to_string(),
             "--cloud-url",
             &format!("wss://localhost:{link_port}/v1/link"),
             "--token-file",
@@ -696,36 +695,21 @@ async fn scenario(
             "--node-name",
             node,
             "--state-dir",
-            &path(&format!("edge-{n}")),
+            &path(state),
         ]
         .map(str::to_owned)
-        .to_vec();
+        .to_vec()
+    };
+    let mut edge_processes = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        let args = edge_args(edge_ports[n], node, &format!("edge-{n}"));
         edge_processes.push(Process::start(&args, root.path().join(format!("edge-{n}.log"))));
     }
     if let Some(load) = compiling {
         let public = load.dir.path().join("operator.pub").display().to_string();
         for (n, node) in python_nodes.iter().enumerate() {
-            let args: Vec<String> = [
-                "edge",
-                "--bind-address",
-                "127.0.0.1",
-                "--bind-port",
-                &free_port().to_string(),
-                "--cloud-url",
-                &format!("wss://localhost:{link_port}/v1/link"),
-                "--token-file",
-                &path(&format!("token-{node}")),
-                "--ca-file",
-                &path("ca.pem"),
-                "--node-name",
-                node,
-                "--state-dir",
-                &path(&format!("py-edge-{n}")),
-                "--trust-key",
-                &public,
-            ]
-            .map(str::to_owned)
-            .to_vec();
+            let mut args = edge_args(free_port(), node, &format!("py-edge-{n}"));
+            args.extend(["--trust-key".to_owned(), public.clone()]);
             let pulley = [("PERENNIAL_POLICY_PLATFORM".to_owned(), "pulley64".to_owned())];
             let env = if n == 1 { &pulley[..] } else { &[] };
             edge_processes.push(Process::start_with(&args, root.path().join(format!("py-edge-{n}.log")), env));
