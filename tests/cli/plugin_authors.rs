@@ -3,7 +3,7 @@
 //! (componentize-js from npm); the project's own native tests and build command; `plugin check`
 //! and `plugin call` of the component; then the component deciding a job's rounds.
 //!
-//! The Python and JavaScript toolchains must be installed (`.ci/run` installs them); a missing
+//! The Python and JavaScript toolchains must be installed (`scripts/test` installs them); a missing
 //! one fails these tests, never skips them.
 
 use std::path::{Path, PathBuf};

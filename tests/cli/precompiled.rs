@@ -14,7 +14,7 @@ use rusqlite::Connection;
 use crate::support::embedded::dies_with_its_test;
 
 const JOB: &str = "default/precompiled";
-/// The compiler-free agent for armv7 (`.ci/run` builds it), run under qemu-arm.
+/// The compiler-free agent for armv7 (`.ci/arm` builds it), run under qemu-arm.
 const ARMV7_BINARY: &str = "PERENNIAL_TEST_ARMV7_BINARY";
 
 fn perennial(args: &[&str], dir: &Path) -> Output {

@@ -35,9 +35,9 @@ pub fn cluster() -> &'static Cluster {
         perennial_tls::install_crypto_provider();
         let Some(path) = std::env::var_os("PERENNIAL_TEST_KUBECONFIG") else {
             panic!(
-                "PERENNIAL_TEST_KUBECONFIG is not set: the cluster suite needs a Kubernetes API server \
-                 (an admin kubeconfig). `../shared/k8s/up --state /tmp/perennial-k8s` starts one \
-                 (or use kind, k3s); then `PERENNIAL_TEST_KUBECONFIG=/tmp/perennial-k8s/kubeconfig`"
+                "PERENNIAL_TEST_KUBECONFIG is not set: the cluster suite needs a Kubernetes API server. \
+                 Run the tests with `scripts/test`, which finds or starts one (and installs what the \
+                 other tests need); or set PERENNIAL_TEST_KUBECONFIG to an admin kubeconfig"
             )
         };
         let kubeconfig = PathBuf::from(path);

@@ -1,8 +1,8 @@
 //! The cluster half against a real Kubernetes API server (`PERENNIAL_TEST_KUBECONFIG`): the
 //! CRDs and `deploy/operator` applied with kubectl, `perennial operator` run as its
 //! ServiceAccount, a linked `perennial edge`, whole rounds with the test playing the kubelet and
-//! the workers, leader failover, deletion. `.ci/run` starts `../shared/k8s/up` for it; README
-//! says how to run it against any cluster. Without a cluster the suite fails: it is never
+//! the workers, leader failover, deletion. `scripts/test` finds or starts an API server for it
+//! (the docs' Contributing page says how, and how to use any cluster). Without a cluster the suite fails: it is never
 //! skipped in silence.
 
 // The rcgen CA of the link tests (its test cloud is not used here).

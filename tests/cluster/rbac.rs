@@ -1,5 +1,5 @@
 //! The operator's RBAC is least privilege, proven on the real API server from its audit log
-//! (`.ci/run` starts kube-apiserver with tests/cluster/audit-policy.yaml and the
+//! (`scripts/test` starts kube-apiserver with tests/cluster/audit-policy.yaml and the
 //! OwnerReferencesPermissionEnforcement admission plugin). The operator runs as its
 //! ServiceAccount with the RBAC that deploy/ installs, through a whole round (a linked edge agent
 //! proving its node with its pod's token, a job naming its Secret, an event repeated, the job
@@ -35,11 +35,9 @@ fn audit_log(cluster: &Cluster) -> PathBuf {
         .unwrap_or_else(|| cluster.kubeconfig.with_file_name("audit.log"));
     assert!(
         path.is_file(),
-        "no audit log at {}: this test reads the API server's. Start it as .ci/run does: `../shared/k8s/up \
-         --state STATE ... --extra-apiserver-arg=--audit-policy-file=$PWD/tests/cluster/audit-policy.yaml \
-         --extra-apiserver-arg=--audit-log-path=STATE/audit.log \
-         --extra-apiserver-arg=--enable-admission-plugins=OwnerReferencesPermissionEnforcement`, or set \
-         PERENNIAL_TEST_AUDIT_LOG",
+        "no audit log at {}: this test reads the API server's. Run the tests with `scripts/test`, which starts the API server \
+         with tests/cluster/audit-policy.yaml, an audit log and the OwnerReferencesPermissionEnforcement \
+         admission plugin; with a cluster of your own, start it so and set PERENNIAL_TEST_AUDIT_LOG",
         path.display()
     );
     path
@@ -331,7 +329,7 @@ async fn owner_references_need_the_finalizers_grant(world: &World) {
     assert!(
         !output.status.success() && stderr.contains("blockOwnerDeletion"),
         "a pod owned with blockOwnerDeletion was created without update on the job's finalizers: the API server \
-         lacks --enable-admission-plugins=OwnerReferencesPermissionEnforcement (.ci/run sets it). {stderr}"
+         lacks --enable-admission-plugins=OwnerReferencesPermissionEnforcement (scripts/test sets it). {stderr}"
     );
 }
 

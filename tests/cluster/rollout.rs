@@ -193,7 +193,7 @@ async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_
     let sets: Api<ReplicaSet> = Api::namespaced(world.client.clone(), SYSTEM);
     until(
         "a ReplicaSet of deploy/operator: this test needs kube-controller-manager (`../shared/k8s/up \
-         --controller-manager`, as .ci/run starts it)",
+         --controller-manager`, as scripts/test starts it; or `scripts/kube-server` with it beside kube-apiserver)",
         Duration::from_secs(30),
         || async { (!sets.list(&ListParams::default().labels(SELECTOR)).await.ok()?.items.is_empty()).then_some(()) },
     )

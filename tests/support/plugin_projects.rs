@@ -1,7 +1,7 @@
 #![allow(dead_code)] // each test or bench uses part of it
 //! Policy projects as a plugin author makes them: `perennial plugin new` in a folder outside
 //! the repository, then each language's own tools, exactly as the project's README says.
-//! A missing tool fails with how to install it (`.ci/run` installs them all).
+//! A missing tool fails with how to install it (`scripts/test` installs them all).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +14,7 @@ pub fn run_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) -
         command.env(name, value);
     }
     let out = command.output().unwrap_or_else(|err| {
-        panic!("{program}: {err} (plugin authors' tools must be on PATH: see .ci/run for how it installs them)")
+        panic!("{program}: {err} (plugin authors' tools must be on PATH: run scripts/test, which installs them)")
     });
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{program} {args:?} in {} failed:\n{text}", dir.display());

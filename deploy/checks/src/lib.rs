@@ -46,7 +46,7 @@ pub fn kustomize(folder: &str) -> Option<String> {
         Err(err) if err.kind() == ErrorKind::NotFound => {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "kubectl is not installed, and CI is set: install it (.ci/run does) to check {folder}"
+                "kubectl is not installed, and CI is set: install it (scripts/test does) to check {folder}"
             );
             eprintln!("skipped: kubectl is not installed ({folder} is not checked)");
             return None;

@@ -12,7 +12,7 @@ mod status;
 mod tests;
 mod validate;
 
-pub use crd::crds_yaml;
+pub use crd::{crds, crds_yaml};
 pub use dataset::{Dataset, DatasetSpec, DatasetStatus};
 pub use job::{
     DEFAULT_EVAL_SET_SIZE, DatasetRef, DeploySpec, EvalSpec, LifelongLearningJob, LifelongLearningJobSpec, Timer,

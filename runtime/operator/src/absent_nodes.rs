@@ -64,7 +64,7 @@ pub async fn say_absent_nodes(book: Arc<NodeBook>, stores: Stores, events: Event
             };
             let note = format!(
                 "edge node {node} has not connected to this operator's link: the job waits for it. Install the \
-                 agent there (README: Install an edge node), or read its log (journalctl -u perennial-edge, or its \
+                 agent there (docs: Install an edge node), or read its log (journalctl -u perennial-edge, or its \
                  pod's), or fix the Dataset's nodeName if {node} is not the node meant"
             );
             events.publish(&job.object_ref(&()), true, "NodeNotConnected", "Link".into(), note);

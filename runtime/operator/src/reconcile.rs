@@ -549,7 +549,7 @@ async fn credential(
         // The cluster-wide install grants Secrets per namespace: say which grant is missing.
         kube::Error::Api(status) if status.code == 403 => Error::Credential(format!(
             "{key}: the operator may not read the Secret {namespace}/{name} (credentialName): bind the ClusterRole \
-             perennial-operator-credentials in {namespace} (README, \"On a cluster\"): {}",
+             perennial-operator-credentials in {namespace} (docs: \"Run on a cluster\"): {}",
             status.message
         )),
         err => kube_error("read_secret", key)(err),

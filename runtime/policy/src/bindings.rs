@@ -1,13 +1,13 @@
-//! Host bindings of the WIT contract (`guest-sdk/wit/policy.wit`), one module per world, sharing the
+//! Host bindings of the WIT contract (`wit/policy.wit`), one module per world, sharing the
 //! `types` and `host` interfaces.
 
 pub mod trigger_world {
-    wasmtime::component::bindgen!({ path: "../../guest-sdk/wit", world: "trigger-policy" });
+    wasmtime::component::bindgen!({ path: "../../wit", world: "trigger-policy" });
 }
 
 pub mod splitter_world {
     wasmtime::component::bindgen!({
-        path: "../../guest-sdk/wit",
+        path: "../../wit",
         world: "splitter-policy",
         with: {
             "perennial:policy/types": super::trigger_world::perennial::policy::types,
@@ -18,7 +18,7 @@ pub mod splitter_world {
 
 pub mod selector_world {
     wasmtime::component::bindgen!({
-        path: "../../guest-sdk/wit",
+        path: "../../wit",
         world: "selector-policy",
         with: {
             "perennial:policy/types": super::trigger_world::perennial::policy::types,

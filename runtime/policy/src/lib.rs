@@ -1,5 +1,5 @@
 //! The policy host: runs a job's decisions (trigger, splitter, selector) as sandboxed
-//! WebAssembly components behind the WIT contract in `guest-sdk/wit/policy.wit`.
+//! WebAssembly components behind the WIT contract in `wit/policy.wit`.
 //!
 //! - [`PolicyRef`]: which plugin, its digest, config, limits and error handling.
 //! - [`PolicyHost::load`]: fetch (through OpenDAL), verify the SHA-256, compile once per digest

@@ -350,12 +350,16 @@ fn s3_env(prefix: &str, credential: &Credential) -> Vec<EnvVar> {
             ..EnvVarSource::default()
         }),
     };
+    let [endpoint, access_key, secret_key] = S3_ENV;
     vec![
-        plain(&format!("{prefix}S3_ENDPOINT_URL"), &credential.endpoint_url),
-        from_secret("ACCESS_KEY_ID", "ACCESS_KEY_ID"),
-        from_secret("SECRET_ACCESS_KEY", "SECRET_ACCESS_KEY"),
+        plain(&format!("{prefix}{endpoint}"), &credential.endpoint_url),
+        from_secret(access_key, access_key),
+        from_secret(secret_key, secret_key),
     ]
 }
+
+/// The S3 env of a worker that reads S3 (Sedna's names; the keys by reference to the Secret).
+pub const S3_ENV: [&str; 3] = ["S3_ENDPOINT_URL", "ACCESS_KEY_ID", "SECRET_ACCESS_KEY"];
 
 /// Sedna's volume name for a host folder: RFC 1123, at most 63 characters, a trailing `-`
 /// made `z` (`/output/train/` → `output-trainz`).

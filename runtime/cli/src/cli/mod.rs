@@ -6,6 +6,8 @@ mod crd;
 mod decisions;
 #[cfg(feature = "embedded")]
 mod delete;
+#[cfg(all(test, feature = "cloud", feature = "embedded"))]
+mod docs;
 #[cfg(feature = "edge-precompiled")]
 mod edge;
 mod fetch;

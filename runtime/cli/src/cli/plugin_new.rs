@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::ValueEnum;
 
 /// The WIT contract every project vendors.
-const WIT: &str = include_str!("../../../../guest-sdk/wit/policy.wit");
+const WIT: &str = include_str!("../../../../wit/policy.wit");
 
 /// The Rust SDK, vendored as `vendor/perennial-guest` (its own manifest: no workspace).
 const RUST_SDK: &[(&str, &str)] = &[

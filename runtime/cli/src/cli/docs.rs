@@ -1,0 +1,297 @@
+//! The docs book's reference pages (`docs/src/reference/`), generated from the code: the CLI
+//! from clap, the CRD fields from the schema, the operator's metrics from its registry, the WIT
+//! contract, and the workers' env from what the control plane gives each stage. A test fails
+//! when a page drifts from the code; `PERENNIAL_UPDATE_DOCS=1` rewrites them.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+const UPDATE: &str = "PERENNIAL_UPDATE_DOCS";
+const GENERATED: &str = "<!-- Generated from the code by `PERENNIAL_UPDATE_DOCS=1 cargo test -p perennial --bin perennial docs`: do not edit. -->\n\n";
+
+fn reference_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/src/reference")
+}
+
+/// Each page's file name and text.
+fn pages() -> Vec<(&'static str, String)> {
+    vec![
+        ("cli.md", cli()),
+        ("crds.md", crds()),
+        ("metrics.md", metrics()),
+        ("wit.md", wit()),
+        ("worker-env.md", worker_env()),
+    ]
+}
+
+fn cli() -> String {
+    let options = clap_markdown::MarkdownOptions::new().title("The `perennial` command line".into()).show_footer(false);
+    let text = clap_markdown::help_markdown_custom::<super::Cli>(&options);
+    format!("{GENERATED}{text}")
+}
+
+/// Every field of each CRD's schema: its path, type, whether required, and its description.
+fn crds() -> String {
+    let mut text = format!(
+        "{GENERATED}# Custom resources\n\nThe fields of `sedna.io/v1alpha1` LifelongLearningJob and Dataset, as the CRDs \
+         (`deploy/crds/`, `perennial crd`) declare them. A required field is marked **required**.\n"
+    );
+    for crd in perennial_api::crds() {
+        let kind = &crd.spec.names.kind;
+        for version in &crd.spec.versions {
+            let Some(schema) = version.schema.as_ref().and_then(|s| s.open_api_v3_schema.as_ref()) else {
+                continue;
+            };
+            let schema = serde_json::to_value(schema).unwrap_or_default();
+            let _ = write!(text, "\n## {kind} (`{}/{}`)\n\n", crd.spec.group, version.name);
+            text.push_str("| field | type | description |\n|---|---|---|\n");
+            for section in ["spec", "status"] {
+                if let Some(part) = schema.pointer(&format!("/properties/{section}")) {
+                    let required = schema_required(&schema).contains(&section.to_owned());
+                    fields(&mut text, section, part, required);
+                }
+            }
+        }
+    }
+    text
+}
+
+fn schema_required(schema: &Value) -> Vec<String> {
+    schema["required"].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+}
+
+fn fields(text: &mut String, path: &str, schema: &Value, required: bool) {
+    let mut kind = schema["type"].as_str().unwrap_or("object").to_owned();
+    if let Some(values) = schema["enum"].as_array() {
+        let values: Vec<String> = values.iter().map(|v| format!("`{}`", v.as_str().unwrap_or_default())).collect();
+        kind = format!("{kind}: {}", values.join(", "));
+    }
+    if schema["x-kubernetes-preserve-unknown-fields"] == Value::Bool(true) {
+        kind.push_str(" (any fields)");
+    }
+    if schema["x-kubernetes-int-or-string"] == Value::Bool(true) {
+        kind = "integer or string".into();
+    }
+    let mut description = schema["description"].as_str().unwrap_or_default().replace('\n', " ").replace('|', "\\|");
+    if required {
+        description = format!("**required**. {description}");
+    }
+    let _ = writeln!(text, "| `{path}` | {kind} | {} |", description.trim());
+    let required_here = schema_required(schema);
+    if let Some(properties) = schema["properties"].as_object() {
+        for (name, child) in properties {
+            fields(text, &format!("{path}.{name}"), child, required_here.contains(name));
+        }
+    }
+    if schema["items"].is_object() {
+        fields(text, &format!("{path}[]"), &schema["items"], false);
+    }
+    if schema["additionalProperties"].is_object() {
+        fields(text, &format!("{path}.<name>"), &schema["additionalProperties"], false);
+    }
+}
+
+/// The operator's `/metrics`: each metric's name, type and help, from its registry.
+fn metrics() -> String {
+    let metrics = perennial_operator::metrics::Metrics::with_api(Default::default());
+    let mut text = format!(
+        "{GENERATED}# Metrics\n\n`perennial operator` serves Prometheus metrics on `/metrics` of its metrics address \
+         (`--metrics-addr`), beside `/healthz`, `/readyz` and `/leaderz`.\n\n| metric | type | what it counts |\n|---|---|---|\n"
+    );
+    let exposition = metrics.render();
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix("# HELP ") else { continue };
+        let Some((name, help)) = rest.split_once(' ') else { continue };
+        let kind =
+            exposition.lines().find_map(|l| l.strip_prefix(&format!("# TYPE {name} "))).unwrap_or("untyped").to_owned();
+        // Counters are exposed with the `_total` suffix.
+        let exposed = if kind == "counter" { format!("{name}_total") } else { name.to_owned() };
+        let _ = writeln!(text, "| `{exposed}` | {kind} | {} |", help.trim_end_matches('.'));
+    }
+    text
+}
+
+fn wit() -> String {
+    let contract = include_str!("../../../../wit/policy.wit");
+    format!(
+        "{GENERATED}# The policy contract (WIT)\n\nEvery policy is a WebAssembly component that exports one of these worlds. \
+         The file is `wit/policy.wit`; `perennial plugin new` vendors it into each project.\n\n```wit\n{contract}```\n"
+    )
+}
+
+/// What each variable means; the test checks both ways that these are the names the code gives.
+const ENV_MEANING: &[(&str, &str)] = &[
+    ("NAMESPACE", "the job's namespace"),
+    ("JOB_NAME", "the job's name"),
+    ("WORKER_NAME", "this worker's name: its reports are accepted only under it"),
+    (
+        "LC_SERVER",
+        "the edge agent's worker API, where the worker POSTs its report (`/sedna/workers/{WORKER_NAME}/info`)",
+    ),
+    ("KB_SERVER", "Sedna's knowledge-base server (`--kb-server`)"),
+    ("HAS_COMPLETED_INITIAL_TRAINING", "`true` from the second round on (a previous model exists)"),
+    ("CLOUD_KB_INDEX", "the previous round's model (train, from round 2)"),
+    ("OUTPUT_URL", "where the worker writes its output (the round's folder; for inference the job's outputDir)"),
+    ("TRAIN_DATASET_URL", "the round's train samples, written by the edge agent"),
+    ("TEST_DATASET_URL", "the round's eval samples, written by the edge agent"),
+    ("ORIGINAL_DATASET_URL", "the Dataset's index file (or the round's data index)"),
+    ("MODEL_URLS", "the models to evaluate (`;`-separated), or the deployed model for inference"),
+    ("DATA_PATH_PREFIX", "where host paths are mounted in a pod (`/home/data`); pods only, when a host path is used"),
+    ("S3_ENDPOINT_URL", "the S3 endpoint of the job's (else the Dataset's) credential; pods only, when S3 is read"),
+    ("ACCESS_KEY_ID", "from the credential's Secret (by reference, never a value); pods only, when S3 is read"),
+    ("SECRET_ACCESS_KEY", "from the credential's Secret (by reference, never a value); pods only, when S3 is read"),
+];
+
+/// The env each stage's worker gets, as `sedna_env` gives it for an example round 2.
+fn worker_env() -> String {
+    use perennial_api::{Input, Model, Stage};
+    use perennial_lifecycle::WorkerSpec;
+    let model = |url: &str| Model { url: url.into(), ..Model::default() };
+    let ctx = perennial_workers::WorkerContext {
+        namespace: "default",
+        job_name: "atcii",
+        worker_name: "atcii-train-x7k2p",
+        lc_server: "http://127.0.0.1:9100",
+        kb_server: "http://127.0.0.1:9020",
+        output_dir: "/output",
+        dataset_url: "/data/index.txt",
+    };
+    let stages = [
+        WorkerSpec {
+            stage: Stage::Train,
+            round: 2,
+            input: Input {
+                data_url: Some("/output/data/train/2/data.txt".into()),
+                output_dir: Some("/output/train/2".into()),
+                ..Input::default()
+            },
+            previous_model: Some(model("/output/train/1/model.pkl")),
+        },
+        WorkerSpec {
+            stage: Stage::Eval,
+            round: 2,
+            input: Input {
+                models: vec![model("/output/train/2/model.pkl")],
+                data_url: Some("/output/data/eval/2/data.txt".into()),
+                output_dir: Some("/output/eval/2".into()),
+                ..Input::default()
+            },
+            previous_model: None,
+        },
+        WorkerSpec { stage: Stage::Deploy, round: 2, input: Input::default(), previous_model: None },
+    ];
+    let mut text = format!(
+        "{GENERATED}# The workers' env\n\nSedna's names and values, so that Sedna's worker images run unchanged. Each \
+         stage's worker gets these after its template's own env (they win over a template entry of the same name). The \
+         values are an example: job `atcii`, outputDir `/output`, round 2, on a local run.\n"
+    );
+    for spec in &stages {
+        let stage = match spec.stage {
+            Stage::Train => "train",
+            Stage::Eval => "eval",
+            Stage::Deploy => "inference",
+        };
+        let _ = write!(text, "\n## The {stage} worker\n\n| variable | example | meaning |\n|---|---|---|\n");
+        for (name, value) in perennial_workers::sedna_env(spec, &ctx) {
+            let _ = writeln!(text, "| `{name}` | `{value}` | {} |", meaning(&name));
+        }
+    }
+    text.push_str("\n## In pods only\n\n| variable | meaning |\n|---|---|\n");
+    let pod_only = std::iter::once("DATA_PATH_PREFIX").chain(perennial_workers::pod::S3_ENV);
+    for name in pod_only {
+        let _ = writeln!(text, "| `{name}` | {} |", meaning(name));
+    }
+    text
+}
+
+fn meaning(name: &str) -> &'static str {
+    ENV_MEANING.iter().find(|(n, _)| *n == name).map(|(_, m)| *m).unwrap_or("")
+}
+
+#[test]
+fn every_worker_variable_is_explained_and_every_explained_one_is_given() {
+    let page = worker_env();
+    for (name, _) in ENV_MEANING {
+        assert!(page.contains(&format!("| `{name}` |")), "{name} is explained but no worker gets it");
+    }
+    assert!(!page.contains(" |  |\n"), "a variable the workers get has no meaning in ENV_MEANING:\n{page}");
+}
+
+#[test]
+fn docs_reference_is_up_to_date() {
+    let dir = reference_dir();
+    let update = std::env::var_os(UPDATE).is_some();
+    let mut stale = Vec::new();
+    for (file, text) in pages() {
+        let path = dir.join(file);
+        if update {
+            std::fs::write(&path, &text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(checked_in) if checked_in == text => {}
+            Ok(_) => stale.push(format!("{file} differs from what the code generates")),
+            Err(err) => stale.push(format!("{file}: {err}")),
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "docs/src/reference is stale: {}; run `{UPDATE}=1 cargo test -p perennial --bin perennial docs` and commit it",
+        stale.join("; ")
+    );
+}
+
+#[test]
+fn the_cli_page_has_every_visible_subcommand() {
+    let page = cli();
+    for command in ["run", "status", "edge", "operator", "plugin new", "plugin compile", "decisions"] {
+        assert!(page.contains(&format!("## `perennial {command}`")), "no section for `perennial {command}`");
+    }
+    assert!(!page.contains("perennial reap"), "a hidden command is documented");
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every relative link of the README and the book's pages names a file that exists.
+#[test]
+fn docs_links_resolve() {
+    let mut pages = vec![repo().join("README.md")];
+    let mut folders = vec![repo().join("docs/src")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap_or_else(|e| panic!("{}: {e}", folder.display())).flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        // `[text](target)`: what follows each `](` up to its `)`.
+        let targets = text.split("](").skip(1).filter_map(|rest| rest.split_once(')').map(|(t, _)| t.to_owned()));
+        for target in targets.filter(|t| !t.contains(char::is_whitespace)) {
+            let file = target.split('#').next().unwrap_or_default();
+            if file.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let resolved = page.parent().map(|dir| dir.join(file)).unwrap_or_default();
+            if !resolved.exists() {
+                broken.push(format!("{}: {target}", page.strip_prefix(repo()).unwrap_or(page).display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
+}
+
+/// The README stays a front page: what Perennial is, the two commands, links into the book.
+#[test]
+fn the_readme_is_short() {
+    let size = std::fs::metadata(repo().join("README.md")).map(|m| m.len()).unwrap_or(u64::MAX);
+    assert!(size <= 12 * 1024, "README.md is {size} bytes: keep it under 12 KB, and move the rest into docs/");
+}
