@@ -1,4 +1,4 @@
-//! The README's cluster walk-through, run as written: each `sh` block marked
+//! The cluster guide's walk-through (`docs/src/guides/cluster.md`), run as written: each `sh` block marked
 //! `<!-- walkthrough: cluster -->`, in order, with bash, in a folder of its own holding a copy of
 //! `deploy/`, as the cluster's admin. The test plays what a cluster has and this machine lacks:
 //! the kubelet — it runs each pod of `deploy/operator` as `perennial operator` and each pod of
@@ -26,21 +26,24 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::harness::{Cluster, Process, cluster, free_port, repo, until};
 use crate::stack;
 
-/// The README's names: the edge node, the job, the operator's and the agents' namespaces.
+/// The walk-through's names: the edge node, the job, the operator's and the agents' namespaces.
 const EDGE_NODE: &str = "edge-1";
 const JOB: &str = "thermal";
 const SYSTEM: &str = "perennial-system";
 const EDGE: &str = "perennial-edge";
 /// The node the test's kubelet runs the operator's pods on.
 const CLOUD_NODE: &str = "walkthrough-cloud-1";
-/// The marker of the walk-through's blocks in README.md.
+/// The marker of the walk-through's blocks in the cluster guide.
 const MARKER: &str = "<!-- walkthrough: cluster -->";
 
-/// The `sh` blocks of README.md that follow [`MARKER`], in order.
+/// The cluster guide's walk-through.
+const GUIDE: &str = "docs/src/guides/cluster.md";
+
+/// The `sh` blocks of the cluster guide that follow [`MARKER`], in order.
 fn walkthrough_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let guide = std::fs::read_to_string(repo().join(GUIDE)).expect(GUIDE);
     let mut blocks = Vec::new();
-    let mut lines = readme.lines();
+    let mut lines = guide.lines();
     while let Some(line) = lines.next() {
         if line.trim() != MARKER {
             continue;
@@ -439,9 +442,9 @@ async fn bound_token(machine: &Machine, pod: &Pod, audience: Option<&str>, expir
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_cluster_walkthrough_runs_as_written() {
+async fn the_cluster_guides_walkthrough_runs_as_written() {
     let blocks = walkthrough_blocks();
-    assert_eq!(blocks.len(), 4, "README.md's walk-through: install, edge node, job, follow it");
+    assert_eq!(blocks.len(), 4, "{GUIDE}'s walk-through: install, edge node, job, follow it");
     let cluster = cluster();
     cluster.install();
     // deploy/operator's pods and Lease are the rollout test's too.
@@ -521,7 +524,7 @@ async fn the_readmes_cluster_walkthrough_runs_as_written() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Followed as the README says.
+    // Followed as the guide says.
     let followed =
         until("the round's events in the walk-through's `kubectl describe`", Duration::from_secs(30), || {
             let reader = &reader;
