@@ -12,7 +12,7 @@ ARG TARGETARCH
 # The built-in policies are WebAssembly components that runtime/policy/build.rs compiles and embeds.
 RUN rustup target add wasm32-wasip2
 # The image's platform as a Rust target, and Debian's cross gcc for it, which links it and builds
-# the C inside (SQLite, ring): .cargo/config.toml names the linkers (README, "ARM nodes").
+# the C inside (SQLite, ring): .cargo/config.toml names the linkers (docs/src/guides/edge-node.md, "ARM nodes").
 RUN case "$TARGETARCH" in \
         amd64) echo x86_64-unknown-linux-gnu > /rust-target ;; \
         arm64) echo aarch64-unknown-linux-gnu > /rust-target \

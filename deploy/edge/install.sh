@@ -95,7 +95,7 @@ fi
 built_for="$(elf_machine "$binary")"
 [ -n "$built_for" ] || fail "--binary $binary is not an ELF executable (a Linux build of perennial)"
 [ "$built_for" = "$arch" ] || fail "--binary $binary is built for $built_for, this node is $machine\
-${build:+: install perennial-$build, its build (README, \"ARM nodes\"), or give --binary a folder of builds}"
+${build:+: install perennial-$build, its build (docs/src/guides/edge-node.md, \"ARM nodes\"), or give --binary a folder of builds}"
 case "$cloud_url" in
     *[[:space:]\"\'\\]*) fail "--cloud-url must not hold spaces, quotes or backslashes" ;;
     wss://?*) ;;
@@ -122,15 +122,25 @@ install -m 0755 "$binary" "$prefix/usr/local/bin/perennial"
 install -m 0600 "$token_file" "$prefix/etc/perennial/token"
 install -m 0644 "$ca_file" "$prefix/etc/perennial/ca.pem"
 umask 077
-cat > "$prefix/etc/perennial/edge.env" <<ENV
+# A second run (an upgrade) rewrites the settings it owns and keeps every other line the
+# operator added (a trust key, S3 keys, a RUST_LOG of their own).
+env_file="$prefix/etc/perennial/edge.env"
+owned='^(PERENNIAL_CLOUD_URL|PERENNIAL_TOKEN_FILE|PERENNIAL_CA_FILE|PERENNIAL_STATE_DIR|NODENAME|BIND_PORT)='
+kept=""
+[ -f "$env_file" ] && kept="$(grep -Ev "$owned" "$env_file" || true)"
+{
+    cat <<ENV
 PERENNIAL_CLOUD_URL=$cloud_url
 PERENNIAL_TOKEN_FILE=/etc/perennial/token
 PERENNIAL_CA_FILE=/etc/perennial/ca.pem
 PERENNIAL_STATE_DIR=/var/lib/perennial
 NODENAME=$node_name
 BIND_PORT=$bind_port
-RUST_LOG=info
 ENV
+    if [ -n "$kept" ]; then printf '%s\n' "$kept"; fi
+    if ! printf '%s\n' "$kept" | grep -q '^RUST_LOG='; then echo "RUST_LOG=info"; fi
+} >"$env_file.new"
+mv -f "$env_file.new" "$env_file"
 install -m 0644 "$unit" "$prefix/etc/systemd/system/perennial-edge.service"
 if [ -z "$prefix" ]; then
     systemctl daemon-reload

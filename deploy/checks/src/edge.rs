@@ -524,13 +524,25 @@ fn install_writes_the_env_token_unit_and_binary() {
     assert!(same_file(&node.at(BINARY), Path::new(&node.input("perennial"))), "the binary is installed");
     assert_eq!(mode(&node.at(BINARY)) & 0o111, 0o111, "the binary is executable");
 
-    // Run again, an upgrade: the new settings replace the old.
+    // The operator adds settings of their own (a trust key, a log level) ...
+    let env_path = node.at(ENV_FILE);
+    let mut text = std::fs::read_to_string(&env_path).expect("edge.env").replace("RUST_LOG=info", "RUST_LOG=debug");
+    text.push_str("PERENNIAL_TRUST_KEY=/etc/perennial/trust/trust.pub\n");
+    std::fs::write(&env_path, text).expect("edge.env");
+    // ... then runs it again, an upgrade: the new settings replace the old, theirs stay.
     let mut options = node.options();
     let name = options.iter().position(|o| o == "--node-name").expect("--node-name") + 1;
     options[name] = "n2".to_owned();
     let output = node.install(&options);
     assert!(output.status.success(), "a second install.sh: {}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(env_file(node.root.path()).get("NODENAME").map(String::as_str), Some("n2"));
+    let env = env_file(node.root.path());
+    assert_eq!(env.get("NODENAME").map(String::as_str), Some("n2"));
+    assert_eq!(env.get("PERENNIAL_TRUST_KEY").map(String::as_str), Some("/etc/perennial/trust/trust.pub"));
+    assert_eq!(env.get("RUST_LOG").map(String::as_str), Some("debug"), "the operator's log level is kept");
+    let text = std::fs::read_to_string(&env_path).expect("edge.env");
+    for key in ["NODENAME=", "RUST_LOG=", "PERENNIAL_CLOUD_URL="] {
+        assert_eq!(text.lines().filter(|l| l.starts_with(key)).count(), 1, "{key} once in edge.env:\n{text}");
+    }
 }
 
 #[test]
