@@ -14,6 +14,15 @@ class PolicyTest(unittest.TestCase):
         self.assertEqual(policy.select(deployed, candidates).deploy, 1)
         self.assertIsNone(policy.select(deployed, candidates[:1]).deploy)
 
+    def test_never_picks_a_nan_or_infinite_or_missing_metric(self):
+        policy = Policy("{}")
+        nan, inf = float("nan"), float("inf")
+        candidates = [Model("m1", metrics={"accuracy": nan}), Model("m2", metrics={"accuracy": 0.95}),
+                      Model("m3", metrics={}), Model("m4", metrics={"accuracy": inf})]
+        self.assertEqual(policy.select(None, candidates).deploy, 1)
+        self.assertIsNone(policy.select(Model("m0", metrics={"accuracy": 0.5}), candidates[:1]).deploy)
+        self.assertEqual(policy.select(Model("m0", metrics={"accuracy": nan}), candidates[1:2]).deploy, 0)
+
     def test_a_bad_config_names_the_field(self):
         with self.assertRaisesRegex(ConfigError, "^minDelta: "):
             Policy('{"minDelta": -1}')

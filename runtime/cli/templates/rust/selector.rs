@@ -1,6 +1,6 @@
 //! The policy: which evaluated model to deploy. Deploy the candidate with the highest `metric`
-//! when it beats the deployed model by at least `minDelta` (a model without the metric is never
-//! chosen).
+//! when it beats the deployed model by at least `minDelta` (a model without the metric, or with a
+//! value that is not a number, NaN or infinite, is never chosen).
 
 use perennial_guest::{Choice, Model, Selector};
 use serde::Deserialize;
@@ -37,12 +37,13 @@ impl Selector for Policy {
         let best = candidates
             .iter()
             .enumerate()
-            .filter_map(|(i, model)| Some((i, model.metrics.get(&self.metric)?)))
+            .filter_map(|(i, model)| Some((i, model.metrics.get(&self.metric).filter(|v| v.is_finite())?)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let Some((index, score)) = best else {
-            return Choice::keep(format!("no candidate has {}", self.metric));
+            return Choice::keep(format!("no candidate has a finite {}", self.metric));
         };
-        match deployed.and_then(|model| model.metrics.get(&self.metric)) {
+        // A deployed model without a finite value is beaten by any candidate that has one.
+        match deployed.and_then(|model| model.metrics.get(&self.metric)).filter(|v| v.is_finite()) {
             Some(current) if score < current + self.min_delta => Choice::keep(format!(
                 "best {} {score:.4} does not beat the deployed {current:.4} by {}",
                 self.metric, self.min_delta
@@ -70,6 +71,16 @@ mod tests {
         let candidates = [model("m1", 0.905), model("m2", 0.95)];
         assert_eq!(policy.select(Some(&deployed), &candidates).deploy, Some(1));
         assert_eq!(policy.select(Some(&deployed), &candidates[..1]).deploy, None);
+    }
+
+    #[test]
+    fn never_picks_a_nan_or_infinite_or_missing_metric() {
+        let mut policy = Policy::configure("{}").unwrap();
+        let missing = Model { url: "m3".into(), format: "pkl".into(), metrics: Metrics::default() };
+        let candidates = [model("m1", f64::NAN), model("m2", 0.95), missing, model("m4", f64::INFINITY)];
+        assert_eq!(policy.select(None, &candidates).deploy, Some(1));
+        assert_eq!(policy.select(Some(&model("m0", 0.5)), &candidates[..1]).deploy, None, "NaN alone: keep");
+        assert_eq!(policy.select(Some(&model("m0", f64::NAN)), &candidates[1..2]).deploy, Some(0));
     }
 
     #[test]
