@@ -427,8 +427,8 @@ mod tests {
                 r#"{"condition": {"operator": ">", "threshold": 1, "metric": "accuracy"}}"#,
                 "condition.metric: unknown metric \"accuracy\"",
             ),
-            (r#"{"condition": {"operator": ">", "metric": "num_of_samples"}}"#, "condition: missing field `threshold`"),
-            (r#"{"condition": {"operator": ">", "threshold": "x"}}"#, "condition.threshold: invalid type"),
+            (r#"{"condition": {"operator": ">", "metric": "num_of_samples"}}"#, "condition.threshold: missing"),
+            (r#"{"condition": {"operator": ">", "threshold": "x"}}"#, "condition.threshold: expected a number"),
             (
                 r#"{"timer": {"start": "2:00", "end": "24:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
                 "timer.start: \"2:00\" is not a time",
@@ -453,16 +453,13 @@ mod tests {
                 r#"{"timer": {"start": "02:00", "end": "02:60"}, "condition": {"operator": ">", "threshold": 1}}"#,
                 "timer.end: \"02:60\"",
             ),
-            (
-                r#"{"timer": {"start": "02:00"}, "condition": {"operator": ">", "threshold": 1}}"#,
-                "timer: missing field `end`",
-            ),
+            (r#"{"timer": {"start": "02:00"}, "condition": {"operator": ">", "threshold": 1}}"#, "timer.end: missing"),
             (
                 r#"{"checkPeriodSeconds": -5, "condition": {"operator": ">", "threshold": 1}}"#,
                 "checkPeriodSeconds: invalid value",
             ),
-            (r#"{"condition": {"operator": ">", "threshold": 1}, "extra": 1}"#, "unknown field `extra`"),
-            (r#"{}"#, "missing field `condition`"),
+            (r#"{"condition": {"operator": ">", "threshold": 1}, "extra": 1}"#, "extra: unknown field"),
+            (r#"{}"#, "condition: missing"),
             (r#"not json"#, "config: expected ident"),
         ];
         for (config, expected) in cases {

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use perennial_edge::replay;
 use perennial_policy::{
-    self as policy, Kind, Limits, ModelInfo, PolicyEvents, PolicyHost, PolicyRef, SampleBatch, SelectorKind,
+    self as policy, Kind, Level, Limits, ModelInfo, PolicyEvents, PolicyHost, PolicyRef, SampleBatch, SelectorKind,
     SplitterKind, TracingEvents, TriggerKind, TriggerStats, ValidRef,
 };
 use perennial_storage::S3Credentials;
@@ -224,8 +224,37 @@ impl PluginArgs {
     }
 }
 
-fn events() -> Arc<dyn PolicyEvents> {
-    Arc::new(TracingEvents { job: "plugin-cli".into() })
+/// Where a loaded policy's log lines go.
+#[derive(Clone, Copy)]
+enum PolicyLog {
+    /// On stderr, every level (debug too), apart from the host's own lines: what `plugin call`
+    /// and `check` show the policy's author.
+    Shown,
+    /// Into the host's log (`RUST_LOG`): `plugin bench` calls a policy thousands of times.
+    Quiet,
+}
+
+/// A policy's lines as its author reads them: `policy debug: …`.
+struct ShownEvents;
+
+impl PolicyEvents for ShownEvents {
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Trace => "trace",
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Error => "error",
+        };
+        eprintln!("policy {level}: {message}");
+    }
+}
+
+fn events(log: PolicyLog) -> Arc<dyn PolicyEvents> {
+    match log {
+        PolicyLog::Shown => Arc::new(ShownEvents),
+        PolicyLog::Quiet => Arc::new(TracingEvents { job: "plugin-cli".into() }),
+    }
 }
 
 pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
@@ -345,15 +374,20 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
 /// Loads (instantiates and configures) a plugin as the kind its world names, then drops it.
 fn load_as(world: &str, host: &PolicyHost, valid: &ValidRef, bytes: &[u8]) -> anyhow::Result<()> {
     match world {
-        "trigger-policy" => drop(load::<TriggerKind>(host, valid, bytes)?),
-        "splitter-policy" => drop(load::<SplitterKind>(host, valid, bytes)?),
-        _ => drop(load::<SelectorKind>(host, valid, bytes)?),
+        "trigger-policy" => drop(load::<TriggerKind>(host, valid, bytes, PolicyLog::Shown)?),
+        "splitter-policy" => drop(load::<SplitterKind>(host, valid, bytes, PolicyLog::Shown)?),
+        _ => drop(load::<SelectorKind>(host, valid, bytes, PolicyLog::Shown)?),
     }
     Ok(())
 }
 
-fn load<K: Kind>(host: &PolicyHost, valid: &ValidRef, bytes: &[u8]) -> anyhow::Result<policy::Policy<K>> {
-    Ok(host.load_bytes::<K>(valid, bytes, events())?)
+fn load<K: Kind>(
+    host: &PolicyHost,
+    valid: &ValidRef,
+    bytes: &[u8],
+    log: PolicyLog,
+) -> anyhow::Result<policy::Policy<K>> {
+    Ok(host.load_bytes::<K>(valid, bytes, events(log))?)
 }
 
 async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
@@ -369,7 +403,7 @@ async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
 fn answer(host: &PolicyHost, valid: &ValidRef, bytes: &[u8], input: CallInput) -> anyhow::Result<serde_json::Value> {
     Ok(if let Some(stats) = input.trigger {
         let stats: TriggerStats = serde_json::from_str(&stats).context("--trigger")?;
-        let policy = load::<TriggerKind>(host, valid, bytes)?;
+        let policy = load::<TriggerKind>(host, valid, bytes, PolicyLog::Shown)?;
         serde_json::to_value(policy.decide(&stats)?)?
     } else if let Some(file) = input.split {
         let text = if file.as_os_str() == "-" {
@@ -378,13 +412,13 @@ fn answer(host: &PolicyHost, valid: &ValidRef, bytes: &[u8], input: CallInput) -
             std::fs::read_to_string(&file).with_context(|| format!("--split: {}", file.display()))?
         };
         let lines: Vec<&str> = text.lines().collect();
-        let policy = load::<SplitterKind>(host, valid, bytes)?;
+        let policy = load::<SplitterKind>(host, valid, bytes, PolicyLog::Shown)?;
         let assignments = policy.split(SampleBatch::from_lines(0, &lines)?)?;
         let (train, eval, skip) = assignments.counts();
         serde_json::json!({"assignments": assignments.to_vec(), "train": train, "eval": eval, "skip": skip})
     } else if let Some(json) = input.select {
         let select: SelectInput = serde_json::from_str(&json).context("--select")?;
-        let policy = load::<SelectorKind>(host, valid, bytes)?;
+        let policy = load::<SelectorKind>(host, valid, bytes, PolicyLog::Shown)?;
         serde_json::to_value(policy.select(select.deployed.as_ref(), &select.candidates)?)?
     } else {
         bail!("give one of --trigger, --split or --select");
@@ -452,12 +486,12 @@ fn bench_calls(
 
     let times = match world {
         "trigger-policy" => {
-            let policy = load::<TriggerKind>(&cached_host, valid, bytes)?;
+            let policy = load::<TriggerKind>(&cached_host, valid, bytes, PolicyLog::Quiet)?;
             let stats = TriggerStats { pending_train: 501, ..TriggerStats::default() };
             time_calls(iterations, || policy.decide(&stats).map(drop))?
         }
         "splitter-policy" => {
-            let policy = load::<SplitterKind>(&cached_host, valid, bytes)?;
+            let policy = load::<SplitterKind>(&cached_host, valid, bytes, PolicyLog::Quiet)?;
             let lines: Vec<String> = (0..batch).map(|i| format!("images/{i:08}.jpg,{:>43}", i % 10)).collect();
             let template = SampleBatch::from_lines(0, &lines)?;
             let times = time_calls(iterations.min(500), || policy.split(template.clone()).map(drop))?;
@@ -466,7 +500,7 @@ fn bench_calls(
             times
         }
         _ => {
-            let policy = load::<SelectorKind>(&cached_host, valid, bytes)?;
+            let policy = load::<SelectorKind>(&cached_host, valid, bytes, PolicyLog::Quiet)?;
             let model = |accuracy: f64| ModelInfo {
                 url: "/output/eval/1/index.pkl".into(),
                 format: "pkl".into(),
@@ -554,17 +588,17 @@ async fn replay(args: &PluginArgs, replay: Replay) -> anyhow::Result<()> {
         let keep = replay.show;
         Ok(match kind {
             decisions::Kind::Trigger => {
-                let policy = load::<TriggerKind>(&host, &valid, &bytes)?;
+                let policy = load::<TriggerKind>(&host, &valid, &bytes, PolicyLog::Quiet)?;
                 replay::triggers(&records, keep, &mut |stats| policy.decide(stats).map_err(|err| err.to_string()))
             }
             decisions::Kind::Selector => {
-                let policy = load::<SelectorKind>(&host, &valid, &bytes)?;
+                let policy = load::<SelectorKind>(&host, &valid, &bytes, PolicyLog::Quiet)?;
                 replay::selections(&records, keep, &mut |input| {
                     policy.select(input.deployed.as_ref(), &input.candidates).map_err(|err| err.to_string())
                 })
             }
             decisions::Kind::Splitter => {
-                let policy = load::<SplitterKind>(&host, &valid, &bytes)?;
+                let policy = load::<SplitterKind>(&host, &valid, &bytes, PolicyLog::Quiet)?;
                 let Some(spec) = spec else { bail!("job {job}: its spec is not in the state dir") };
                 let csv = spec.dataset_format.eq_ignore_ascii_case("csv");
                 let mut index: Box<dyn perennial_edge::IndexFile> = if spec.dataset_url.starts_with("s3://") {

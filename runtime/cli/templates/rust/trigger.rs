@@ -29,7 +29,7 @@ pub struct Policy {
 
 impl Trigger for Policy {
     fn configure(config: &str) -> Result<Self, String> {
-        // Errors name the field: "samples: invalid type: string \"x\", expected u64".
+        // Errors name the field: "samples: expected an integer, got \"x\"".
         let config: Config = perennial_guest::parse_config(config)?;
         if config.samples == 0 {
             return Err("samples: must be at least 1".into());
@@ -78,6 +78,6 @@ mod tests {
     #[test]
     fn a_bad_config_names_the_field() {
         assert!(Policy::configure(r#"{"samples": 0}"#).err().unwrap().starts_with("samples: "));
-        assert!(Policy::configure(r#"{"sample": 3}"#).err().unwrap().contains("unknown field `sample`"));
+        assert!(Policy::configure(r#"{"sample": 3}"#).err().unwrap().contains("sample: unknown field"));
     }
 }

@@ -244,5 +244,5 @@ fn defaults_and_refusals_agree_with_a_manifest() {
     assert!(!plugin.trains(&no_metric, &stats(2, 0, 0)));
     // No condition: refused (Sedna trains on the timer alone, even with no sample).
     let timer_only = plugin.configure(&json!({"timer": {"start": "00:00", "end": "24:00"}})).err().unwrap();
-    assert!(timer_only.contains("missing field `condition`"), "{timer_only}");
+    assert!(timer_only.contains("condition: missing"), "{timer_only}");
 }
