@@ -133,12 +133,13 @@ fn without_installer_labels(value: &mut Value) {
     }
 }
 
-/// Where `a` and `b` differ, by JSON pointer.
+/// Where `a` and `b` differ, by JSON pointer (a field one lacks: null).
 fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    const ABSENT: &Value = &Value::Null;
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             for key in x.keys().chain(y.keys().filter(|key| !x.contains_key(*key))) {
-                let (left, right) = (x.get(key).unwrap_or(&Value::Null), y.get(key).unwrap_or(&Value::Null));
+                let (left, right) = (x.get(key).unwrap_or(ABSENT), y.get(key).unwrap_or(ABSENT));
                 differences(left, right, &format!("{path}/{key}"), out);
             }
         }
