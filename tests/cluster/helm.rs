@@ -265,7 +265,7 @@ fn the_signing_key_value_is_deploy_operators_commented_option() {
     }
     let file = copy.path().join("deploy/operator/base/deployment.yaml");
     let text = std::fs::read_to_string(&file).expect("deployment.yaml");
-    std::fs::write(&file, uncommented(&text)).expect("write");
+    std::fs::write(file, uncommented(&text)).expect("write");
     let folder = copy.path().join("deploy/operator");
     let mut kustomized = kustomize(cluster, &folder.display().to_string(), &["Namespace", "CustomResourceDefinition"]);
     let mut expected = deployment(&kustomized).clone();
@@ -308,7 +308,7 @@ fn copy_dir(from: &Path, to: &Path) {
         if entry.path().is_dir() {
             copy_dir(&entry.path(), &target);
         } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
+            std::fs::copy(entry.path(), target).expect("copy");
         }
     }
 }
