@@ -23,6 +23,7 @@ mod artifacts;
 mod failover;
 mod flood;
 mod harness;
+mod helm;
 mod identity;
 mod install;
 mod rbac;

@@ -25,14 +25,28 @@ const SELECTOR: &str = "app.kubernetes.io/name=perennial-operator";
 const NODE: &str = "perennial-test-operator-node";
 
 /// One pod's `perennial operator`, as the kubelet runs it.
-struct Container {
-    process: Process,
-    metrics_port: u16,
-    link_port: u16,
-    ip: String,
+pub struct Container {
+    pub process: Process,
+    pub metrics_port: u16,
+    pub link_port: u16,
+    pub ip: String,
 }
 
-async fn ready(metrics_port: u16) -> bool {
+/// The operator's pods the test kubelet runs: those `selector` selects in `namespace`.
+#[derive(Clone)]
+pub struct OperatorPods {
+    pub namespace: String,
+    pub selector: String,
+}
+
+impl OperatorPods {
+    /// deploy/operator's, in perennial-system.
+    fn deploy_operator() -> OperatorPods {
+        OperatorPods { namespace: SYSTEM.to_owned(), selector: SELECTOR.to_owned() }
+    }
+}
+
+pub async fn ready(metrics_port: u16) -> bool {
     let url = format!("http://127.0.0.1:{metrics_port}/readyz");
     matches!(
         reqwest::Client::new().get(url).timeout(Duration::from_secs(1)).send().await,
@@ -40,9 +54,10 @@ async fn ready(metrics_port: u16) -> bool {
     )
 }
 
-/// The kubelet of the operator's pods in `perennial-system`, until `stop`.
-async fn kubelet(world: Arc<World>, stop: Arc<AtomicBool>) -> HashMap<String, Container> {
-    let pods: Api<Pod> = Api::namespaced(world.client.clone(), SYSTEM);
+/// The kubelet of the operator's pods `of`, until `stop`; each runs as the ServiceAccount of
+/// `world.operator_kubeconfig`. Returns the containers still running.
+pub async fn kubelet(world: Arc<World>, of: OperatorPods, stop: Arc<AtomicBool>) -> HashMap<String, Container> {
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &of.namespace);
     let nodes: Api<Node> = Api::all(world.client.clone());
     let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}});
     let _ = nodes.create(&PostParams::default(), &serde_json::from_value(node).expect("a node")).await;
@@ -57,7 +72,7 @@ async fn kubelet(world: Arc<World>, stop: Arc<AtomicBool>) -> HashMap<String, Co
             "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat,
         }]}});
         let _ = nodes.patch_status(NODE, &PatchParams::default(), &Patch::Strategic(&status)).await;
-        let Ok(listed) = pods.list(&ListParams::default().labels(SELECTOR)).await else {
+        let Ok(listed) = pods.list(&ListParams::default().labels(&of.selector)).await else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
@@ -82,7 +97,7 @@ async fn kubelet(world: Arc<World>, stop: Arc<AtomicBool>) -> HashMap<String, Co
             }
             let container = running.entry(name.clone()).or_insert_with(|| {
                 next_ip += 1;
-                start(&world, &pod, &name, format!("10.99.0.{next_ip}"))
+                start(&world, &pod, (&of.namespace, &name), format!("10.99.0.{next_ip}"))
             });
             let is_ready = ready(container.metrics_port).await;
             let status = json!({"status": {
@@ -107,7 +122,7 @@ async fn kubelet(world: Arc<World>, stop: Arc<AtomicBool>) -> HashMap<String, Co
 
 /// `perennial operator` with the pod's env (its downward API filled in), on free loopback
 /// ports, as the operator's ServiceAccount, watching only this test's namespace.
-fn start(world: &World, pod: &Pod, name: &str, ip: String) -> Container {
+fn start(world: &World, pod: &Pod, (namespace, name): (&str, &str), ip: String) -> Container {
     let spec = pod.spec.as_ref().expect("a pod spec");
     let container = spec.containers.first().expect("the operator's container");
     assert_eq!(container.command.as_deref(), Some(&["perennial".to_owned(), "operator".to_owned()][..]));
@@ -116,7 +131,7 @@ fn start(world: &World, pod: &Pod, name: &str, ip: String) -> Container {
         let value = match (&var.value, var.value_from.as_ref().and_then(|from| from.field_ref.as_ref())) {
             (Some(value), _) => value.clone(),
             (None, Some(field)) if field.field_path == "metadata.name" => name.to_owned(),
-            (None, Some(field)) if field.field_path == "metadata.namespace" => SYSTEM.to_owned(),
+            (None, Some(field)) if field.field_path == "metadata.namespace" => namespace.to_owned(),
             _ => panic!("env {} of the operator's container: nothing the test kubelet can fill in", var.name),
         };
         env.push((var.name.clone(), value));
@@ -143,12 +158,13 @@ fn start(world: &World, pod: &Pod, name: &str, ip: String) -> Container {
     Container { process, metrics_port, link_port, ip }
 }
 
-fn rollout_status(world: &World) {
+/// `kubectl rollout status` of Deployment `namespace/name` returns, with every kubectl.
+pub fn rollout_status(world: &World, namespace: &str, name: &str) {
+    let deployment = format!("deployment/{name}");
     for kubectl in world.cluster.kubectls() {
-        let output = world.cluster.kubectl_with(
-            &kubectl,
-            &["rollout", "status", "deployment/perennial-operator", "-n", SYSTEM, "--timeout=120s"],
-        );
+        let output = world
+            .cluster
+            .kubectl_with(&kubectl, &["rollout", "status", &deployment, "-n", namespace, "--timeout=120s"]);
         assert!(
             output.status.success(),
             "{kubectl} rollout status did not complete: {}{}",
@@ -158,18 +174,19 @@ fn rollout_status(world: &World) {
     }
 }
 
-/// The leader's pod: the Lease's holder, the only pod labelled `perennial.io/role=leader`, and
-/// the only address of the link Service's Endpoints.
-async fn leader_behind_the_service(world: &World) -> String {
-    let pods: Api<Pod> = Api::namespaced(world.client.clone(), SYSTEM);
-    let leases: Api<Lease> = Api::namespaced(world.client.clone(), SYSTEM);
-    let endpoints: Api<Endpoints> = Api::namespaced(world.client.clone(), SYSTEM);
+/// The leader's pod in `namespace`: the holder of the Lease (the operator's default,
+/// `perennial-operator`), the only pod labelled `perennial.io/role=leader`, and the only address
+/// of the Endpoints of the link's Service `service`.
+pub async fn leader_behind_the_service(world: &World, namespace: &str, service: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), namespace);
+    let leases: Api<Lease> = Api::namespaced(world.client.clone(), namespace);
+    let endpoints: Api<Endpoints> = Api::namespaced(world.client.clone(), namespace);
     until("one leader, labelled, alone behind the Service", Duration::from_secs(60), || async {
         let holder = leases.get("perennial-operator").await.ok()?.spec?.holder_identity?;
         let labelled = pods.list_metadata(&ListParams::default().labels("perennial.io/role=leader")).await.ok()?;
         let labelled: Vec<String> = labelled.items.into_iter().filter_map(|pod| pod.metadata.name).collect();
         let addresses: Vec<String> = endpoints
-            .get("perennial-operator")
+            .get(service)
             .await
             .ok()?
             .subsets
@@ -199,15 +216,15 @@ async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_
     )
     .await;
     let stop = Arc::new(AtomicBool::new(false));
-    let kubelet = tokio::spawn(kubelet(world.clone(), stop.clone()));
+    let kubelet = tokio::spawn(kubelet(world.clone(), OperatorPods::deploy_operator(), stop.clone()));
 
-    rollout_status(&world);
-    let first = leader_behind_the_service(&world).await;
+    rollout_status(&world, SYSTEM, "perennial-operator");
+    let first = leader_behind_the_service(&world, SYSTEM, "perennial-operator").await;
 
     let restarted = world.cluster.kubectl_ok(&["rollout", "restart", "deployment/perennial-operator", "-n", SYSTEM]);
     assert!(restarted.contains("restarted"), "{restarted}");
-    rollout_status(&world);
-    let second = leader_behind_the_service(&world).await;
+    rollout_status(&world, SYSTEM, "perennial-operator");
+    let second = leader_behind_the_service(&world, SYSTEM, "perennial-operator").await;
     assert_ne!(first, second, "the rolling update replaced the leader's pod too");
     // `rollout status` does not wait for the old pods to stop: the test kubelet stops them first.
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), SYSTEM);

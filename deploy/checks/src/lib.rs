@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub mod edge;
+#[cfg(test)]
+mod helm;
 pub mod operator;
 pub mod typed;
 
