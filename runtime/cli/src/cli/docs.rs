@@ -29,7 +29,43 @@ fn pages() -> Vec<(&'static str, String)> {
 fn cli() -> String {
     let options = clap_markdown::MarkdownOptions::new().title("The `perennial` command line".into()).show_footer(false);
     let text = clap_markdown::help_markdown_custom::<super::Cli>(&options);
-    format!("{GENERATED}{text}")
+    format!("{GENERATED}{}", with_env(&text))
+}
+
+/// clap-markdown leaves out each flag's environment fallback (`env = ...`): added under its flag,
+/// in its command's section.
+fn with_env(markdown: &str) -> String {
+    use clap::CommandFactory;
+    let mut fallbacks: Vec<(String, String, String)> = Vec::new(); // (section, long flag, env)
+    fn walk(command: &clap::Command, path: &str, fallbacks: &mut Vec<(String, String, String)>) {
+        for arg in command.get_arguments() {
+            if let (Some(long), Some(env)) = (arg.get_long(), arg.get_env()) {
+                fallbacks.push((format!("## `{path}`"), long.to_owned(), env.to_string_lossy().into_owned()));
+            }
+        }
+        for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
+            walk(sub, &format!("{path} {}", sub.get_name()), fallbacks);
+        }
+    }
+    walk(&super::Cli::command(), "perennial", &mut fallbacks);
+    let mut out = String::new();
+    let mut section = String::new();
+    for line in markdown.lines() {
+        if line.starts_with("## ") {
+            section = line.to_owned();
+        }
+        out.push_str(line);
+        out.push('\n');
+        // An option's line: "* `-n`, `--name <NAME>` — help".
+        let long = line
+            .strip_prefix("* ")
+            .and_then(|rest| rest.split_once("`--"))
+            .map(|(_, rest)| rest.split([' ', '`']).next().unwrap_or_default());
+        if let Some((_, _, env)) = fallbacks.iter().find(|(s, f, _)| *s == section && Some(f.as_str()) == long) {
+            let _ = write!(out, "\n  Environment variable: `{env}`\n");
+        }
+    }
+    out
 }
 
 /// Every field of each CRD's schema: its path, type, whether required, and its description.
@@ -78,6 +114,15 @@ fn fields(text: &mut String, path: &str, schema: &Value, required: bool) {
     if required {
         description = format!("**required**. {description}");
     }
+    // A worker's pod template is Kubernetes' own PodTemplateSpec: its fields are Kubernetes'.
+    if path.ends_with(".template") && schema.pointer("/properties/spec/properties/containers").is_some() {
+        let _ = writeln!(
+            text,
+            "| `{path}` | object: a Kubernetes [PodTemplateSpec](https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-template-v1/#PodTemplateSpec) | {} |",
+            description.trim()
+        );
+        return;
+    }
     let _ = writeln!(text, "| `{path}` | {kind} | {} |", description.trim());
     let required_here = schema_required(schema);
     if let Some(properties) = schema["properties"].as_object() {
@@ -95,10 +140,17 @@ fn fields(text: &mut String, path: &str, schema: &Value, required: bool) {
 
 /// The operator's `/metrics`: each metric's name, type and help, from its registry.
 fn metrics() -> String {
-    let metrics = perennial_operator::metrics::Metrics::with_api(Default::default());
+    let api: std::sync::Arc<perennial_operator::client::ApiHealth> = Default::default();
+    let metrics = perennial_operator::metrics::Metrics::with_api(api.clone());
+    // A family shows in the exposition once it has a sample: one of each, to read its labels.
+    metrics.error("patch_status");
+    metrics.transition("Train", "Ready");
+    metrics.pod_created("train");
+    metrics.link_refusal("refused");
+    api.requests.sent(&http::Method::GET, "/api/v1/namespaces/default/pods", None);
     let mut text = format!(
         "{GENERATED}# Metrics\n\n`perennial operator` serves Prometheus metrics on `/metrics` of its metrics address \
-         (`--metrics-addr`), beside `/healthz`, `/readyz` and `/leaderz`.\n\n| metric | type | what it counts |\n|---|---|---|\n"
+         (`--metrics-addr`), beside `/healthz`, `/readyz` and `/leaderz`.\n\n| metric | type | labels | what it counts |\n|---|---|---|---|\n"
     );
     let exposition = metrics.render();
     for line in exposition.lines() {
@@ -108,7 +160,15 @@ fn metrics() -> String {
             exposition.lines().find_map(|l| l.strip_prefix(&format!("# TYPE {name} "))).unwrap_or("untyped").to_owned();
         // Counters are exposed with the `_total` suffix.
         let exposed = if kind == "counter" { format!("{name}_total") } else { name.to_owned() };
-        let _ = writeln!(text, "| `{exposed}` | {kind} | {} |", help.trim_end_matches('.'));
+        let labels: Vec<String> = exposition
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{exposed}{{")))
+            .and_then(|l| l.split_once('}'))
+            .map(|(pairs, _)| {
+                pairs.split(',').filter_map(|p| p.split_once('=')).map(|(k, _)| format!("`{k}`")).collect()
+            })
+            .unwrap_or_default();
+        let _ = writeln!(text, "| `{exposed}` | {kind} | {} | {} |", labels.join(", "), help.trim_end_matches('.'));
     }
     text
 }
@@ -149,10 +209,10 @@ fn worker_env() -> String {
     use perennial_api::{Input, Model, Stage};
     use perennial_lifecycle::WorkerSpec;
     let model = |url: &str| Model { url: url.into(), ..Model::default() };
-    let ctx = perennial_workers::WorkerContext {
+    let ctx = |worker_name| perennial_workers::WorkerContext {
         namespace: "default",
         job_name: "atcii",
-        worker_name: "atcii-train-x7k2p",
+        worker_name,
         lc_server: "http://127.0.0.1:9100",
         kb_server: "http://127.0.0.1:9020",
         output_dir: "/output",
@@ -188,13 +248,13 @@ fn worker_env() -> String {
          values are an example: job `atcii`, outputDir `/output`, round 2, on a local run.\n"
     );
     for spec in &stages {
-        let stage = match spec.stage {
-            Stage::Train => "train",
-            Stage::Eval => "eval",
-            Stage::Deploy => "inference",
+        let (stage, worker) = match spec.stage {
+            Stage::Train => ("train", "atcii-train-x7k2p"),
+            Stage::Eval => ("eval", "atcii-eval-q4m9z"),
+            Stage::Deploy => ("inference", "atcii-inference-b8c3d"),
         };
         let _ = write!(text, "\n## The {stage} worker\n\n| variable | example | meaning |\n|---|---|---|\n");
-        for (name, value) in perennial_workers::sedna_env(spec, &ctx) {
+        for (name, value) in perennial_workers::sedna_env(spec, &ctx(worker)) {
             let _ = writeln!(text, "| `{name}` | `{value}` | {} |", meaning(&name));
         }
     }
