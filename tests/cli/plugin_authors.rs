@@ -73,9 +73,12 @@ fn check_and_call(wasm: &Path, cache: &Path) {
     let answer: serde_json::Value = serde_json::from_slice(&call.stdout).unwrap();
     assert_eq!(answer["train"], true, "{answer}");
     assert_eq!(answer["reason"], "5 new samples (at least 3)", "{answer}");
-    // The policy's own debug line, shown to its author without RUST_LOG, apart from the host's.
-    let stderr = String::from_utf8_lossy(&call.stderr);
-    assert!(stderr.contains("policy debug: 5 of 3 samples"), "the policy's log line: {stderr}");
+    // A wait: the policy's own debug line, shown to its author without RUST_LOG, apart from the
+    // host's lines.
+    let wait = perennial(&["plugin", "call", wasm, "--config", CONFIG, "--trigger", r#"{"pendingTrain": 1}"#], cache);
+    let stderr = String::from_utf8_lossy(&wait.stderr);
+    assert!(wait.status.success(), "call: {stderr}");
+    assert!(stderr.contains("policy debug: 1 of 3 samples"), "the policy's log line: {stderr}");
     // A config the policy refuses: one line naming the field.
     let refused = perennial(&["plugin", "check", wasm, "--config", r#"{"samples": 0}"#], cache);
     let stderr = String::from_utf8_lossy(&refused.stderr);
