@@ -114,7 +114,8 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
     assert_eq!(same.status.code(), Some(0), "{}", text(&same));
     let decisions: u64 = triggers.iter().map(|r| r["repeats"].as_u64().unwrap()).sum();
     assert!(
-        String::from_utf8_lossy(&same.stdout).contains(&format!("{decisions} of {decisions} agree, 0 disagree")),
+        String::from_utf8_lossy(&same.stdout)
+            .contains(&format!("{decisions} decisions: {decisions} agree, 0 disagree, 0 not comparable")),
         "{}",
         text(&same)
     );
@@ -125,17 +126,32 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
     let first = &report["report"]["disagreements"][0];
     assert_eq!((first["recorded"].as_str(), first["candidate"].as_str()), (Some("wait"), Some("train")), "{report}");
     assert!(first["candidateReason"].as_str().unwrap().contains(">= 40"), "{report}");
+    // Each disagreement names the policy that made the recorded decision.
+    assert_eq!(first["recordedBy"]["plugin"], "builtin:threshold-trigger", "{report}");
+    assert_eq!(first["recordedBy"]["digest"].as_str().map(str::len), Some(64), "{report}");
+    // The numbers add up, and a run of waits counts as its decisions on both sides.
+    let numbers = &report["report"];
+    let count = |field: &str| numbers[field].as_u64().unwrap();
+    assert_eq!(count("agreed") + count("disagreed") + count("notComparable"), count("decisions"), "{report}");
+    assert_eq!(count("decisions"), decisions, "{report}");
+    // The effects are data: round 2 starting earlier, with when and how many samples.
     let effects = report["report"]["effects"].as_array().unwrap();
+    let earlier = effects
+        .iter()
+        .find(|e| e["effect"] == "roundEarlier" && e["round"] == 2)
+        .unwrap_or_else(|| panic!("effects: {effects:?}"));
     assert!(
-        effects.iter().any(|e| e.as_str().unwrap().starts_with("round 2 would have started")),
-        "effects: {effects:?}"
+        earlier["trainSamples"].as_u64().unwrap() < earlier["recordedTrainSamples"].as_u64().unwrap(),
+        "{earlier}"
     );
+    assert!(earlier["atMs"].as_u64().unwrap() < earlier["recordedAtMs"].as_u64().unwrap(), "{earlier}");
 
     // Sedna's trainProb rule as a plugin agrees with the native split, batch by batch (each
     // batch read back from the dataset by its byte range); another ratio moves samples.
     let same = replay(state, "builtin:ratio-split", r#"{"trainProb": 0.8}"#, &[]);
     assert_eq!(same.status.code(), Some(0), "{}", text(&same));
-    assert!(String::from_utf8_lossy(&same.stdout).contains(&format!("{n} of {n} agree", n = splits.len())));
+    let agree = format!("{n} decisions: {n} agree, 0 disagree, 0 not comparable", n = splits.len());
+    assert!(String::from_utf8_lossy(&same.stdout).contains(&agree), "{}", text(&same));
     // On a node whose agent sees the host's files under ROOTFS_MOUNT_DIR (a DaemonSet), replay
     // reads the dataset there too.
     let index = state.join("data/thermal-comfort/index.csv");
@@ -143,9 +159,10 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
     let under_root = host_root.join(index.strip_prefix("/").unwrap());
     std::fs::create_dir_all(under_root.parent().unwrap()).unwrap();
     std::fs::rename(&index, &under_root).unwrap();
-    let agree = format!("{n} of {n} agree", n = splits.len());
     let elsewhere = replay(state, "builtin:ratio-split", r#"{"trainProb": 0.8}"#, &[]);
-    assert!(!String::from_utf8_lossy(&elsewhere.stdout).contains(&agree), "{}", text(&elsewhere));
+    // Not found there: every batch not comparable, and said so.
+    let unread = format!("{n} decisions: 0 agree, 0 disagree, {n} not comparable", n = splits.len());
+    assert!(String::from_utf8_lossy(&elsewhere.stdout).contains(&unread), "{}", text(&elsewhere));
     let rooted = replay(
         state,
         "builtin:ratio-split",
@@ -164,7 +181,8 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
     let kept = replay(state, "builtin:metric-select", strict, &[]);
     assert_eq!(kept.status.code(), Some(1), "{}", text(&kept));
     let said = String::from_utf8_lossy(&kept.stdout);
-    assert!(said.contains(&format!("1 of {deployed} agree, {} disagree", deployed - 1)), "{said}");
+    assert!(said.contains(&format!("{deployed} decisions: 1 agree, {} disagree", deployed - 1)), "{said}");
+    assert!(said.contains("(by builtin:"), "the recorded decision's policy: {said}");
     assert!(said.contains("round 2: keeping the deployed model instead of deploying"), "{said}");
 
     // A splitter cannot replay trigger decisions.

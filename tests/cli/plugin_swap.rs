@@ -209,3 +209,84 @@ fn trigger_digest(edge: &Path, job: &str) -> Option<String> {
     let _ = db.busy_timeout(Duration::from_millis(200));
     db.query_row("SELECT digest FROM policy_health WHERE job = ?1 AND kind = 'trigger'", [job], |r| r.get(0)).ok()
 }
+
+/// A swap to a policy that takes a while to load shows in `perennial status` as loading (which
+/// plugin, its digest, since when) while the old one serves, until the new one serves.
+#[test]
+fn a_loading_policy_shows_as_loading_until_it_serves() {
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(state.join("data/slow")).unwrap();
+    std::fs::write(state.join("data/slow/index.txt"), "").unwrap();
+    let manifest = manifests.join("slow.yaml");
+    std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
+    let mut run = dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
+        .arg("run")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("PERENNIAL_CACHE_DIR", root.path().join("cache"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = || -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
+            .args(["status", "--output", "json", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap();
+        let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        all[0]["status"]["policies"]["trigger"].clone()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while status()["health"] != "Serving" {
+        assert!(Instant::now() < deadline, "the built-in trigger never served: {}", status());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = status()["digest"].clone();
+    // The edit: a policy whose start (its configure) takes 3 s.
+    let slow = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
+    let digest = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(std::fs::read(&slow).unwrap()))
+    };
+    let reference = format!("file://{}", slow.display());
+    let policy = format!(
+        "{{plugin: {reference:?}, config: {{behaviour: ok, configureMs: 3000}}, limits: {{startTimeoutMs: 20000}}}}"
+    );
+    std::fs::write(&manifest, never_training_job("slow", Some(&policy))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let loading = loop {
+        let trigger = status();
+        if trigger["loading"].is_object() {
+            break trigger;
+        }
+        assert!(trigger["digest"] == before, "it served without ever showing as loading: {trigger}");
+        assert!(Instant::now() < deadline, "the swap never showed as loading: {trigger}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(loading["loading"]["plugin"], reference.as_str(), "{loading}");
+    assert_eq!(loading["digest"], before, "the old one serves meanwhile: {loading}");
+    assert_eq!(loading["health"], "Serving", "{loading}");
+    assert!(loading["loading"]["since"].as_str().is_some_and(|t| t.ends_with('Z')), "{loading}");
+    // Its digest shows as soon as the file is read, well before the 3 s start ends.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let trigger = status();
+        if trigger["digest"] == digest.as_str() {
+            assert!(trigger.get("loading").is_none(), "still loading once it serves: {trigger}");
+            break;
+        }
+        if trigger["loading"]["digest"] == digest.as_str() {
+            assert_eq!(trigger["digest"], before, "{trigger}");
+        }
+        assert!(Instant::now() < deadline, "the new policy never served: {trigger}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

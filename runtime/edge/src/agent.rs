@@ -130,11 +130,25 @@ async fn load_ref<K: Kind>(
     reference: &PolicyRef,
     events: Arc<dyn PolicyEvents>,
 ) -> Result<Policy<K>, perennial_policy::LoadError> {
-    use perennial_policy::{LoadError, PolicyError, Step};
+    load_saying::<K>(host, job, reference, events, &|_| {}).await
+}
+
+/// [`load_ref`], saying what loads before the long part (a compile of a Python policy takes
+/// many seconds): `say(digest)` at the start with the reference's pin (or nothing), and again
+/// with the component's digest once fetched.
+async fn load_saying<K: Kind>(
+    host: &PolicyHost,
+    job: &JobConfig,
+    reference: &PolicyRef,
+    events: Arc<dyn PolicyEvents>,
+    say: &(dyn Fn(&str) + Send + Sync),
+) -> Result<Policy<K>, perennial_policy::LoadError> {
+    use perennial_policy::{LoadError, PolicyError, Step, artifact};
     let not_yet =
         |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: reference.plugin.clone(), message });
     match job.policy_artifacts.get(&reference.plugin) {
         Some(PolicyArtifact::Ready { component_sha256, artifact_sha256, size, .. }) => {
+            say(component_sha256);
             host.load_offered(reference, (component_sha256, artifact_sha256, *size), events).await
         }
         Some(PolicyArtifact::Compiling { platform }) => {
@@ -143,7 +157,17 @@ async fn load_ref<K: Kind>(
         Some(PolicyArtifact::Refused { reason }) if !perennial_policy::HAS_COMPILER => {
             Err(not_yet(format!("the operator cannot compile it for this node: {reason}")))
         }
-        _ => host.load(reference, events).await,
+        _ => {
+            let valid =
+                reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
+            say(valid.sha256.as_deref().unwrap_or_default());
+            let bytes = host.fetch(&valid.source).await?;
+            // A precompiled artifact's own digest is not the component's: said once loaded.
+            if !artifact::is_artifact(&bytes) {
+                say(&artifact::sha256_hex(&bytes));
+            }
+            host.load_fetched(valid, bytes, events).await
+        }
     }
 }
 
@@ -255,6 +279,10 @@ pub fn run_jobs(
     reported: &dyn Fn(),
     swapper: Option<&Swapper>,
 ) {
+    // A load under way when the agent stopped never ends: none is, at the start.
+    if let Err(err) = health::clear_loading(&mut lock(store)) {
+        tracing::warn!("clearing the policies' loads of the last run: {err}");
+    }
     // The shadows' own thread: the loop hands it questions and never waits for its answers.
     let (shadows, worker) = shadow::queue();
     std::thread::scope(|scope| {
@@ -376,7 +404,15 @@ fn run_loop(
                     commit(store, &mut jobs[i], *loaded);
                     due[i] = Instant::now();
                 }
-                Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) | Wake::Loaded(..) => {}
+                Wake::Loading(i, asked, kind, plugin, digest)
+                    if i < due.len() && asked == swaps_asked[i] && !removed[i] =>
+                {
+                    let job = &jobs[i].job.name;
+                    if let Err(err) = health::loading(&mut lock(store), job, kind, &plugin, &digest, now()) {
+                        tracing::warn!(job, "recording the {kind} policy loading: {err}");
+                    }
+                }
+                Wake::Job(_) | Wake::Remove(_) | Wake::Swap(..) | Wake::Loaded(..) | Wake::Loading(..) => {}
             }
         }
         for i in reloads {
@@ -497,6 +533,13 @@ impl Swapper {
         self.runtime.spawn(async move {
             let Ok(_permit) = loads.acquire_owned().await else { return };
             let events: Arc<dyn PolicyEvents> = Arc::new(TracingEvents { job: next.name.clone() });
+            // The job's status shows each policy loading until the swap commits it or rejects it.
+            let saying = |kind: &'static str, plugin: &str| {
+                let (wake, plugin) = (wake.clone(), plugin.to_owned());
+                move |digest: &str| {
+                    let _ = wake.send(Wake::Loading(job, generation, kind, plugin.clone(), digest.to_owned()));
+                }
+            };
             let mut loaded = LoadedSwap {
                 trigger: None,
                 selector: None,
@@ -509,17 +552,21 @@ impl Swapper {
                 loaded.shadows = Some(load_shadows(&host, &next, events.clone()).await);
             }
             if trigger {
-                loaded.trigger =
-                    Some(load_ref(&host, &next, &next.trigger, events.clone()).await.map_err(|err| err.to_string()));
+                let say = saying("trigger", &next.trigger.plugin);
+                let result = load_saying(&host, &next, &next.trigger, events.clone(), &say).await;
+                loaded.trigger = Some(result.map_err(|err| err.to_string()));
             }
             if selector {
-                loaded.selector =
-                    Some(load_ref(&host, &next, &next.selector, events.clone()).await.map_err(|err| err.to_string()));
+                let say = saying("selector", &next.selector.plugin);
+                let result = load_saying(&host, &next, &next.selector, events.clone(), &say).await;
+                loaded.selector = Some(result.map_err(|err| err.to_string()));
             }
             if splitter {
                 loaded.splitter = Some(match &next.splitter {
                     Some(reference) => {
-                        load_ref(&host, &next, reference, events.clone()).await.map(Some).map_err(|err| err.to_string())
+                        let say = saying("splitter", &reference.plugin);
+                        let result = load_saying(&host, &next, reference, events.clone(), &say).await;
+                        result.map(Some).map_err(|err| err.to_string())
                     }
                     None => Ok(None),
                 });
@@ -724,6 +771,9 @@ pub enum Wake {
     Swap(usize, Box<JobConfig>),
     /// A swap's policies loaded (for the job's swap of that number): commit it between two turns.
     Loaded(usize, u64, Box<LoadedSwap>),
+    /// A swap (of that number) is loading the job's policy of a kind: its plugin and digest (empty
+    /// until known), for the job's status.
+    Loading(usize, u64, &'static str, String, String),
     /// A job that came to this node (the cloud link's desired state): run it too.
     Add(Box<JobRunner>),
 }

@@ -162,7 +162,8 @@ pub struct Record {
     /// batch's row (not written twice), while the job still has it.
     #[serde(skip)]
     pub assignments: Option<Vec<u8>>,
-    /// How long the call took, in microseconds.
+    /// The policy's call alone, in µs (not a fresh instance's start before it); for Sedna's rule
+    /// computed natively, its own time.
     pub micros: u64,
 }
 

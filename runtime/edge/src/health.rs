@@ -23,6 +23,8 @@ pub struct Health {
     pub decision: Option<(String, String, u64)>,
     /// The shadow beside it, and its record.
     pub shadow: Option<perennial_types::ShadowStatus>,
+    /// A policy being loaded to replace it: plugin, digest (empty until known), since (unix s).
+    pub loading: Option<(String, String, u64)>,
 }
 
 /// Records the outcome of a call of the job's `kind` policy; writes only when it changes.
@@ -61,6 +63,7 @@ pub fn swapped(store: &mut Store, job: &str, kind: &str, serving: Serving<'_>, n
          VALUES (?1, ?2, 0, NULL, ?3, ?4, ?5, NULL, ?6)
          ON CONFLICT (job, kind) DO UPDATE SET failing = 0, message = NULL, since = excluded.since,
          plugin = excluded.plugin, digest = excluded.digest, rejected = NULL, config = excluded.config,
+         loading = NULL, loading_digest = NULL, loading_since = NULL,
          decision = CASE WHEN policy_health.plugin IS excluded.plugin THEN policy_health.decision END,
          reason = CASE WHEN policy_health.plugin IS excluded.plugin THEN policy_health.reason END,
          decided_at = CASE WHEN policy_health.plugin IS excluded.plugin THEN policy_health.decided_at END",
@@ -99,8 +102,32 @@ pub fn decided(
 pub fn rejected(store: &mut Store, job: &str, kind: &str, reason: &str, now: u64) -> rusqlite::Result<()> {
     store.conn().execute(
         "INSERT INTO policy_health (job, kind, failing, message, since, rejected) VALUES (?1, ?2, 0, NULL, ?3, ?4)
-         ON CONFLICT (job, kind) DO UPDATE SET rejected = excluded.rejected",
+         ON CONFLICT (job, kind) DO UPDATE SET rejected = excluded.rejected,
+         loading = NULL, loading_digest = NULL, loading_since = NULL",
         params![job, kind, now as i64, reason],
+    )?;
+    Ok(())
+}
+
+/// Records that `plugin` is being loaded to replace the job's `kind` policy (its digest once
+/// known: said again then, since kept), until [`swapped`] or [`rejected`] ends it.
+pub fn loading(store: &mut Store, job: &str, kind: &str, plugin: &str, digest: &str, now: u64) -> rusqlite::Result<()> {
+    store.conn().execute(
+        "INSERT INTO policy_health (job, kind, failing, since, loading, loading_digest, loading_since)
+         VALUES (?1, ?2, 0, ?5, ?3, ?4, ?5)
+         ON CONFLICT (job, kind) DO UPDATE SET loading = excluded.loading, loading_digest = excluded.loading_digest,
+         loading_since = CASE WHEN policy_health.loading IS excluded.loading
+             THEN COALESCE(policy_health.loading_since, excluded.loading_since) ELSE excluded.loading_since END",
+        params![job, kind, plugin, digest, now as i64],
+    )?;
+    Ok(())
+}
+
+/// Forgets every load under way: at the agent's start, none is.
+pub fn clear_loading(store: &mut Store) -> rusqlite::Result<()> {
+    store.conn().execute(
+        "UPDATE policy_health SET loading = NULL, loading_digest = NULL, loading_since = NULL WHERE loading IS NOT NULL",
+        [],
     )?;
     Ok(())
 }
@@ -118,7 +145,8 @@ pub fn not_started(
     store.conn().execute(
         "INSERT INTO policy_health (job, kind, failing, message, since, plugin, rejected) VALUES (?1, ?2, 0, NULL, ?3, ?4, ?5)
          ON CONFLICT (job, kind) DO UPDATE SET rejected = excluded.rejected,
-         plugin = COALESCE(policy_health.plugin, excluded.plugin)",
+         plugin = COALESCE(policy_health.plugin, excluded.plugin),
+         loading = NULL, loading_digest = NULL, loading_since = NULL",
         params![job, kind, now as i64, plugin, reason],
     )?;
     Ok(())
@@ -151,6 +179,11 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
     if found.shadow.is_some() {
         policy.shadow = found.shadow.clone();
     }
+    policy.loading = found.loading.as_ref().map(|(plugin, digest, since)| perennial_types::PolicyLoading {
+        plugin: plugin.clone(),
+        digest: digest.clone(),
+        since: jiff::Timestamp::from_second(*since as i64).map(|t| t.to_string()).unwrap_or_default(),
+    });
     (policy.health, policy.message) = match (&found.rejected, &found.failure) {
         // Nothing loaded yet (a job that could not start): nothing serves instead.
         (Some(why), _) if found.digest.is_none() => {
@@ -179,7 +212,8 @@ pub fn apply_job(policies: &mut std::collections::BTreeMap<String, PolicyStatus>
 /// Every recorded health.
 pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
     let mut statement = store.conn().prepare(
-        "SELECT job, kind, failing, message, plugin, digest, rejected, config, decision, reason, decided_at
+        "SELECT job, kind, failing, message, plugin, digest, rejected, config, decision, reason, decided_at,
+         loading, loading_digest, loading_since
          FROM policy_health ORDER BY job, kind",
     )?;
     let rows = statement.query_map([], |r| {
@@ -188,6 +222,9 @@ pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
         let decision: Option<String> = r.get(8)?;
         let reason: Option<String> = r.get(9)?;
         let at: Option<i64> = r.get(10)?;
+        let loading: Option<String> = r.get(11)?;
+        let loading_digest: Option<String> = r.get(12)?;
+        let loading_since: Option<i64> = r.get(13)?;
         Ok(Health {
             job: r.get(0)?,
             kind: r.get(1)?,
@@ -198,6 +235,9 @@ pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
             config: r.get(7)?,
             decision: decision.map(|answer| (answer, reason.unwrap_or_default(), at.unwrap_or(0).max(0) as u64)),
             shadow: None,
+            loading: loading.map(|plugin| {
+                (plugin, loading_digest.unwrap_or_default(), loading_since.unwrap_or(0).max(0) as u64)
+            }),
         })
     })?;
     let mut healths: Vec<Health> = rows.collect::<rusqlite::Result<_>>()?;

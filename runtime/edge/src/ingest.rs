@@ -207,11 +207,16 @@ pub fn ingest(
         let for_shadow = split.shadow.filter(|_| n > 0).map(|_| packed());
         let started = std::time::Instant::now();
         let mut decided_by = split.policy.map(DecidedBy::of);
+        // The time recorded: a policy's call alone (not a fresh instance's start), else Sedna's rule's.
+        let mut policy_micros = None;
         let assignments = match split.policy {
             _ if n == 0 => Assignments::sedna_ratio(0.0, 0, 0),
             None => Assignments::sedna_ratio(split.train_prob, scan.samples[0].seq, n),
             Some(policy) => match policy.split(packed()) {
-                Ok(assignments) => assignments,
+                Ok(assignments) => {
+                    policy_micros = Some(policy.last_call_micros());
+                    assignments
+                }
                 Err(err) if policy.info().on_error == OnError::Fallback => {
                     out.fell_back = Some(err);
                     decided_by = None;
@@ -220,7 +225,7 @@ pub fn ingest(
                 Err(err) => return Err(IngestError::Held(err)),
             },
         };
-        let micros = started.elapsed().as_micros() as u64;
+        let micros = policy_micros.unwrap_or_else(|| started.elapsed().as_micros() as u64);
         let (train, eval, skip) = assignments.counts();
         let checksum = match (scan.samples.first(), scan.samples.last()) {
             (Some(first), Some(last)) => Some(batch_checksum(

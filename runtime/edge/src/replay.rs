@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::decisions::{BatchInput, DecisionKind, Record, SelectAnswer, SelectInput, TriggerAnswer};
+use crate::decisions::{BatchInput, DecidedBy, DecisionKind, Record, SelectAnswer, SelectInput, TriggerAnswer};
 use perennial_policy::{Assignment, Assignments, Choice, Decision, TriggerStats};
 
 /// One decision where the candidate did not agree.
@@ -22,25 +22,30 @@ pub struct Disagreement {
     pub input: String,
     pub recorded: String,
     pub recorded_reason: String,
+    /// The policy that made the recorded decision: plugin, component digest, config digest.
+    pub recorded_by: DecidedBy,
     pub candidate: String,
     pub candidate_reason: String,
 }
 
-/// A kind's replay.
+/// A kind's replay. Its decisions add up: `agreed + disagreed + notComparable == decisions`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KindReport {
-    /// Recorded decisions replayed (a run of identical waits counts as its number of decisions).
+    /// Recorded decisions (a run of identical waits counts as its number of decisions).
     pub decisions: u64,
+    /// Those the candidate answered as recorded.
     pub agreed: u64,
-    /// Records that could not be replayed, and why (a batch whose bytes changed since).
+    /// Those it answered otherwise (or failed on).
+    pub disagreed: u64,
+    /// Those that could not be replayed: see `skipped` for why.
+    pub not_comparable: u64,
+    /// Why records could not be replayed (a batch whose bytes changed since).
     pub skipped: Vec<String>,
     /// The first disagreements, oldest first (at most the number asked for).
     pub disagreements: Vec<Disagreement>,
-    /// How many there were in all.
-    pub disagreed: u64,
     /// What the candidate's answers would have changed.
-    pub effects: Vec<String>,
+    pub effects: Vec<Effect>,
 }
 
 impl KindReport {
@@ -48,10 +53,85 @@ impl KindReport {
         self.disagreed == 0
     }
 
-    fn disagree(&mut self, keep: usize, disagreement: Disagreement) {
-        self.disagreed += 1;
+    /// `decisions` recorded decisions (a run's) on which the candidate answered otherwise.
+    fn disagree(&mut self, keep: usize, decisions: u64, disagreement: Disagreement) {
+        self.disagreed += decisions;
         if self.disagreements.len() < keep {
             self.disagreements.push(disagreement);
+        }
+    }
+
+    /// `decisions` recorded decisions that could not be replayed, and why.
+    fn not_replayed(&mut self, decisions: u64, why: String) {
+        self.decisions += decisions;
+        self.not_comparable += decisions;
+        self.skipped.push(why);
+    }
+}
+
+/// What a candidate's answers would have changed, as data; [`Effect::describe`] says it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "effect", rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum Effect {
+    /// `round` would have started earlier than it did.
+    RoundEarlier { round: i64, at_ms: u64, train_samples: u64, recorded_at_ms: u64, recorded_train_samples: u64 },
+    /// `round` started, and the candidate would still have been waiting at the end of the round
+    /// before it (its last recorded decision).
+    RoundNotStarted { round: i64, recorded_at_ms: u64, recorded_train_samples: u64 },
+    /// `round` has not started, and the candidate would have started it.
+    RoundWouldStart { round: i64, at_ms: u64, train_samples: u64, reason: String },
+    /// Samples the candidate would have put in another set.
+    SamplesMoved { samples: u64, from: String, to: String },
+    /// A selection made otherwise: the model each would have deployed (`None`: kept the
+    /// deployed one), or the candidate failed.
+    SelectedOtherwise {
+        round: i64,
+        recorded: Option<SelectedModel>,
+        candidate: Option<SelectedModel>,
+        candidate_failed: bool,
+    },
+}
+
+/// A model a selection would deploy.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectedModel {
+    pub url: String,
+    pub metrics: perennial_policy::Metrics,
+}
+
+impl Effect {
+    /// The effect in a sentence.
+    pub fn describe(&self) -> String {
+        match self {
+            Effect::RoundEarlier { round, at_ms, train_samples, recorded_at_ms, recorded_train_samples } => format!(
+                "round {round} would have started earlier ({} before): at {} with {train_samples} train samples, \
+                 not at {} with {recorded_train_samples}",
+                seconds((recorded_at_ms - at_ms.min(recorded_at_ms)) / 1000),
+                time(*at_ms),
+                time(*recorded_at_ms),
+            ),
+            Effect::RoundNotStarted { round, recorded_at_ms, recorded_train_samples } => format!(
+                "round {round} would not have started when it did ({}, {recorded_train_samples} train samples): the \
+                 candidate was still waiting at the round's last recorded decision",
+                time(*recorded_at_ms),
+            ),
+            Effect::RoundWouldStart { round, at_ms, train_samples, reason } => format!(
+                "round {round} would have started at {} with {train_samples} train samples ({reason}); it has not \
+                 started",
+                time(*at_ms),
+            ),
+            Effect::SamplesMoved { samples, from, to } => format!("{samples} samples would move from {from} to {to}"),
+            Effect::SelectedOtherwise { round, recorded, candidate, candidate_failed } => {
+                let acting = |model: &Option<SelectedModel>| match model {
+                    Some(model) => format!("deploying {} {}", model.url, metrics(&model.metrics)),
+                    None => "keeping the deployed model".to_owned(),
+                };
+                match candidate_failed {
+                    true => format!("round {round}: the candidate failed instead of {}", acting(recorded)),
+                    false => format!("round {round}: {} instead of {}", acting(candidate), acting(recorded)),
+                }
+            }
         }
     }
 }
@@ -68,7 +148,7 @@ pub fn triggers(
     let mut rounds: std::collections::BTreeMap<i64, (Option<Moment>, Option<Moment>)> = Default::default();
     for record in records.iter().filter(|r| r.kind == DecisionKind::Trigger) {
         let Ok(stats) = serde_json::from_value::<TriggerStats>(record.input.clone()) else {
-            report.skipped.push(format!("#{}: its input is not a trigger's", record.id));
+            report.not_replayed(u64::from(record.repeats.max(1)), format!("#{}: its input is not a trigger's", record.id));
             continue;
         };
         let recorded = serde_json::from_value::<TriggerAnswer>(record.answer.clone()).map(|a| a.train).unwrap_or(false);
@@ -113,8 +193,10 @@ pub fn triggers(
         }
         match first_difference {
             None => report.agreed += u64::from(record.repeats.max(1)),
+            // A run of waits disagrees as a whole: asked at its ends, not in between.
             Some((at_ms, stats, said, reason)) => report.disagree(
                 keep,
+                u64::from(record.repeats.max(1)),
                 Disagreement {
                     id: record.id,
                     at_ms,
@@ -122,6 +204,7 @@ pub fn triggers(
                     input: trigger_input(&stats),
                     recorded: if recorded { "train" } else { "wait" }.into(),
                     recorded_reason: record.reason.clone(),
+                    recorded_by: record.policy.clone(),
                     candidate: said.into(),
                     candidate_reason: reason,
                 },
@@ -131,25 +214,24 @@ pub fn triggers(
     for (round, (started, would)) in rounds {
         let next = round + 1;
         match (started, would) {
-            (Some(started), Some(would)) if would.id < started.id => report.effects.push(format!(
-                "round {next} would have started earlier ({} before): at {} with {} train samples, not at {} with {}",
-                seconds((started.at_ms - would.at_ms.min(started.at_ms)) / 1000),
-                time(would.at_ms),
-                would.pending,
-                time(started.at_ms),
-                started.pending
-            )),
-            (Some(started), None) => report.effects.push(format!(
-                "round {next} would not have started when it did ({}, {} train samples): the candidate waited on",
-                time(started.at_ms),
-                started.pending
-            )),
-            (None, Some(would)) => report.effects.push(format!(
-                "round {next} would have started at {} with {} train samples ({}); it has not started",
-                time(would.at_ms),
-                would.pending,
-                would.reason
-            )),
+            (Some(started), Some(would)) if would.id < started.id => report.effects.push(Effect::RoundEarlier {
+                round: next,
+                at_ms: would.at_ms,
+                train_samples: would.pending,
+                recorded_at_ms: started.at_ms,
+                recorded_train_samples: started.pending,
+            }),
+            (Some(started), None) => report.effects.push(Effect::RoundNotStarted {
+                round: next,
+                recorded_at_ms: started.at_ms,
+                recorded_train_samples: started.pending,
+            }),
+            (None, Some(would)) => report.effects.push(Effect::RoundWouldStart {
+                round: next,
+                at_ms: would.at_ms,
+                train_samples: would.pending,
+                reason: would.reason,
+            }),
             _ => {}
         }
     }
@@ -186,7 +268,7 @@ pub fn splits(
     let mut moves = [[0u64; 3]; 3];
     for record in records.iter().filter(|r| r.kind == DecisionKind::Splitter) {
         let Ok(input) = serde_json::from_value::<BatchInput>(record.input.clone()) else {
-            report.skipped.push(format!("#{}: its input is not a batch", record.id));
+            report.not_replayed(1, format!("#{}: its input is not a batch", record.id));
             continue;
         };
         let recorded: Vec<u8> = match (&record.assignments, input.train_prob) {
@@ -195,16 +277,15 @@ pub fn splits(
             }
             (Some(bytes), None) => bytes.clone(),
             (None, None) => {
-                report
-                    .skipped
-                    .push(format!("batch {}: the job no longer has it (its index was replaced)", input.batch));
+                let why = format!("batch {}: the job no longer has it (its index was replaced)", input.batch);
+                report.not_replayed(1, why);
                 continue;
             }
         };
         let samples = match batch(&input) {
             Ok(samples) => samples,
             Err(why) => {
-                report.skipped.push(format!("batch {}: {why}", input.batch));
+                report.not_replayed(1, format!("batch {}: {why}", input.batch));
                 continue;
             }
         };
@@ -224,13 +305,14 @@ pub fn splits(
             input: described.clone(),
             recorded: counts(&recorded),
             recorded_reason: record.reason.clone(),
+            recorded_by: record.policy.clone(),
             candidate,
             candidate_reason,
         };
         let candidate = match split(samples) {
             Ok(candidate) => candidate,
             Err(err) => {
-                report.disagree(keep, disagreement("error".into(), err));
+                report.disagree(keep, 1, disagreement("error".into(), err));
                 continue;
             }
         };
@@ -242,14 +324,15 @@ pub fn splits(
         } else {
             let changed = recorded.iter().zip(candidate.as_bytes()).filter(|(a, b)| a != b).count();
             let reason = format!("{changed} samples assigned otherwise");
-            report.disagree(keep, disagreement(counts(candidate.as_bytes()), reason));
+            report.disagree(keep, 1, disagreement(counts(candidate.as_bytes()), reason));
         }
     }
     let names = ["train", "eval", "skip"];
     for (from, row) in moves.iter().enumerate() {
         for (to, count) in row.iter().enumerate() {
             if from != to && *count > 0 {
-                report.effects.push(format!("{count} samples would move from {} to {}", names[from], names[to]));
+                let (from, to) = (names[from].to_owned(), names[to].to_owned());
+                report.effects.push(Effect::SamplesMoved { samples: *count, from, to });
             }
         }
     }
@@ -273,7 +356,7 @@ pub fn selections(
             serde_json::from_value::<SelectInput>(record.input.clone()),
             serde_json::from_value::<SelectAnswer>(record.answer.clone()),
         ) else {
-            report.skipped.push(format!("#{}: not a selection", record.id));
+            report.not_replayed(1, format!("#{}: not a selection", record.id));
             continue;
         };
         report.decisions += 1;
@@ -286,20 +369,21 @@ pub fn selections(
             continue;
         }
         let name = |deploy: Option<u32>| deploy.map_or("keep".to_owned(), |i| format!("deploy {i}"));
-        // "deploying X" or "keeping the deployed model".
-        let acting = |deploy: Option<u32>| match deploy.and_then(|i| input.candidates.get(i as usize)) {
-            Some(model) => format!("deploying {} {}", model.url, metrics(&model.metrics)),
-            None => "keeping the deployed model".to_owned(),
+        // The model a selection deploys (`None`: it keeps the deployed one).
+        let model = |deploy: Option<u32>| {
+            let model = input.candidates.get(deploy? as usize)?;
+            Some(SelectedModel { url: model.url.clone(), metrics: model.metrics.clone() })
         };
-        let round = record.round;
-        let effect = match candidate {
-            Some(deploy) => format!("round {round}: {} instead of {}", acting(deploy), acting(recorded.deploy)),
-            None => format!("round {round}: the candidate failed instead of {}", acting(recorded.deploy)),
-        };
-        report.effects.push(effect);
+        report.effects.push(Effect::SelectedOtherwise {
+            round: record.round,
+            recorded: model(recorded.deploy),
+            candidate: candidate.and_then(model),
+            candidate_failed: candidate.is_none(),
+        });
         let deployed = input.deployed.as_ref().map_or("none".to_owned(), |m| metrics(&m.metrics));
         report.disagree(
             keep,
+            1,
             Disagreement {
                 id: record.id,
                 at_ms: record.at_ms,
@@ -307,6 +391,7 @@ pub fn selections(
                 input: format!("deployed {deployed}; {} candidates", input.candidates.len()),
                 recorded: name(recorded.deploy),
                 recorded_reason: record.reason.clone(),
+                recorded_by: record.policy.clone(),
                 candidate: candidate.map_or("error".to_owned(), name),
                 candidate_reason: reason,
             },

@@ -21,7 +21,6 @@
 //! turn looks again).
 
 use std::sync::Mutex;
-use std::time::Instant;
 
 use opendal::blocking::Operator;
 use rusqlite::{OptionalExtension, params};
@@ -348,9 +347,8 @@ pub fn train_waiting(
         let stats = stats_of(&row, pending_counts(&store, job)?, clock);
         (row, round, stats)
     };
-    let started = Instant::now();
     let decision = trigger.decide(&stats).map_err(|error| RoundError::Policy { kind: "trigger", error })?;
-    let micros = started.elapsed().as_micros() as u64;
+    let micros = trigger.last_call_micros();
     let by = DecidedBy::of(trigger);
     // The shadow is asked once the answer has acted (it never delays it).
     if !decision.train {
@@ -510,7 +508,6 @@ pub fn deploy_waiting(
     let as_info = |m: &Model| ModelInfo { url: m.url.clone(), format: m.format.clone(), metrics: metrics_of(m) };
     let input =
         SelectInput { deployed: deployed.as_ref().map(as_info), candidates: candidates.iter().map(as_info).collect() };
-    let started = Instant::now();
     let choice = selector
         .select(input.deployed.as_ref(), &input.candidates)
         .map_err(|error| RoundError::Policy { kind: "selector", error })?;
@@ -518,7 +515,7 @@ pub fn deploy_waiting(
         input: serde_json::to_value(&input).unwrap_or_default(),
         answer: serde_json::to_value(SelectAnswer { deploy: choice.deploy }).unwrap_or_default(),
         reason: choice.reason.clone(),
-        micros: started.elapsed().as_micros() as u64,
+        micros: selector.last_call_micros(),
         ..Record::of(DecisionKind::Selector, job, clock.now * 1000, DecidedBy::of(selector), round)
     };
     if let Some(shadow) = shadow {

@@ -197,6 +197,13 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX held_reports_by_worker ON held_reports (worker);
     "#,
+    // 17: a policy being loaded to replace the serving one (its status shows it until it serves
+    // or is rejected).
+    r#"
+    ALTER TABLE policy_health ADD COLUMN loading TEXT;
+    ALTER TABLE policy_health ADD COLUMN loading_digest TEXT;
+    ALTER TABLE policy_health ADD COLUMN loading_since INTEGER;
+    "#,
 ];
 
 /// Gives a store its identity (a random id), as a migration of each schema that has one.

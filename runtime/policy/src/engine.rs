@@ -244,8 +244,9 @@ impl PolicyHost {
         self.load_fetched(valid, Arc::from(bytes), events).await
     }
 
-    /// Everything after the fetch, off the async threads (compiling is long CPU work).
-    async fn load_fetched<K: Kind>(
+    /// Everything after the fetch ([`PolicyHost::fetch`]): verify, compile, start, configure,
+    /// off the async threads (compiling is long CPU work).
+    pub async fn load_fetched<K: Kind>(
         &self,
         valid: ValidRef,
         bytes: Arc<[u8]>,

@@ -1,8 +1,9 @@
 //! A loaded, configured policy and its calls. One live instance per policy, used by one call at
 //! a time; after any failed call the instance is dropped and the next call gets a fresh one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::{Store, Trap};
 
@@ -76,6 +77,9 @@ pub struct Policy<K: Kind> {
     config_digest: String,
     events: Arc<dyn PolicyEvents>,
     live: Mutex<Option<Live<K>>>,
+    /// The last call's own time in µs: the component's work and the host's check of its answer,
+    /// not a fresh instance's start before it (after a failed call, or an idle one dropped).
+    last_call_micros: AtomicU64,
 }
 
 pub type TriggerPolicy = Policy<TriggerKind>;
@@ -91,7 +95,8 @@ impl<K: Kind> Policy<K> {
         events: Arc<dyn PolicyEvents>,
     ) -> Result<Self, LoadError> {
         let config_digest = perennial_types::config_text_digest(&config);
-        let policy = Policy { info, pre, config, config_digest, events, live: Mutex::new(None) };
+        let policy =
+            Policy { info, pre, config, config_digest, events, live: Mutex::new(None), last_call_micros: AtomicU64::new(0) };
         let live = policy.fresh_instance().map_err(|(step, error)| LoadError::new(step, error))?;
         *policy.lock() = Some(live);
         Ok(policy)
@@ -109,6 +114,12 @@ impl<K: Kind> Policy<K> {
     /// Its config's short digest ([`perennial_types::config_digest`]).
     pub fn config_digest(&self) -> &str {
         &self.config_digest
+    }
+
+    /// The last call's own time in µs: from the host's entry into the component to its answer,
+    /// checked; not the start of a fresh instance that came before it.
+    pub fn last_call_micros(&self) -> u64 {
+        self.last_call_micros.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Live<K>>> {
@@ -165,6 +176,7 @@ impl<K: Kind> Policy<K> {
             *live = Some(self.fresh_instance().map_err(|(_, error)| error)?);
         }
         let Some(current) = live.as_mut() else { unreachable!("set above") };
+        let started = Instant::now();
         current.store.set_epoch_deadline(self.deadline_ticks(Phase::Call));
         let state = current.store.data_mut();
         state.begin_call();
@@ -175,6 +187,7 @@ impl<K: Kind> Policy<K> {
             Ok(answer) => check(answer).map_err(PolicyError::BadAnswer),
             Err(err) => Err(self.classify(Phase::Call, err, &stderr, &current.store)),
         };
+        self.last_call_micros.store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         if let Err(err) = &outcome {
             *live = None;
             self.events.log(super::sandbox::Level::Error, &format!("policy {} call failed: {err}", self.info.kind));

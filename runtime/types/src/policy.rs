@@ -280,6 +280,22 @@ pub struct PolicyStatus {
     /// The shadow running beside it, and how often it agreed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shadow: Option<ShadowStatus>,
+    /// A new policy being loaded (fetched, compiled, started) to replace it, which serves on
+    /// until the new one serves or is rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loading: Option<PolicyLoading>,
+}
+
+/// A policy being loaded in place of the serving one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyLoading {
+    pub plugin: String,
+    /// SHA-256 of its component, once fetched (or as the reference pins it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub digest: String,
+    /// Since when, RFC 3339 (UTC).
+    pub since: String,
 }
 
 /// A shadow policy as the job shows it: what runs, and its record against the serving policy.

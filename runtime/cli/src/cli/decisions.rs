@@ -142,7 +142,7 @@ fn as_json(record: &Record) -> serde_json::Value {
 }
 
 fn print_table(records: &[Record]) {
-    let header = ["ID", "TIME", "KIND", "ROUND", "POLICY", "ANSWER", "µS", "INPUT", "REASON"];
+    let header = ["ID", "TIME", "KIND", "ROUND", "POLICY", "ANSWER", "CALL µS", "INPUT", "REASON"];
     let mut table: Vec<Vec<String>> = vec![header.map(String::from).to_vec()];
     for record in records {
         let time = match record.repeats {

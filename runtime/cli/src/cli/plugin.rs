@@ -635,7 +635,10 @@ fn print_replay(
     report: &replay::KindReport,
 ) {
     println!("{source} (sha256 {}) on the recorded {kind} decisions:", digest.get(..12).unwrap_or(digest));
-    println!("  {} of {} agree, {} disagree", report.agreed, report.decisions, report.disagreed);
+    println!(
+        "  {} decisions: {} agree, {} disagree, {} not comparable (not replayed)",
+        report.decisions, report.agreed, report.disagreed, report.not_comparable
+    );
     for skipped in &report.skipped {
         println!("  not replayed: {skipped}");
     }
@@ -645,13 +648,16 @@ fn print_replay(
     }
     for d in &report.disagreements {
         println!("  #{} {} round {}: {}", d.id, replay::time(d.at_ms), d.round, d.input);
-        println!("    recorded:  {:<24} {}", d.recorded, d.recorded_reason);
+        let by = &d.recorded_by;
+        let digest = by.digest.get(..12).unwrap_or(&by.digest);
+        let by = if digest.is_empty() { by.plugin.clone() } else { format!("{} sha256:{digest}", by.plugin) };
+        println!("    recorded:  {:<24} {} (by {by})", d.recorded, d.recorded_reason);
         println!("    candidate: {:<24} {}", d.candidate, d.candidate_reason);
     }
     if !report.effects.is_empty() {
         println!("what it would have changed:");
     }
     for effect in &report.effects {
-        println!("  {effect}");
+        println!("  {}", effect.describe());
     }
 }

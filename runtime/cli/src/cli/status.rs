@@ -155,6 +155,13 @@ fn print_policy(kind: &str, p: &PolicyStatus) {
     if let Some(message) = &p.message {
         println!("           {message}");
     }
+    if let Some(loading) = &p.loading {
+        let digest = match loading.digest.get(..12).unwrap_or(&loading.digest) {
+            "" => String::new(),
+            digest => format!(" sha256:{digest}"),
+        };
+        println!("           loading {}{digest} since {}: this one serves until it is ready", loading.plugin, loading.since);
+    }
     if let Some(decision) = &p.last_decision {
         println!("           last decision: {}, {} ({})", decision.answer, decision.reason, decision.time);
     }

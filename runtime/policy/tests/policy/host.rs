@@ -486,3 +486,20 @@ fn corrupt_and_foreign_cache_entries_are_recompiled() {
     assert!(!recovered.info().from_cache, "an entry of another component is not used");
     assert!(recovered.decide(&stats(501)).unwrap().train);
 }
+
+/// `perennial decisions` records a call's own time: a fresh instance's start (after an idle one
+/// was dropped) is not in it.
+#[test]
+fn a_calls_time_leaves_out_the_start_of_a_fresh_instance() {
+    let (policy, _) = hostile(serde_json::json!({"behaviour": "ok", "configureMs": 200}));
+    policy.reset(); // as the agent drops an idle job's instances
+    let started = Instant::now();
+    assert!(policy.decide(&stats(1)).unwrap().train);
+    let whole = started.elapsed();
+    assert!(whole >= Duration::from_millis(200), "the call started a fresh instance first: {whole:?}");
+    let call = Duration::from_micros(policy.last_call_micros());
+    assert!(call < Duration::from_millis(100), "the call alone took {call:?} of {whole:?}");
+    // A warm call: its own time again, and a new one each call.
+    assert!(policy.decide(&stats(1)).unwrap().train);
+    assert!(Duration::from_micros(policy.last_call_micros()) < Duration::from_millis(100));
+}
