@@ -140,10 +140,7 @@ fn every_decision_is_recorded_and_candidates_are_replayed_on_them() {
         .iter()
         .find(|e| e["effect"] == "roundEarlier" && e["round"] == 2)
         .unwrap_or_else(|| panic!("effects: {effects:?}"));
-    assert!(
-        earlier["trainSamples"].as_u64().unwrap() < earlier["recordedTrainSamples"].as_u64().unwrap(),
-        "{earlier}"
-    );
+    assert!(earlier["trainSamples"].as_u64().unwrap() < earlier["recordedTrainSamples"].as_u64().unwrap(), "{earlier}");
     assert!(earlier["atMs"].as_u64().unwrap() < earlier["recordedAtMs"].as_u64().unwrap(), "{earlier}");
 
     // Sedna's trainProb rule as a plugin agrees with the native split, batch by batch (each

@@ -250,9 +250,9 @@ fn a_loading_policy_shows_as_loading_until_it_serves() {
     let slow = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
     let digest = {
         use sha2::Digest as _;
-        hex::encode(sha2::Sha256::digest(std::fs::read(&slow).unwrap()))
+        hex::encode(sha2::Sha256::digest(std::fs::read(slow).unwrap()))
     };
-    let reference = format!("file://{}", slow.display());
+    let reference = format!("file://{}", slow);
     let policy = format!(
         "{{plugin: {reference:?}, config: {{behaviour: ok, configureMs: 3000}}, limits: {{startTimeoutMs: 20000}}}}"
     );

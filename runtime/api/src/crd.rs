@@ -120,11 +120,17 @@ mod tests {
     fn deploy_crds_are_up_to_date() {
         let dir = crds_dir();
         let generated = documents();
-        let regenerate = format!("run `{UPDATE}=1 cargo test -p perennial-api --lib crd` and commit deploy/crds/");
+        let regenerate = format!(
+            "run `{UPDATE}=1 cargo test -p perennial-api --lib crd` and commit deploy/crds/ and deploy/helm/perennial/crds/"
+        );
         if std::env::var_os(UPDATE).is_some() {
-            std::fs::create_dir_all(&dir).unwrap();
-            for (file, yaml) in &generated {
-                std::fs::write(dir.join(file), yaml).unwrap();
+            // The Helm chart's copies too (deploy/checks holds them to these).
+            let chart = dir.join("../helm/perennial/crds");
+            for dir in [&dir, &chart] {
+                std::fs::create_dir_all(dir).unwrap();
+                for (file, yaml) in &generated {
+                    std::fs::write(dir.join(file), yaml).unwrap();
+                }
             }
         }
         let mut stale = Vec::new();

@@ -235,9 +235,8 @@ pub fn all(store: &Store) -> rusqlite::Result<Vec<Health>> {
             config: r.get(7)?,
             decision: decision.map(|answer| (answer, reason.unwrap_or_default(), at.unwrap_or(0).max(0) as u64)),
             shadow: None,
-            loading: loading.map(|plugin| {
-                (plugin, loading_digest.unwrap_or_default(), loading_since.unwrap_or(0).max(0) as u64)
-            }),
+            loading: loading
+                .map(|plugin| (plugin, loading_digest.unwrap_or_default(), loading_since.unwrap_or(0).max(0) as u64)),
         })
     })?;
     let mut healths: Vec<Health> = rows.collect::<rusqlite::Result<_>>()?;

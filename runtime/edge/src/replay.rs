@@ -148,7 +148,10 @@ pub fn triggers(
     let mut rounds: std::collections::BTreeMap<i64, (Option<Moment>, Option<Moment>)> = Default::default();
     for record in records.iter().filter(|r| r.kind == DecisionKind::Trigger) {
         let Ok(stats) = serde_json::from_value::<TriggerStats>(record.input.clone()) else {
-            report.not_replayed(u64::from(record.repeats.max(1)), format!("#{}: its input is not a trigger's", record.id));
+            report.not_replayed(
+                u64::from(record.repeats.max(1)),
+                format!("#{}: its input is not a trigger's", record.id),
+            );
             continue;
         };
         let recorded = serde_json::from_value::<TriggerAnswer>(record.answer.clone()).map(|a| a.train).unwrap_or(false);

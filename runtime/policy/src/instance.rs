@@ -95,8 +95,15 @@ impl<K: Kind> Policy<K> {
         events: Arc<dyn PolicyEvents>,
     ) -> Result<Self, LoadError> {
         let config_digest = perennial_types::config_text_digest(&config);
-        let policy =
-            Policy { info, pre, config, config_digest, events, live: Mutex::new(None), last_call_micros: AtomicU64::new(0) };
+        let policy = Policy {
+            info,
+            pre,
+            config,
+            config_digest,
+            events,
+            live: Mutex::new(None),
+            last_call_micros: AtomicU64::new(0),
+        };
         let live = policy.fresh_instance().map_err(|(step, error)| LoadError::new(step, error))?;
         *policy.lock() = Some(live);
         Ok(policy)

@@ -15,8 +15,8 @@ pub use node::{
     new_worker_name, node_job,
 };
 pub use policy::{
-    BUILTIN_POLICIES, Limits, OnError, PolicyDecision, PolicyHealth, PolicyLoading, PolicyRef, PolicyStatus, ShadowDisagreement,
-    ShadowRef, ShadowStatus, Source, ValidRef, config_digest, config_text_digest, parse_source,
+    BUILTIN_POLICIES, Limits, OnError, PolicyDecision, PolicyHealth, PolicyLoading, PolicyRef, PolicyStatus,
+    ShadowDisagreement, ShadowRef, ShadowStatus, Source, ValidRef, config_digest, config_text_digest, parse_source,
 };
 pub use records::RecordRetention;
 pub use round::{ConditionData, Input, Model, Output};

@@ -160,7 +160,10 @@ fn print_policy(kind: &str, p: &PolicyStatus) {
             "" => String::new(),
             digest => format!(" sha256:{digest}"),
         };
-        println!("           loading {}{digest} since {}: this one serves until it is ready", loading.plugin, loading.since);
+        println!(
+            "           loading {}{digest} since {}: this one serves until it is ready",
+            loading.plugin, loading.since
+        );
     }
     if let Some(decision) = &p.last_decision {
         println!("           last decision: {}, {} ({})", decision.answer, decision.reason, decision.time);
