@@ -460,7 +460,7 @@ mod tests {
             ),
             (r#"{"condition": {"operator": ">", "threshold": 1}, "extra": 1}"#, "extra: unknown field"),
             (r#"{}"#, "condition: missing"),
-            (r#"not json"#, "config: expected ident"),
+            (r#"not json"#, "config: not JSON (expected ident"),
         ];
         for (config, expected) in cases {
             match ThresholdTrigger::configure(config) {
