@@ -107,6 +107,32 @@ fn two_rounds_with(wasm: &Path, cache: &Path) {
     assert_eq!(trigger["lastDecision"]["answer"], "train", "{trigger}");
     let reason = trigger["lastDecision"]["reason"].as_str().unwrap_or_default();
     assert!(reason.ends_with("new samples (at least 150)"), "the plugin's own reason is on the job: {trigger}");
+    fixtures_from_the_job(wasm, cache, &example);
+}
+
+/// The job's real decisions as the author's fixtures (`plugin test`): the component answers them
+/// all as recorded; an expected answer changed in them fails the test, naming the decision.
+fn fixtures_from_the_job(wasm: &Path, cache: &Path, example: &Example) {
+    let decisions = example.decisions("thermal-comfort");
+    let triggers = decisions.iter().filter(|d| d["kind"] == "trigger").count();
+    assert!(triggers >= 2, "the job's trigger decisions: {decisions:?}");
+    let fixtures = cache.join("fixtures.json");
+    std::fs::write(&fixtures, serde_json::to_string_pretty(&decisions).unwrap()).unwrap();
+    let wasm = wasm.to_str().unwrap();
+    let args = ["plugin", "test", wasm, "--config", r#"{"samples": 150}"#, fixtures.to_str().unwrap()];
+    let passed = perennial(&args, cache);
+    let said = String::from_utf8_lossy(&passed.stdout);
+    assert_eq!(passed.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&passed.stderr));
+    assert!(said.contains(" disagree, 0 not comparable") && said.contains(" agree, 0 disagree"), "{said}");
+    // The first round's start, expected as a wait: the policy trains there, so the test fails.
+    let mut changed = decisions.clone();
+    let start = changed.iter_mut().find(|d| d["kind"] == "trigger" && d["answer"]["train"] == true).unwrap();
+    start["answer"]["train"] = false.into();
+    std::fs::write(&fixtures, serde_json::to_string_pretty(&changed).unwrap()).unwrap();
+    let failed = perennial(&args, cache);
+    let said = String::from_utf8_lossy(&failed.stdout);
+    assert_eq!(failed.status.code(), Some(1), "{said}{}", String::from_utf8_lossy(&failed.stderr));
+    assert!(said.contains(" agree, 1 disagree") && said.contains("candidate: train"), "{said}");
 }
 
 fn walk_through(lang: &'static str) {

@@ -119,6 +119,22 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Test a built plugin against fixture files: decisions with their inputs and the answers
+    /// expected, in the format `perennial decisions --output json` writes (a job's real
+    /// decisions are fixtures). Exits 0 when it answers every one as expected, 1 when not.
+    Test {
+        #[command(flatten)]
+        plugin: PluginArgs,
+        /// The fixture files: each a JSON list of decisions (or one decision).
+        #[arg(required = true)]
+        fixtures: Vec<PathBuf>,
+        /// Disagreements shown.
+        #[arg(long, default_value_t = 5)]
+        show: usize,
+        /// The report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure a plugin: compile, load from cache, instantiate, and per-call time.
     Bench {
         #[command(flatten)]
@@ -136,7 +152,7 @@ pub enum PluginCommand {
 pub struct PluginArgs {
     /// The plugin: builtin:NAME, a path, file:///path, https://... or s3://bucket/key.
     #[arg(value_name = "REF")]
-    plugin: String,
+    pub(super) plugin: String,
     /// Expected SHA-256 of the component (required for https:// and s3://).
     #[arg(long)]
     sha256: Option<String>,
@@ -204,7 +220,7 @@ impl PluginArgs {
         Ok(reference)
     }
 
-    fn host(&self) -> anyhow::Result<PolicyHost> {
+    pub(super) fn host(&self) -> anyhow::Result<PolicyHost> {
         let cache_dir = (!self.no_cache).then(|| self.cache_dir.clone().unwrap_or_else(policy::default_cache_dir));
         let host = PolicyHost::new(cache_dir, S3Credentials::from_env()).context("cannot open the compile cache")?;
         self.trust(&host)?;
@@ -219,14 +235,14 @@ impl PluginArgs {
         Ok(())
     }
 
-    fn validate(&self) -> anyhow::Result<ValidRef> {
+    pub(super) fn validate(&self) -> anyhow::Result<ValidRef> {
         self.reference()?.validate().map_err(|err| anyhow::anyhow!("{}: {err}", self.plugin))
     }
 }
 
 /// Where a loaded policy's log lines go.
 #[derive(Clone, Copy)]
-enum PolicyLog {
+pub(super) enum PolicyLog {
     /// On stderr, every level (debug too), apart from the host's own lines: what `plugin call`
     /// and `check` show the policy's author.
     Shown,
@@ -293,6 +309,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
+        PluginCommand::Test { plugin, fixtures, show, json } => {
+            super::plugin_test::test(&plugin, &fixtures, show, json).await
+        }
         PluginCommand::Replay { plugin, job, state_dir, rootfs_mount_dir, filter, show, json } => {
             replay(&plugin, Replay { job, state_dir, rootfs: rootfs_mount_dir, filter, show, json }).await
         }
@@ -324,7 +343,7 @@ fn compile_into_cache(cache_dir: PathBuf) -> anyhow::Result<()> {
 }
 
 /// The policy kind a component exports, and its package version.
-fn world_of(exports: &[String]) -> Option<(&'static str, String)> {
+pub(super) fn world_of(exports: &[String]) -> Option<(&'static str, String)> {
     let kinds = [
         ("trigger-policy", "perennial:policy/trigger@"),
         ("splitter-policy", "perennial:policy/splitter@"),
@@ -381,7 +400,7 @@ fn load_as(world: &str, host: &PolicyHost, valid: &ValidRef, bytes: &[u8]) -> an
     Ok(())
 }
 
-fn load<K: Kind>(
+pub(super) fn load<K: Kind>(
     host: &PolicyHost,
     valid: &ValidRef,
     bytes: &[u8],
@@ -428,7 +447,7 @@ fn answer(host: &PolicyHost, valid: &ValidRef, bytes: &[u8], input: CallInput) -
 /// Runs `work` (instantiating and calling a plugin) on a blocking thread, as `perennial run`
 /// runs its policies: WASI's stdio blocks on the async runtime, which panics on one of the
 /// runtime's own threads when a plugin prints or panics.
-async fn off_runtime<T: Send + 'static>(
+pub(super) async fn off_runtime<T: Send + 'static>(
     work: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
 ) -> anyhow::Result<T> {
     tokio::task::spawn_blocking(work).await.context("the plugin's thread stopped")?
@@ -628,7 +647,7 @@ async fn replay(args: &PluginArgs, replay: Replay) -> anyhow::Result<()> {
     if report.agrees() { Ok(()) } else { Err(super::Exit::quiet(1).into()) }
 }
 
-fn print_replay(
+pub(super) fn print_replay(
     source: &str,
     digest: &str,
     kind: perennial_edge::decisions::DecisionKind,
