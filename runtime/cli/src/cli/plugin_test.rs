@@ -58,10 +58,15 @@ struct SplitInput {
     first_seq: u64,
 }
 
-/// Reads the fixtures of `files`: every decision, numbered in order where they have no id.
-fn read_fixtures(files: &[PathBuf]) -> anyhow::Result<(Vec<Record>, Vec<Vec<String>>)> {
+/// The decisions of `kind` in the fixtures of `files` (numbered in order where they have no id),
+/// each split's samples (`None`: a recorded split, which names its dataset's bytes instead), and
+/// how many decisions of other kinds there were.
+type Fixtures = (Vec<Record>, Vec<Option<Vec<String>>>, usize);
+
+fn read_fixtures(files: &[PathBuf], kind: DecisionKind) -> anyhow::Result<Fixtures> {
     let mut records = Vec::new();
     let mut samples = Vec::new();
+    let mut others = 0;
     for file in files {
         let text = read_bounded(file)?;
         let value: serde_json::Value =
@@ -74,15 +79,20 @@ fn read_fixtures(files: &[PathBuf]) -> anyhow::Result<(Vec<Record>, Vec<Vec<Stri
         for (i, value) in list.into_iter().enumerate() {
             let at = || format!("{}: decision {} (of the list, from 0)", file.display(), i);
             let fixture: Fixture = serde_json::from_value(value).with_context(at)?;
-            let (record, lines) = as_record(fixture, records.len()).with_context(at)?;
+            if fixture.kind != kind {
+                others += 1;
+                continue;
+            }
+            let (record, lines) = as_record(fixture, records.len() + others).with_context(at)?;
             records.push(record);
             samples.push(lines);
         }
     }
-    if records.is_empty() {
-        bail!("the fixtures hold no decisions");
+    match (records.is_empty(), others) {
+        (true, 0) => bail!("the fixtures hold no decisions"),
+        (true, _) => bail!("the fixtures hold no {kind} decision (only {others} of other kinds)"),
+        _ => Ok((records, samples, others)),
     }
-    Ok((records, samples))
 }
 
 fn read_bounded(file: &Path) -> anyhow::Result<String> {
@@ -100,7 +110,7 @@ fn read_bounded(file: &Path) -> anyhow::Result<String> {
 }
 
 /// The fixture as a record to replay, and a split's samples.
-fn as_record(fixture: Fixture, index: usize) -> anyhow::Result<(Record, Vec<String>)> {
+fn as_record(fixture: Fixture, index: usize) -> anyhow::Result<(Record, Option<Vec<String>>)> {
     let id = if fixture.id == 0 { index as i64 + 1 } else { fixture.id };
     let mut record = Record::of(fixture.kind, "fixture", fixture.at_ms, fixture.policy, fixture.round);
     record.id = id;
@@ -108,8 +118,16 @@ fn as_record(fixture: Fixture, index: usize) -> anyhow::Result<(Record, Vec<Stri
     record.repeats = fixture.repeats.max(1);
     record.reason = fixture.reason;
     record.answer = fixture.answer;
-    let mut lines = Vec::new();
+    let mut lines = None;
     if fixture.kind == DecisionKind::Splitter {
+        // A recorded split names a byte range of its job's dataset: not comparable here.
+        if fixture.input.get("samples").is_none()
+            && let Ok(recorded) = serde_json::from_value::<BatchInput>(fixture.input.clone())
+        {
+            record.input = serde_json::to_value(BatchInput { batch: id, ..recorded })?;
+            record.assignments = Some(Vec::new());
+            return Ok((record, None));
+        }
         let input: SplitInput = serde_json::from_value(fixture.input)
             .context("input.samples: a split's fixture holds the batch's samples (a list of lines)")?;
         let letters = fixture.assignments.context("assignments: the expected split, a letter a sample (t, e, s)")?;
@@ -137,7 +155,7 @@ fn as_record(fixture: Fixture, index: usize) -> anyhow::Result<(Record, Vec<Stri
         };
         record.input = serde_json::to_value(batch)?;
         record.assignments = Some(assignments);
-        lines = input.samples;
+        lines = Some(input.samples);
     } else {
         record.input = fixture.input;
     }
@@ -145,7 +163,6 @@ fn as_record(fixture: Fixture, index: usize) -> anyhow::Result<(Record, Vec<Stri
 }
 
 pub async fn test(args: &PluginArgs, fixtures: &[PathBuf], show: usize, json: bool) -> anyhow::Result<()> {
-    let (records, samples) = read_fixtures(fixtures)?;
     let valid = args.validate()?;
     let host = args.host()?;
     let bytes = host.fetch(&valid.source).await?;
@@ -158,10 +175,7 @@ pub async fn test(args: &PluginArgs, fixtures: &[PathBuf], show: usize, json: bo
         "splitter-policy" => DecisionKind::Splitter,
         _ => DecisionKind::Selector,
     };
-    let others = records.iter().filter(|r| r.kind != kind).count();
-    if others == records.len() {
-        bail!("the fixtures hold no {kind} decision for this {world} (only decisions of other kinds)");
-    }
+    let (records, samples, others) = read_fixtures(fixtures, kind)?;
     let report = off_runtime(move || -> anyhow::Result<replay::KindReport> {
         Ok(match kind {
             DecisionKind::Trigger => {
@@ -176,13 +190,19 @@ pub async fn test(args: &PluginArgs, fixtures: &[PathBuf], show: usize, json: bo
             }
             DecisionKind::Splitter => {
                 let policy = load::<SplitterKind>(&host, &valid, &bytes, PolicyLog::Quiet)?;
-                let by_id: std::collections::HashMap<i64, &Vec<String>> =
+                let by_id: std::collections::HashMap<i64, &Option<Vec<String>>> =
                     records.iter().zip(&samples).map(|(record, lines)| (record.id, lines)).collect();
                 replay::splits(
                     &records,
                     show,
                     &mut |input| {
-                        let lines = by_id.get(&input.batch).ok_or("no samples")?;
+                        let Some(Some(lines)) = by_id.get(&input.batch) else {
+                            return Err(format!(
+                                "a recorded split: its samples are bytes {}..{} of its job's dataset \
+                                 (`perennial plugin replay --job` reads them; a fixture holds them as input.samples)",
+                                input.start, input.end
+                            ));
+                        };
                         let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
                         SampleBatch::from_lines(input.first_seq, &lines).map_err(|err| err.to_string())
                     },
@@ -204,4 +224,49 @@ pub async fn test(args: &PluginArgs, fixtures: &[PathBuf], show: usize, json: bo
         }
     }
     if report.agrees() && report.not_comparable == 0 { Ok(()) } else { Err(super::Exit::quiet(1).into()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_of(text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f.json");
+        std::fs::write(&file, text).unwrap();
+        let kind = if text.contains("splitter") { DecisionKind::Splitter } else { DecisionKind::Trigger };
+        format!("{:#}", read_fixtures(&[file], kind).expect_err("refused"))
+    }
+
+    #[test]
+    fn a_bad_fixture_is_refused_naming_the_file_the_decision_and_the_field() {
+        assert!(error_of("[]").contains("no decisions"));
+        assert!(error_of("{").contains("f.json: not JSON"));
+        assert!(error_of(r#"[{"kind": "selector", "input": {}}]"#).contains("no trigger decision (only 1 of other"));
+        let missing = error_of(r#"[{"kind": "trigger", "input": {}}, {"input": {}}]"#);
+        assert!(missing.contains("f.json: decision 1") && missing.contains("kind"), "{missing}");
+        let letters = error_of(r#"{"kind": "splitter", "input": {"samples": ["a", "b"]}, "assignments": "t"}"#);
+        assert!(letters.contains("assignments: 1 letters for 2 samples"), "{letters}");
+        let letter = error_of(r#"{"kind": "splitter", "input": {"samples": ["a"]}, "assignments": "x"}"#);
+        assert!(letter.contains(r#"assignments: 'x' is not t (train)"#), "{letter}");
+        let samples = error_of(r#"{"kind": "splitter", "input": {"start": 0}, "assignments": ""}"#);
+        assert!(samples.contains("input.samples"), "{samples}");
+    }
+
+    #[test]
+    fn decisions_as_perennial_decisions_writes_them_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f.json");
+        let written = serde_json::json!([{
+            "id": 7, "job": "default/a", "kind": "trigger", "atMs": 1000, "lastMs": 5000, "repeats": 3,
+            "policy": {"plugin": "builtin:threshold-trigger", "digest": "ab", "config": "cd"}, "round": 2,
+            "input": {"pendingTrain": 4}, "answer": {"train": false}, "reason": "4 < 5", "micros": 3,
+            "time": "1970-01-01T00:00:01Z", "lastTime": "1970-01-01T00:00:05Z",
+        }]);
+        std::fs::write(&file, written.to_string()).unwrap();
+        let (records, _, others) = read_fixtures(&[file], DecisionKind::Trigger).unwrap();
+        assert_eq!(others, 0);
+        assert_eq!((records[0].id, records[0].repeats, records[0].round), (7, 3, 2));
+        assert_eq!(records[0].policy.plugin, "builtin:threshold-trigger");
+    }
 }
