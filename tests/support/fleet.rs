@@ -503,10 +503,21 @@ impl Operator {
         }
     }
 
+    /// The log's errors and warnings (the last 20), and its last 20 lines.
     pub fn tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        format!("----- {} -----\n{}", self.log.display(), lines[lines.len().saturating_sub(40)..].join("\n"))
+        let said: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.contains("ERROR") || l.contains("WARN") || l.contains("panicked") || l.starts_with("Error"))
+            .collect();
+        format!(
+            "----- {} (errors and warnings) -----\n{}\n----- its end -----\n{}",
+            self.log.display(),
+            said[said.len().saturating_sub(20)..].join("\n"),
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        )
     }
 }
 
