@@ -5,6 +5,13 @@
 //! (the docs' Contributing page says how, and how to use any cluster). Without a cluster the suite fails: it is never
 //! skipped in silence.
 
+// The fleet simulator, as the fleet bench runs it, and what it reads of the processes.
+#[allow(dead_code)]
+#[path = "../support/fleet.rs"]
+mod fleet_sim;
+#[allow(dead_code)]
+#[path = "../support/measure.rs"]
+mod measure;
 // The rcgen CA of the link tests (its test cloud is not used here).
 #[allow(dead_code)]
 #[path = "../support/link.rs"]
@@ -21,6 +28,7 @@ mod service_account;
 mod absent;
 mod artifacts;
 mod failover;
+mod fleet;
 mod flood;
 mod harness;
 mod helm;

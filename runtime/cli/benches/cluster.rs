@@ -28,9 +28,13 @@
 
 // The rcgen CA of the link tests (its test cloud is not used here), the workers as the cluster
 // tests play them, and the ServiceAccount kubeconfig they run the operator with.
+#[path = "support/api_server.rs"]
+mod api_server;
 #[allow(dead_code)]
 #[path = "../../../tests/support/link.rs"]
 mod link_support;
+#[path = "../../../tests/support/measure.rs"]
+mod measure;
 #[path = "../../../tests/support/plugin_projects.rs"]
 mod plugin_projects;
 #[path = "../../../tests/support/s3.rs"]
@@ -48,11 +52,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use api_server::Cluster;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
+use measure::{cpu_seconds, load_average, operator_requests};
 use perennial_api::LifelongLearningJob;
 use serde_json::{Value, json};
 
@@ -132,162 +137,6 @@ fn kill_children() {
 
 // ---------------------------------------------------------------- the API server and its parts
 
-struct Cluster {
-    kubeconfig: PathBuf,
-    /// The `up` state directory, whose pid files name kube-apiserver and etcd.
-    state: PathBuf,
-    server: String,
-    ca_pem: Vec<u8>,
-    client: kube::Client,
-}
-
-impl Cluster {
-    async fn new(kubeconfig: PathBuf) -> Cluster {
-        let config = Kubeconfig::read_from(&kubeconfig)
-            .unwrap_or_else(|err| panic!("{}: not a kubeconfig: {err}", kubeconfig.display()));
-        let named = config.clusters.first().and_then(|c| c.cluster.clone()).expect("a cluster in the kubeconfig");
-        let server = named.server.clone().expect("the cluster's server");
-        assert!(
-            server.contains("127.0.0.1") || server.contains("localhost"),
-            "the bench runs on 127.0.0.1 only, not {server}"
-        );
-        let ca_pem = match (&named.certificate_authority_data, &named.certificate_authority) {
-            (Some(data), _) => {
-                let bytes: k8s_openapi::ByteString = serde_json::from_value(json!(data.trim())).expect("base64");
-                bytes.0
-            }
-            (None, Some(file)) => std::fs::read(file).expect("the cluster's CA file"),
-            (None, None) => Vec::new(),
-        };
-        let options = KubeConfigOptions::default();
-        let client =
-            kube::Client::try_from(kube::Config::from_custom_kubeconfig(config, &options).await.expect("config"))
-                .expect("kube client");
-        let state = std::env::var_os("PERENNIAL_BENCH_K8S_STATE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| kubeconfig.parent().map(Path::to_path_buf).unwrap_or_default());
-        Cluster { kubeconfig, state, server, ca_pem, client }
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        let kubectl = std::env::var("PERENNIAL_TEST_KUBECTL")
-            .ok()
-            .and_then(|list| list.split(':').next().filter(|k| !k.is_empty()).map(str::to_owned))
-            .unwrap_or_else(|| "kubectl".to_owned());
-        let output = Command::new(&kubectl)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-            .output()
-            .unwrap_or_else(|err| panic!("running {kubectl}: {err}"));
-        assert!(
-            output.status.success(),
-            "kubectl {} failed: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// The CRDs, `deploy/operator` and `deploy/edge` (the operator's Role in the agents'
-    /// namespace, whose pods it watches), as the README says.
-    fn install(&self) {
-        self.kubectl(&["apply", "-f", "deploy/crds/"]);
-        self.kubectl(&["apply", "-k", "deploy/operator"]);
-        self.kubectl(&["apply", "-k", "deploy/edge"]);
-        for crd in ["crd/lifelonglearningjobs.sedna.io", "crd/datasets.sedna.io"] {
-            self.kubectl(&["wait", "--timeout", "60s", "--for", "condition=Established", crd]);
-        }
-    }
-
-    async fn namespace(&self, prefix: &str) -> String {
-        let mut bytes = [0u8; 4];
-        getrandom::fill(&mut bytes).expect("random");
-        let name = format!("{prefix}-{}", hex::encode(bytes));
-        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        Api::<Namespace>::all(self.client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
-        name
-    }
-
-    /// CPU seconds used so far by kube-apiserver and etcd, if their pid files are found.
-    fn control_plane_cpu(&self) -> Option<(f64, f64)> {
-        let of = |file: &str| {
-            let pid = std::fs::read_to_string(self.state.join(file)).ok()?;
-            cpu_seconds(pid.trim().parse().ok()?)
-        };
-        Some((of("kube-apiserver.pid")?, of("etcd.pid")?))
-    }
-
-    /// `apiserver_request_total` by "VERB resource[/subresource]".
-    async fn requests(&self) -> BTreeMap<String, f64> {
-        let request = http::Request::get("/metrics").body(Vec::new()).expect("request");
-        let text = tokio::time::timeout(Duration::from_secs(30), self.client.request_text(request))
-            .await
-            .expect("GET /metrics in time")
-            .expect("GET /metrics");
-        let mut counts = BTreeMap::new();
-        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-            let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-            let labels = parse_labels(labels);
-            let get = |key: &str| labels.get(key).map(String::as_str).unwrap_or_default();
-            let resource = match get("subresource") {
-                "" => get("resource").to_owned(),
-                sub => format!("{}/{sub}", get("resource")),
-            };
-            let key = format!("{} {}", get("verb"), if resource.is_empty() { "(non-resource)" } else { &resource });
-            *counts.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
-        }
-        counts
-    }
-}
-
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some(ticks / per_second)
-}
-
-fn load_average() -> String {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-}
-
-/// The operator's `perennial_operator_api_requests_total`, by "verb resource".
-async fn operator_requests(http: &reqwest::Client, metrics_port: u16) -> BTreeMap<String, f64> {
-    let url = format!("http://127.0.0.1:{metrics_port}/metrics");
-    let text = match http.get(&url).timeout(Duration::from_secs(10)).send().await {
-        Ok(response) => response.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    let mut counts = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with("perennial_operator_api_requests_total{")) {
-        let Some((labels, value)) = line.rsplit_once(' ') else { continue };
-        let labels = parse_labels(labels);
-        let get = |key: &str| labels.get(key).map(String::as_str).unwrap_or_default().to_owned();
-        *counts.entry(format!("{} {}", get("verb"), get("resource"))).or_insert(0.0) +=
-            value.parse::<f64>().unwrap_or(0.0);
-    }
-    counts
-}
-
-fn parse_labels(text: &str) -> HashMap<String, String> {
-    let inner = text.split_once('{').map_or("", |(_, rest)| rest.trim_end_matches('}'));
-    let mut labels = HashMap::new();
-    let mut rest = inner;
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let Some(end) = after.find('"') else { break };
-        labels.insert(key.trim_start_matches(',').to_owned(), after[..end].to_owned());
-        rest = &after[end + 1..];
-    }
-    labels
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
@@ -327,12 +176,7 @@ impl Process {
 
     /// VmRSS, in MiB.
     fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .map_or(f64::NAN, |kb| kb / 1024.0)
+        measure::rss_mib(self.child.id())
     }
 
     fn tail(&self) -> String {
@@ -919,9 +763,7 @@ async fn scenario(
             ),
         }
     });
-    let diff = |a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
-        a.iter().map(|(k, v)| (k.clone(), v - b.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v > 0.0).collect()
-    };
+    let diff = measure::grown;
     follow.abort();
     playing.abort();
     drop(edge_processes);

@@ -7,6 +7,7 @@
 //! - Every answer's status is seen by [`ApiHealth`], so that `/healthz` and `/readyz` say when the
 //!   API server refuses the operator's credentials instead of answering 200 while nothing works;
 //!   every request is counted there too, by verb and resource (`/metrics`).
+//! - At most [`MAX_IN_FLIGHT`] calls at once; more wait here, in order.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,6 +15,12 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderValue, Request, Response, header::AUTHORIZATION};
 use kube::client::{Body, ClientBuilder};
+
+/// The most calls in flight at once (client-go bounds a controller by rate): a fleet's burst (a
+/// thousand nodes reporting at once, each job's first reconcile) waits here rather than in the
+/// API server's priority-and-fairness queues, which it overflowed (429s, retried) at 1,000 nodes,
+/// the Lease's renewals starved among them. A watch holds its slot only until its headers come.
+pub const MAX_IN_FLIGHT: usize = 32;
 
 /// How often a token file is read again.
 const TOKEN_RELOAD: Duration = Duration::from_secs(60);
@@ -42,6 +49,7 @@ pub fn build(mut config: kube::Config, health: Arc<ApiHealth>) -> Result<kube::C
     };
     let token = token_file.map(TokenFile::open).transpose()?.map(Arc::new);
     let builder = ClientBuilder::try_from(config)?;
+    let builder = builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT));
     let seen = health.clone();
     let builder = builder.with_layer(&tower::util::MapResponseLayer::new(move |response: Response<_>| {
         seen.answered(response.status().as_u16());

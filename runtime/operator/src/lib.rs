@@ -48,6 +48,9 @@ pub struct OperatorOptions {
     pub workers: WorkerDefaults,
     /// Lease-based leader election (two replicas, one acts); `None`: act at once, alone.
     pub leader: Option<leader::LeaseSettings>,
+    /// A client of its own for the Lease, so that its renewals never wait behind the operator's
+    /// other calls ([`client::MAX_IN_FLIGHT`]); `None`: the operator's client.
+    pub leader_client: Option<LeaseClient>,
     /// This replica's name in events (its pod name).
     pub instance: Option<String>,
     /// The edge link's listener; `None`: no edge nodes (reports come from nowhere).
@@ -60,6 +63,16 @@ pub struct OperatorOptions {
     pub own_pod: Option<(String, String)>,
     /// What the client's answers say of the credentials ([`client::build`]), for the probes.
     pub api_health: Arc<client::ApiHealth>,
+}
+
+/// The Lease's own client ([`OperatorOptions::leader_client`]).
+#[derive(Clone)]
+pub struct LeaseClient(pub Client);
+
+impl std::fmt::Debug for LeaseClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseClient")
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +102,8 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
 
     // A bad certificate is said at once, not after winning the election.
     let link_tls = options.link.as_ref().map(link::load_tls).transpose()?;
-    let elector = options.leader.clone().map(|settings| leader::Elector::new(client.clone(), settings));
+    let lease_client = options.leader_client.clone().map_or_else(|| client.clone(), |own| own.0);
+    let elector = options.leader.clone().map(|settings| leader::Elector::new(lease_client, settings));
     let own_pod =
         options.own_pod.as_ref().map(|(namespace, name)| leader_label::OwnPod::new(client.clone(), namespace, name));
     if let Some(pod) = &own_pod {

@@ -111,6 +111,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         None => kube::Config::infer().await.context("no in-cluster config and no kubeconfig (--kubeconfig)")?,
     };
     let api_health = std::sync::Arc::new(cloud::client::ApiHealth::default());
+    // The Lease's own client (its own connections, not behind the others' limit).
+    let leader_client = (!args.no_leader_election).then(|| cloud::client::build(config.clone(), api_health.clone()));
+    let leader_client = leader_client.transpose()?.map(cloud::LeaseClient);
     let client = cloud::client::build(config, api_health.clone())?;
     let identity = args
         .identity
@@ -160,6 +163,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         workers: WorkerDefaults { lc_server: args.lc_server, kb_server: args.kb_server, fetch_image: args.image },
         leader: (!args.no_leader_election)
             .then(|| LeaseSettings::new(args.lease_namespace, args.lease_name, identity.clone())),
+        leader_client,
         instance: Some(identity),
         link,
         finished_rounds_kept: args.finished_rounds_kept,

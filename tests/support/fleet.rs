@@ -1,0 +1,1244 @@
+//! A fleet of simulated edge nodes on one operator (issue #36), shared by the fleet bench
+//! (`runtime/cli/benches/fleet.rs`) and the cluster suite's fleet test.
+//!
+//! Each node is the edge's own link client ([`perennial_link::edge_client::run`]: real TLS,
+//! WebSocket, its own bearer token from the operator's node tokens Secret, heartbeats, acks,
+//! resends after a cut) over a small in-memory stand-in for the edge's SQLite state: the desired
+//! jobs and datasets it holds, and an outbox of reports. No Wasm runtime, no SQLite: what is
+//! measured is the operator (a real `perennial operator` process, as its ServiceAccount, on a
+//! real API server), not a simulation of it. One Dataset and one job per node, placed on it.
+//!
+//! The stand-in sends what the real agent sends at each stage (`runtime/edge`): its dataset's
+//! sample count and Train Ready with the round's input URLs when the job waits in Train, Eval
+//! Ready with the train result's models when it waits in Eval, Deploy Ready with the model it
+//! deployed when it waits in Deploy, the workers' results as the agent relays them, and the
+//! job's policies (`status.policies`) whenever the trigger it holds changes. The fleet plays the
+//! kubelet (pods marked Running, then Succeeded, at once).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use perennial_api::{Dataset, LifelongLearningJob};
+use perennial_link::edge_client::{self, ClientSettings, EdgeState, LinkEvents, TokenSource};
+use perennial_link::{Changes, Delete};
+use perennial_types::{Input, Model, Output, Phase, Report, Stage, node_job};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, Semaphore, watch};
+
+use crate::measure;
+use crate::sedna_worker;
+
+/// Samples a node adds to its dataset a round (the trigger's threshold is below it).
+const SAMPLES: u64 = 50;
+const THRESHOLD: u32 = 40;
+/// The threshold a policy change sets on every job.
+const CHANGED_THRESHOLD: u32 = 41;
+/// Calls to the API server the fleet makes at once (creating objects, patching them).
+const API_CONCURRENCY: usize = 32;
+
+/// Child processes the fleet started (the operator), for a watchdog that exits without unwinding.
+pub static STARTED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Kills what [`STARTED`] holds.
+pub fn kill_started() {
+    for pid in STARTED.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        // SAFETY: kill(2) on a pid this process started; at worst it has exited already.
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+    }
+}
+
+/// Raises this process's open-file limit to its hard limit (children, the operator among them,
+/// inherit it): a node is a socket here and one in the operator. Returns (soft, hard).
+pub fn raise_fd_limit() -> (u64, u64) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        }
+    }
+    // rlim_t is 32 bits wide on some targets.
+    #[allow(clippy::unnecessary_cast)]
+    (limit.rlim_cur as u64, limit.rlim_max as u64)
+}
+
+/// Where the fleet runs.
+pub struct Setup {
+    /// An admin client of the API server.
+    pub client: kube::Client,
+    pub server: String,
+    pub ca_pem: Vec<u8>,
+    /// The `perennial` binary the operator runs.
+    pub binary: PathBuf,
+    /// A fresh namespace for the fleet's objects (the CRDs and `deploy/operator` installed).
+    pub namespace: String,
+    /// A folder for the operator's files and logs.
+    pub dir: PathBuf,
+    pub nodes: usize,
+    /// The `up` state directory (kube-apiserver.pid, etcd.pid), for their CPU.
+    pub k8s_state: Option<PathBuf>,
+}
+
+/// One phase's figures, printed on one line.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    pub phase: String,
+    pub nodes: usize,
+    pub connected: usize,
+    pub seconds: f64,
+    pub rss_mib: f64,
+    /// The operator's CPU seconds per minute of the phase.
+    pub cpu_per_min: Option<f64>,
+    /// Link bytes per node per second (TLS records on the wire, the operator's sockets):
+    /// edge -> operator, operator -> edge, in kbit/s.
+    pub kbit_up: Option<f64>,
+    pub kbit_down: Option<f64>,
+    pub job_rounds: Option<usize>,
+    pub requests_per_job_round: Option<f64>,
+    /// The operator's own requests per job-round (its /metrics).
+    pub operator_requests_per_job_round: Option<f64>,
+    pub apiserver_cpu_per_job_round: Option<f64>,
+    pub etcd_cpu_per_job_round: Option<f64>,
+    /// Anything else worth a figure: (name, value).
+    pub extra: Vec<(String, String)>,
+    pub load: String,
+}
+
+impl std::fmt::Display for Figures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fleet {:<8} nodes={} connected={} time_s={:.1} operator_rss_mib={:.1}",
+            self.phase, self.nodes, self.connected, self.seconds, self.rss_mib
+        )?;
+        if let Some(cpu) = self.cpu_per_min {
+            write!(f, " operator_cpu_s_per_min={cpu:.2}")?;
+        }
+        if let (Some(up), Some(down)) = (self.kbit_up, self.kbit_down) {
+            write!(f, " link_kbit_s_per_node_up={up:.4} down={down:.4}")?;
+        }
+        if let Some(rounds) = self.job_rounds {
+            write!(f, " job_rounds={rounds}")?;
+        }
+        if let Some(requests) = self.requests_per_job_round {
+            write!(f, " api_requests_per_job_round={requests:.1}")?;
+        }
+        if let Some(requests) = self.operator_requests_per_job_round {
+            write!(f, " operator_requests_per_job_round={requests:.1}")?;
+        }
+        if let Some(cpu) = self.apiserver_cpu_per_job_round {
+            write!(f, " apiserver_cpu_s_per_job_round={cpu:.4}")?;
+        }
+        if let Some(cpu) = self.etcd_cpu_per_job_round {
+            write!(f, " etcd_cpu_s_per_job_round={cpu:.4}")?;
+        }
+        for (name, value) in &self.extra {
+            write!(f, " {name}={value}")?;
+        }
+        write!(f, " load=\"{}\"", self.load)
+    }
+}
+
+// ---------------------------------------------------------------- the node's in-memory state
+
+/// What every node adds up to.
+#[derive(Default)]
+pub struct Totals {
+    pub connected: AtomicUsize,
+    pub connects: AtomicU64,
+    pub queued: AtomicU64,
+    pub acked: AtomicU64,
+    pub rejected: Mutex<Vec<String>>,
+}
+
+/// A job as its node holds it.
+#[derive(Default)]
+struct HeldJob {
+    uid: String,
+    output_dir: String,
+    dataset: String,
+    /// `round/Stage` steps already reported (a desired state sent again is not acted on twice).
+    acted: BTreeSet<String>,
+    /// The trigger's config, as JSON text (a policy change shows here).
+    trigger: Option<String>,
+    /// The last train result's models, for the Eval Ready report.
+    train_models: Vec<Model>,
+    /// The last notice: (stage, round).
+    notice: Option<(Stage, u64)>,
+}
+
+/// The stand-in for one edge's SQLite store.
+struct NodeState {
+    allocated: u64,
+    outbox: BTreeMap<u64, Value>,
+    desired_seq: u64,
+    jobs: BTreeMap<String, HeldJob>,
+    datasets: BTreeSet<String>,
+    /// Rounds this node plays (the rounds phase raises it for its share of the nodes).
+    rounds_wanted: u64,
+    /// Samples counted in its dataset so far (what its count reports said last).
+    samples: u64,
+    /// When the node first held its job and dataset.
+    synced_at: Option<Instant>,
+    /// When the node held a changed trigger.
+    policy_at: Option<Instant>,
+    /// A reconnect started then (churn): the time to the next desired state applied is kept.
+    reconnecting: Option<Instant>,
+    resynced: Vec<Duration>,
+    /// A notice of Train for round `rounds_wanted` arrived (its rounds are done).
+    rounds_done_at: Option<Instant>,
+    totals: Arc<Totals>,
+}
+
+impl NodeState {
+    fn queue(&mut self, body: Value) {
+        self.allocated += 1;
+        self.outbox.insert(self.allocated, body);
+        self.totals.queued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn queue_report(&mut self, report: &Report) {
+        self.queue(serde_json::to_value(report).expect("a report is JSON"));
+    }
+
+    /// The reports the real agent sends for what the job's notice says.
+    fn act(&mut self, key: &str) {
+        let wanted = self.rounds_wanted;
+        let Some(job) = self.jobs.get(key) else { return };
+        let Some((stage, round)) = job.notice else { return };
+        let (uid, output, dataset) = (job.uid.clone(), job.output_dir.clone(), job.dataset.clone());
+        let report = |round: u64, phase: Stage, status: Phase, input: Option<Input>, reason: Option<String>| Report {
+            job: key.to_owned(),
+            job_uid: uid.clone(),
+            round: round as i64,
+            phase,
+            status,
+            input,
+            output: None,
+            reason,
+        };
+        let url = |path: String| format!("{}/{path}", output.trim_end_matches('/'));
+        let step = match stage {
+            Stage::Train => round + 1,
+            _ => round,
+        };
+        if stage == Stage::Train && round >= wanted {
+            if round > 0 && self.rounds_done_at.is_none() && round == wanted {
+                self.rounds_done_at = Some(Instant::now());
+            }
+            return;
+        }
+        let mark = format!("{step}/{stage}");
+        if !self.jobs.get_mut(key).is_some_and(|job| job.acted.insert(mark)) {
+            return;
+        }
+        match stage {
+            Stage::Train => {
+                self.samples += SAMPLES;
+                let samples = self.samples;
+                self.queue(json!({"dataset": dataset, "numberOfSamples": samples}));
+                let input = Input {
+                    models: Vec::new(),
+                    data_url: Some(url(format!("data/train/{step}/data.txt"))),
+                    data_index_url: None,
+                    output_dir: Some(url(format!("train/{step}"))),
+                };
+                let reason = format!("num_of_samples {samples} >= {THRESHOLD}");
+                self.queue_report(&report(step, Stage::Train, Phase::Ready, Some(input), Some(reason)));
+            }
+            Stage::Eval => {
+                let models = self.jobs.get(key).map(|job| job.train_models.clone()).unwrap_or_default();
+                let input = Input {
+                    models,
+                    data_url: Some(url(format!("data/eval/{step}/data.txt"))),
+                    data_index_url: None,
+                    output_dir: Some(url(format!("eval/{step}"))),
+                };
+                self.queue_report(&report(step, Stage::Eval, Phase::Ready, Some(input), None));
+            }
+            Stage::Deploy => {
+                let deployed = Model {
+                    format: "pkl".into(),
+                    url: url("deploy/index.pkl".into()),
+                    metrics: Some(json!({"precision_score": 0.9})),
+                };
+                let input = Input { models: vec![deployed], ..Input::default() };
+                let reason = Some("the first candidate".to_owned());
+                self.queue_report(&report(step, Stage::Deploy, Phase::Ready, Some(input), reason));
+            }
+        }
+    }
+
+    /// The job's policies as the agent reports them after loading them.
+    fn policies_report(&mut self, key: &str) {
+        let Some(job) = self.jobs.get(key) else { return };
+        let config = job.trigger.as_deref().unwrap_or_default();
+        let digest = {
+            use sha2::Digest as _;
+            hex::encode(sha2::Sha256::digest(config.as_bytes()))
+        };
+        let body = json!({"job": key, "jobUid": job.uid, "fault": null, "policies": {"trigger": {
+            "plugin": "builtin:threshold-trigger", "digest": "fleet", "config": &digest[..12], "health": "Serving"}}});
+        self.queue(body);
+    }
+}
+
+impl EdgeState for NodeState {
+    fn allocated(&mut self) -> Result<u64, String> {
+        Ok(self.allocated)
+    }
+
+    fn fetch(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, Value)>, String> {
+        Ok(self.outbox.range(after + 1..).take(limit).map(|(seq, body)| (*seq, body.clone())).collect())
+    }
+
+    fn delete(&mut self, delete: Delete) -> Result<(), String> {
+        let gone: Vec<u64> = match delete {
+            Delete::Through(seq) => self.outbox.range(..=seq).map(|(s, _)| *s).collect(),
+            Delete::Only(seq) => vec![seq],
+        };
+        for seq in gone {
+            if self.outbox.remove(&seq).is_some() && matches!(delete, Delete::Through(_)) {
+                self.totals.acked.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    fn renumber_above(&mut self, floor: u64) -> Result<(), String> {
+        let rows = std::mem::take(&mut self.outbox);
+        self.outbox = rows.into_iter().map(|(seq, body)| (seq + floor, body)).collect();
+        self.allocated = self.outbox.keys().next_back().copied().unwrap_or(0).max(floor);
+        Ok(())
+    }
+
+    fn last_applied_desired(&mut self) -> Result<u64, String> {
+        Ok(self.desired_seq)
+    }
+
+    fn held(&mut self) -> Result<(BTreeSet<String>, BTreeSet<String>), String> {
+        Ok((self.jobs.keys().cloned().collect(), self.datasets.clone()))
+    }
+
+    fn apply_desired(&mut self, changes: &Changes) -> Result<(), String> {
+        for (key, _) in &changes.datasets {
+            self.datasets.insert(key.clone());
+        }
+        for (key, object) in &changes.jobs {
+            let job = node_job(key, object)?;
+            let held = self.jobs.entry(key.clone()).or_default();
+            held.uid = job.metadata.uid.clone();
+            held.output_dir = job.config.spec.output_dir.clone();
+            held.dataset = job.config.spec.dataset.clone();
+            held.notice = job.notice.as_ref().map(|notice| (notice.stage, notice.round));
+            let trigger = serde_json::to_string(&job.config.trigger.config).ok();
+            let changed = held.trigger.is_some() && held.trigger != trigger;
+            let first = held.trigger.is_none();
+            held.trigger = trigger;
+            if changed && self.policy_at.is_none() {
+                self.policy_at = Some(Instant::now());
+            }
+            if changed || first {
+                self.policies_report(key);
+            }
+            self.act(key);
+        }
+        for key in &changes.removed_jobs {
+            self.jobs.remove(key);
+        }
+        for key in &changes.removed_datasets {
+            self.datasets.remove(key);
+        }
+        self.desired_seq = changes.seq;
+        if self.synced_at.is_none() && !self.jobs.is_empty() && !self.datasets.is_empty() {
+            self.synced_at = Some(Instant::now());
+        }
+        if let Some(since) = self.reconnecting.take() {
+            self.resynced.push(since.elapsed());
+        }
+        Ok(())
+    }
+}
+
+fn lock(state: &Mutex<NodeState>) -> std::sync::MutexGuard<'_, NodeState> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Events {
+    up: AtomicBool,
+    ever: AtomicBool,
+    totals: Arc<Totals>,
+}
+
+impl LinkEvents for Events {
+    fn desired_applied(&self, _changes: &Changes) {}
+
+    fn connected(&self, up: bool) {
+        if up {
+            self.ever.store(true, Ordering::Relaxed);
+            self.totals.connects.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.up.swap(up, Ordering::Relaxed) != up {
+            if up {
+                self.totals.connected.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.totals.connected.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn rejected(&self, seq: u64, reason: &str) {
+        self.totals.rejected.lock().unwrap_or_else(|p| p.into_inner()).push(format!("report {seq}: {reason}"));
+    }
+}
+
+/// One simulated node: the edge's link client over its in-memory state.
+pub struct SimNode {
+    pub name: String,
+    job: String,
+    state: Arc<Mutex<NodeState>>,
+    outbox: Arc<Notify>,
+    events: Arc<Events>,
+    settings: ClientSettings,
+    running: Mutex<Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>>,
+}
+
+impl SimNode {
+    fn start(&self) {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(edge_client::run(
+            self.settings.clone(),
+            self.state.clone(),
+            self.outbox.clone(),
+            self.events.clone(),
+            stopped,
+        ));
+        *self.running.lock().unwrap_or_else(|p| p.into_inner()) = Some((stop, task));
+    }
+
+    /// Closes the link (as a node that goes away) and opens it again.
+    async fn reconnect(&self, away: Duration) {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((stop, task)) = running {
+            let _ = stop.send(true);
+            let _ = task.await;
+        }
+        tokio::time::sleep(away).await;
+        lock(&self.state).reconnecting = Some(Instant::now());
+        self.start();
+    }
+
+    fn stop(&self) {
+        if let Some((stop, _)) = self.running.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = stop.send(true);
+        }
+    }
+
+    /// A worker's result, relayed as the agent's worker API does.
+    fn worker_report(&self, pod: &Pod, namespace: &str, kind: &str, round: i64) {
+        let body = sedna_worker::report(pod, namespace, kind);
+        let models: Vec<Model> = serde_json::from_value(body["results"].clone()).unwrap_or_default();
+        let mut state = lock(&self.state);
+        let Some(job) = state.jobs.get_mut(&self.job) else { return };
+        if kind == "train" {
+            job.train_models = models.clone();
+        }
+        let report = Report {
+            job: self.job.clone(),
+            job_uid: job.uid.clone(),
+            round,
+            phase: if kind == "train" { Stage::Train } else { Stage::Eval },
+            status: Phase::Completed,
+            input: None,
+            output: Some(Output { models }),
+            reason: None,
+        };
+        state.queue_report(&report);
+        drop(state);
+        self.outbox.notify_one();
+    }
+}
+
+// ---------------------------------------------------------------- the operator
+
+/// `perennial operator`, its log in a file; killed when dropped.
+pub struct Operator {
+    child: Child,
+    pub log: PathBuf,
+    pub metrics_port: u16,
+    pub link_port: u16,
+    pub started: Instant,
+}
+
+impl Operator {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn rss_mib(&self) -> f64 {
+        measure::rss_mib(self.pid())
+    }
+
+    pub fn cpu_seconds(&self) -> f64 {
+        measure::cpu_seconds(self.pid()).unwrap_or(f64::NAN)
+    }
+
+    /// Why the operator is no longer running, if it is not.
+    pub fn exited(&mut self) -> Option<String> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Some(format!("the operator exited ({status})\n{}", self.tail())),
+            Ok(None) => None,
+            Err(err) => Some(format!("the operator's status: {err}")),
+        }
+    }
+
+    /// The log's errors and warnings (the last 20), and its last 20 lines.
+    pub fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let said: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.contains("ERROR") || l.contains("WARN") || l.contains("panicked") || l.starts_with("Error"))
+            .collect();
+        format!(
+            "----- {} (errors and warnings) -----\n{}\n----- its end -----\n{}",
+            self.log.display(),
+            said[said.len().saturating_sub(20)..].join("\n"),
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        )
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// The link's bytes on the operator's side of every established connection to `port`:
+/// (received from the nodes, sent to them, connections), from the kernel's TCP info (`ss`).
+pub fn link_bytes(port: u16) -> (u64, u64, usize) {
+    let filter = format!("sport = :{port}");
+    let output = Command::new("ss").args(["-Htin", "state", "established", &filter]).output();
+    let Ok(output) = output else { return (0, 0, 0) };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let (mut received, mut sent, mut connections) = (0, 0, 0);
+    for word in text.split_whitespace() {
+        if let Some(n) = word.strip_prefix("bytes_received:") {
+            received += n.parse::<u64>().unwrap_or(0);
+        } else if let Some(n) = word.strip_prefix("bytes_sent:") {
+            sent += n.parse::<u64>().unwrap_or(0);
+            connections += 1;
+        }
+    }
+    (received, sent, connections)
+}
+
+// ---------------------------------------------------------------- the fleet
+
+/// Pods seen per (job, round, worker type), for the check that no step was done twice.
+type PodsSeen = Mutex<HashMap<(String, String, String), BTreeSet<String>>>;
+
+pub struct Fleet {
+    pub setup: Setup,
+    pub operator: Operator,
+    pub nodes: Vec<Arc<SimNode>>,
+    pub totals: Arc<Totals>,
+    /// The kubelet runs pods (else it leaves them Pending).
+    run_pods: Arc<AtomicBool>,
+    /// The kubelet's own API calls.
+    own_calls: Arc<AtomicU64>,
+    pods_seen: Arc<PodsSeen>,
+    kubelet: tokio::task::JoinHandle<()>,
+    http: reqwest::Client,
+    pub figures: Vec<Figures>,
+}
+
+impl Fleet {
+    /// The node tokens' Secret, the operator's RoleBinding, one Dataset and one job per node; the
+    /// nodes started (their link retrying); then the operator. Figures: the objects' creation,
+    /// and the time from the operator's start to every node connected and holding its job.
+    pub async fn start(setup: Setup) -> Fleet {
+        let (namespace, n) = (setup.namespace.clone(), setup.nodes);
+        let client = setup.client.clone();
+        let totals = Arc::new(Totals::default());
+        let names: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        let tokens: Vec<String> = names
+            .iter()
+            .map(|_| {
+                let mut bytes = [0u8; 16];
+                getrandom::fill(&mut bytes).expect("random");
+                hex::encode(bytes)
+            })
+            .collect();
+        let data: serde_json::Map<String, Value> =
+            names.iter().zip(&tokens).map(|(node, token)| (node.clone(), json!(token))).collect();
+        let secret_bytes: usize = names.iter().zip(&tokens).map(|(a, b)| a.len() + b.len()).sum();
+        let secret: Secret =
+            serde_json::from_value(json!({"metadata": {"name": "fleet-tokens"}, "stringData": data})).expect("secret");
+        Api::<Secret>::namespaced(client.clone(), &namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap_or_else(|err| panic!("the node tokens' Secret ({n} nodes, {secret_bytes} bytes): {err}"));
+        // The cluster-wide install reads Secrets only where this is bound (README).
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": "perennial-operator-credentials"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "perennial-operator-credentials"},
+            "subjects": [{"kind": "ServiceAccount", "name": "perennial-operator", "namespace": "perennial-system"}]
+        }))
+        .expect("binding");
+        Api::<RoleBinding>::namespaced(client.clone(), &namespace)
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("the operator's RoleBinding");
+        let operator_kubeconfig = crate::service_account::service_account_kubeconfig(
+            &client,
+            (&setup.server, &setup.ca_pem),
+            "perennial-system",
+            "perennial-operator",
+            &setup.dir,
+        )
+        .await;
+
+        // One Dataset and one job per node.
+        let created = Instant::now();
+        let datasets: Api<Dataset> = Api::namespaced(client.clone(), &namespace);
+        let jobs: Api<LifelongLearningJob> = Api::namespaced(client.clone(), &namespace);
+        let out = setup.dir.join("out");
+        let made = futures::stream::iter(names.iter().enumerate())
+            .map(|(i, node)| {
+                let (datasets, jobs, out) = (datasets.clone(), jobs.clone(), out.clone());
+                async move {
+                    let (dataset, job) = objects(i, node, &out);
+                    datasets.create(&PostParams::default(), &dataset).await.map_err(|e| format!("dataset {i}: {e}"))?;
+                    jobs.create(&PostParams::default(), &job).await.map_err(|e| format!("job {i}: {e}"))?;
+                    Ok::<(), String>(())
+                }
+            })
+            .buffer_unordered(API_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        if let Some(Err(err)) = made.into_iter().find(Result::is_err) {
+            panic!("creating the fleet's objects: {err}");
+        }
+        let create_secs = created.elapsed().as_secs_f64();
+
+        // The nodes first (as a fleet that is there when the operator starts), then the operator.
+        let pki = crate::link_support::pki();
+        for (file, pem) in [("ca.pem", &pki.ca_pem), ("link.crt", &pki.cert_pem), ("link.key", &pki.key_pem)] {
+            std::fs::write(setup.dir.join(file), pem).expect("pem");
+        }
+        let link_port = free_port();
+        let metrics_port = free_port();
+        let url = format!("wss://localhost:{link_port}/v1/link");
+        let mut nodes = Vec::with_capacity(n);
+        for (i, (name, token)) in names.iter().zip(&tokens).enumerate() {
+            let state = NodeState {
+                allocated: 0,
+                outbox: BTreeMap::new(),
+                desired_seq: 0,
+                jobs: BTreeMap::new(),
+                datasets: BTreeSet::new(),
+                rounds_wanted: 0,
+                samples: 0,
+                synced_at: None,
+                policy_at: None,
+                reconnecting: None,
+                resynced: Vec::new(),
+                rounds_done_at: None,
+                totals: totals.clone(),
+            };
+            // Each node its own TLS client (no TLS session shared with another node).
+            let tls = perennial_link::socket::client_tls(pki.ca_pem.as_bytes()).expect("the link's CA");
+            let settings = ClientSettings {
+                url: url.clone(),
+                server_name: None,
+                token: TokenSource::Fixed(token.clone()),
+                tls,
+                node: name.clone(),
+                min_backoff: Duration::from_millis(500),
+                max_backoff: Duration::from_secs(60),
+                policy_platform: None,
+                downloads: None,
+            };
+            let events =
+                Arc::new(Events { up: AtomicBool::new(false), ever: AtomicBool::new(false), totals: totals.clone() });
+            let node = Arc::new(SimNode {
+                name: name.clone(),
+                job: format!("{namespace}/job-{i}"),
+                state: Arc::new(Mutex::new(state)),
+                outbox: Arc::new(Notify::new()),
+                events,
+                settings,
+                running: Mutex::new(None),
+            });
+            node.start();
+            nodes.push(node);
+        }
+        let started_nodes = Instant::now();
+        let by_name: Arc<HashMap<String, Arc<SimNode>>> =
+            Arc::new(nodes.iter().map(|node| (node.name.clone(), node.clone())).collect());
+
+        let path = |name: &str| setup.dir.join(name).display().to_string();
+        let args: Vec<String> = [
+            "operator",
+            "--kubeconfig",
+            &operator_kubeconfig.display().to_string(),
+            "--namespace",
+            &namespace,
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--lease-namespace",
+            "perennial-system",
+            "--lease-name",
+            &format!("operator-{namespace}"),
+            "--identity",
+            "fleet",
+            "--link-addr",
+            &format!("127.0.0.1:{link_port}"),
+            "--link-cert",
+            &path("link.crt"),
+            "--link-key",
+            &path("link.key"),
+            "--link-tokens",
+            &format!("{namespace}/fleet-tokens"),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let log = setup.dir.join("operator.log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(&setup.binary)
+            .args(&args)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::from(file.try_clone().expect("log")))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap_or_else(|err| panic!("starting {}: {err}", setup.binary.display()));
+        STARTED.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
+        let operator = Operator { child, log, metrics_port, link_port, started: Instant::now() };
+        let nodes_before = started_nodes.elapsed();
+
+        let run_pods = Arc::new(AtomicBool::new(true));
+        let own_calls = Arc::new(AtomicU64::new(0));
+        let pods_seen = Arc::new(PodsSeen::default());
+        let kubelet = tokio::spawn(kubelet(
+            Api::namespaced(client.clone(), &namespace),
+            namespace.clone(),
+            by_name,
+            run_pods.clone(),
+            own_calls.clone(),
+            pods_seen.clone(),
+        ));
+        let mut fleet = Fleet {
+            setup,
+            operator,
+            nodes,
+            totals,
+            run_pods,
+            own_calls,
+            pods_seen,
+            kubelet,
+            http: reqwest::Client::new(),
+            figures: Vec::new(),
+        };
+        let mut figures = fleet.figures("create");
+        figures.seconds = create_secs;
+        figures.extra.push(("objects".into(), format!("{}", 2 * n)));
+        figures.extra.push(("objects_per_s".into(), format!("{:.0}", 2.0 * n as f64 / create_secs)));
+        figures.extra.push(("token_secret_bytes".into(), secret_bytes.to_string()));
+        fleet.print(figures);
+
+        // Connected and synced: every node holds its job and dataset, and each job has its
+        // status (the notice of Train, round 0).
+        let limit = Duration::from_secs(120 + n as u64 / 20);
+        fleet
+            .until("every node connected and holding its job", limit, |fleet| fleet.synced() == fleet.nodes.len())
+            .await;
+        let synced = fleet.operator.started.elapsed();
+        let mut figures = fleet.figures("connect");
+        figures.seconds = synced.as_secs_f64();
+        figures.extra.push(("nodes_started_before_operator_s".into(), format!("{:.1}", nodes_before.as_secs_f64())));
+        figures.extra.push(("connects".into(), fleet.totals.connects.load(Ordering::Relaxed).to_string()));
+        fleet.print(figures);
+        // Every job's status written (Train Waiting on its node), and the nodes' first reports
+        // (their policies) applied: the time from the operator's start.
+        let waiting = |fleet: &Fleet| {
+            let held =
+                |node: &Arc<SimNode>| lock(&node.state).jobs.values().all(|job| job.notice == Some((Stage::Train, 0)));
+            fleet.nodes.iter().filter(|node| held(node)).count()
+        };
+        let every = |fleet: &Fleet| waiting(fleet) == fleet.nodes.len();
+        let status_limit = Duration::from_secs(120 + n as u64 / 5);
+        fleet.until("every job's status written (Train Waiting on every node)", status_limit, every).await;
+        fleet.until("every node's reports acknowledged", limit, |fleet| fleet.outboxes() == 0).await;
+        let mut figures = fleet.figures("status");
+        figures.seconds = fleet.operator.started.elapsed().as_secs_f64();
+        fleet.print(figures);
+        fleet
+    }
+
+    fn figures(&self, phase: &str) -> Figures {
+        Figures {
+            phase: phase.to_owned(),
+            nodes: self.nodes.len(),
+            connected: self.totals.connected.load(Ordering::Relaxed),
+            rss_mib: self.operator.rss_mib(),
+            load: measure::load_average(),
+            ..Figures::default()
+        }
+    }
+
+    fn print(&mut self, figures: Figures) {
+        println!("{figures}");
+        self.figures.push(figures);
+    }
+
+    fn synced(&self) -> usize {
+        self.nodes.iter().filter(|node| lock(&node.state).synced_at.is_some()).count()
+    }
+
+    fn outboxes(&self) -> usize {
+        self.nodes.iter().map(|node| lock(&node.state).outbox.len()).sum()
+    }
+
+    /// Waits until `done`, every 200 ms; panics after `limit` (or as soon as the operator exits).
+    async fn until(&mut self, what: &str, limit: Duration, done: impl Fn(&Fleet) -> bool) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if done(self) {
+                return;
+            }
+            if let Some(exited) = self.operator.exited() {
+                panic!("waiting for {what}: {exited}");
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {limit:?} waiting for {what}: {} of {} nodes connected, {} synced, {} reports \
+                     unacknowledged\n{}",
+                    self.totals.connected.load(Ordering::Relaxed),
+                    self.nodes.len(),
+                    self.synced(),
+                    self.outboxes(),
+                    self.operator.tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Nodes connected, heartbeats only, for `length`: the operator's RSS and CPU, the link's
+    /// bytes per node per second each way.
+    pub async fn idle(&mut self, length: Duration) -> Figures {
+        let port = self.operator.link_port;
+        let (up0, down0, _) = link_bytes(port);
+        let (cpu0, connects0, started) = (self.operator.cpu_seconds(), self.connects(), Instant::now());
+        tokio::time::sleep(length).await;
+        let (up1, down1, connections) = link_bytes(port);
+        let elapsed = started.elapsed().as_secs_f64();
+        let cpu = self.operator.cpu_seconds() - cpu0;
+        let n = self.nodes.len() as f64;
+        let mut figures = self.figures("idle");
+        figures.seconds = elapsed;
+        figures.cpu_per_min = Some(cpu / elapsed * 60.0);
+        figures.kbit_up = Some(up1.saturating_sub(up0) as f64 * 8.0 / 1000.0 / elapsed / n);
+        figures.kbit_down = Some(down1.saturating_sub(down0) as f64 * 8.0 / 1000.0 / elapsed / n);
+        figures.extra.push(("link_connections".into(), connections.to_string()));
+        figures.extra.push(("reconnects".into(), (self.connects() - connects0).to_string()));
+        if let Some(exited) = self.operator.exited() {
+            panic!("while idle: {exited}");
+        }
+        self.print(figures.clone());
+        figures
+    }
+
+    fn connects(&self) -> u64 {
+        self.totals.connects.load(Ordering::Relaxed)
+    }
+
+    /// A policy change on every job (its trigger's threshold): the time until every node holds
+    /// it (and serves it: the stand-in reports the new config in `status.policies`).
+    pub async fn policy_change(&mut self) -> Figures {
+        let jobs: Api<LifelongLearningJob> = Api::namespaced(self.setup.client.clone(), &self.setup.namespace);
+        let started = Instant::now();
+        let patch = json!({"spec": {"trainSpec": {"trigger": {"condition": {"threshold": CHANGED_THRESHOLD}}}}});
+        let patched = futures::stream::iter(0..self.nodes.len())
+            .map(|i| {
+                let (jobs, patch) = (jobs.clone(), patch.clone());
+                async move { jobs.patch(&format!("job-{i}"), &PatchParams::default(), &Patch::Merge(&patch)).await }
+            })
+            .buffer_unordered(API_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        if let Some(Err(err)) = patched.into_iter().find(Result::is_err) {
+            panic!("changing the jobs' trigger: {err}");
+        }
+        let patch_secs = started.elapsed().as_secs_f64();
+        let limit = Duration::from_secs(120 + self.nodes.len() as u64 / 20);
+        self.until("every node holding the changed policy", limit, |fleet| {
+            fleet.nodes.iter().all(|node| lock(&node.state).policy_at.is_some())
+        })
+        .await;
+        let last = self.nodes.iter().filter_map(|node| lock(&node.state).policy_at).max().unwrap_or(started);
+        let mut times: Vec<f64> = self
+            .nodes
+            .iter()
+            .filter_map(|node| lock(&node.state).policy_at)
+            .map(|at| at.saturating_duration_since(started).as_secs_f64())
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let mut figures = self.figures("policy");
+        figures.seconds = last.saturating_duration_since(started).as_secs_f64();
+        figures.extra.push(("patch_all_jobs_s".into(), format!("{patch_secs:.1}")));
+        figures.extra.push(("p50_node_s".into(), format!("{:.1}", times.get(times.len() / 2).copied().unwrap_or(0.0))));
+        self.until("the policies' reports acknowledged", limit, |fleet| fleet.outboxes() == 0).await;
+        self.print(figures.clone());
+        figures
+    }
+
+    /// `share` of the nodes play one round of their job (`full`: Train Ready to deployed, the
+    /// fleet playing the kubelet and the workers; else Train Ready to the train pod created, left
+    /// Pending). API requests and the API server's CPU per job-round.
+    pub async fn rounds(&mut self, share: f64, full: bool) -> Figures {
+        let count = ((self.nodes.len() as f64 * share).round() as usize).clamp(1, self.nodes.len());
+        let playing: Vec<Arc<SimNode>> = self.nodes.iter().take(count).cloned().collect();
+        self.run_pods.store(full, Ordering::Relaxed);
+        let state = self.setup.k8s_state.clone();
+        let before = measure::apiserver_requests(&self.setup.client).await;
+        let operator_before = measure::operator_requests(&self.http, self.operator.metrics_port).await;
+        let own_before = self.own_calls.load(Ordering::Relaxed);
+        let cpu_before = state.as_deref().and_then(measure::control_plane_cpu);
+        let operator_cpu_before = self.operator.cpu_seconds();
+        let started = Instant::now();
+        let round = {
+            let first = lock(&playing[0].state).rounds_wanted;
+            first + 1
+        };
+        for node in &playing {
+            let mut state = lock(&node.state);
+            state.rounds_wanted = round;
+            state.rounds_done_at = None;
+            let keys: Vec<String> = state.jobs.keys().cloned().collect();
+            for key in keys {
+                state.act(&key);
+            }
+            drop(state);
+            node.outbox.notify_one();
+        }
+        let limit = Duration::from_secs(300 + count as u64 / 2);
+        let pods_seen = self.pods_seen.clone();
+        let namespace = self.setup.namespace.clone();
+        let wanted = round.to_string();
+        let playing_jobs: Vec<String> = playing.iter().map(|node| node.job.clone()).collect();
+        if full {
+            self.until("every playing node's round deployed", limit, |_| {
+                playing.iter().all(|node| lock(&node.state).rounds_done_at.is_some())
+            })
+            .await;
+        } else {
+            self.until("a train pod for every playing job", limit, |_| {
+                let seen = pods_seen.lock().unwrap_or_else(|p| p.into_inner());
+                playing_jobs.iter().all(|job| {
+                    let name = job.strip_prefix(&format!("{namespace}/")).unwrap_or(job);
+                    seen.contains_key(&(name.to_owned(), wanted.clone(), "train".to_owned()))
+                })
+            })
+            .await;
+        }
+        let elapsed = started.elapsed();
+        self.until("the rounds' reports acknowledged", limit, |fleet| fleet.outboxes() == 0).await;
+        // The operator's writes settle (Events go off the reconcile path).
+        let mut settled = measure::operator_requests(&self.http, self.operator.metrics_port).await;
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let now = measure::operator_requests(&self.http, self.operator.metrics_port).await;
+            let quiet = now.iter().all(|(key, count)| key.contains("leases") || settled.get(key) == Some(count));
+            settled = now;
+            if quiet {
+                break;
+            }
+        }
+        let after = measure::apiserver_requests(&self.setup.client).await;
+        let own = (self.own_calls.load(Ordering::Relaxed) - own_before) as f64;
+        let cpu_after = state.as_deref().and_then(measure::control_plane_cpu);
+        let operator_cpu = self.operator.cpu_seconds() - operator_cpu_before;
+        let total: f64 = measure::grown(&after, &before).values().sum();
+        let operator_total: f64 = measure::grown(&settled, &operator_before).values().sum();
+        let per = count as f64;
+        let mut figures = self.figures(if full { "rounds" } else { "train" });
+        figures.seconds = elapsed.as_secs_f64();
+        figures.job_rounds = Some(count);
+        // The fleet's own calls (the kubelet's, and the two reads of /metrics) are not the
+        // operator's cost.
+        figures.requests_per_job_round = Some((total - own - 2.0) / per);
+        figures.operator_requests_per_job_round = Some(operator_total / per);
+        if let (Some((api0, etcd0)), Some((api1, etcd1))) = (cpu_before, cpu_after) {
+            figures.apiserver_cpu_per_job_round = Some((api1 - api0) / per);
+            figures.etcd_cpu_per_job_round = Some((etcd1 - etcd0) / per);
+        }
+        figures.extra.push(("operator_cpu_s_per_job_round".into(), format!("{:.4}", operator_cpu / per)));
+        figures.extra.push(("kubelet_requests_per_job_round".into(), format!("{:.1}", own / per)));
+        let mut breakdown: Vec<(String, f64)> =
+            measure::grown(&settled, &operator_before).into_iter().map(|(k, v)| (k, v / per)).collect();
+        breakdown.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let shown: Vec<String> =
+            breakdown.iter().take(6).map(|(k, v)| format!("{}:{v:.2}", k.replace(' ', "_"))).collect();
+        figures.extra.push(("operator_top".into(), shown.join(",")));
+        self.print(figures.clone());
+        figures
+    }
+
+    /// Nodes drop and reconnect at `per_second` for `length`; each queues a report (its dataset's
+    /// count) just before it goes. The time from a reconnect to the node's desired state applied.
+    pub async fn churn(&mut self, length: Duration, per_second: f64) -> Figures {
+        let (cpu0, connects0) = (self.operator.cpu_seconds(), self.connects());
+        let started = Instant::now();
+        let interval = Duration::from_secs_f64(1.0 / per_second.max(0.01));
+        let mut tasks = Vec::new();
+        let mut next = 0usize;
+        let mut random = [0u8; 8];
+        while started.elapsed() < length {
+            getrandom::fill(&mut random).expect("random");
+            let pick = u64::from_le_bytes(random) as usize % self.nodes.len();
+            let node = self.nodes[(pick + next) % self.nodes.len()].clone();
+            next += 1;
+            {
+                let mut state = lock(&node.state);
+                state.samples += 1;
+                let samples = state.samples;
+                let dataset = state.jobs.values().next().map(|job| job.dataset.clone()).unwrap_or_default();
+                state.queue(json!({"dataset": dataset, "numberOfSamples": samples}));
+            }
+            node.outbox.notify_one();
+            tasks.push(tokio::spawn(async move { node.reconnect(Duration::from_millis(200)).await }));
+            tokio::time::sleep(interval).await;
+            if let Some(exited) = self.operator.exited() {
+                panic!("during churn: {exited}");
+            }
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        let churned = self.connects() - connects0;
+        let limit = Duration::from_secs(120 + self.nodes.len() as u64 / 20);
+        self.until("every node connected again after the churn", limit, |fleet| {
+            fleet.totals.connected.load(Ordering::Relaxed) == fleet.nodes.len()
+        })
+        .await;
+        self.until("every report acknowledged after the churn", limit, |fleet| fleet.outboxes() == 0).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        let mut resynced: Vec<f64> = self
+            .nodes
+            .iter()
+            .flat_map(|node| std::mem::take(&mut lock(&node.state).resynced))
+            .map(|d| d.as_secs_f64() * 1000.0)
+            .collect();
+        resynced.sort_by(f64::total_cmp);
+        let pct = |p: f64| resynced.get(((resynced.len() as f64 * p) as usize).min(resynced.len().saturating_sub(1)));
+        let mut figures = self.figures("churn");
+        figures.seconds = elapsed;
+        figures.cpu_per_min = Some((self.operator.cpu_seconds() - cpu0) / elapsed * 60.0);
+        figures.extra.push(("reconnects".into(), churned.to_string()));
+        figures.extra.push(("rate_per_s".into(), format!("{per_second:.1}")));
+        figures.extra.push(("resync_ms_p50".into(), format!("{:.0}", pct(0.5).copied().unwrap_or(f64::NAN))));
+        figures.extra.push(("resync_ms_max".into(), format!("{:.0}", resynced.last().copied().unwrap_or(f64::NAN))));
+        self.print(figures.clone());
+        figures
+    }
+
+    /// What must hold after any phase: the operator runs, every node connected, every report
+    /// acknowledged and none refused, no step done twice (one pod per job, round and worker
+    /// type), and each Dataset's count the last its node sent.
+    pub async fn problems(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(exited) = self.operator.exited() {
+            problems.push(exited);
+        }
+        let never: Vec<&str> = self
+            .nodes
+            .iter()
+            .filter(|node| !node.events.ever.load(Ordering::Relaxed))
+            .map(|node| node.name.as_str())
+            .collect();
+        if !never.is_empty() {
+            problems.push(format!("{} node(s) never connected: {:?}", never.len(), &never[..never.len().min(10)]));
+        }
+        let unacked = self.outboxes();
+        if unacked > 0 {
+            problems.push(format!("{unacked} report(s) never acknowledged"));
+        }
+        let rejected = self.totals.rejected.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if !rejected.is_empty() {
+            problems.push(format!(
+                "{} report(s) refused (lost): {:?}",
+                rejected.len(),
+                &rejected[..rejected.len().min(5)]
+            ));
+        }
+        let doubled: Vec<String> = self
+            .pods_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, pods)| pods.len() > 1)
+            .map(|((job, round, kind), pods)| format!("{job} round {round}: {} {kind} pods", pods.len()))
+            .collect();
+        if !doubled.is_empty() {
+            problems.push(format!("steps done twice: {:?}", &doubled[..doubled.len().min(10)]));
+        }
+        // Every count a node sent is its Dataset's status (the last one, none lost).
+        let datasets: Api<Dataset> = Api::namespaced(self.setup.client.clone(), &self.setup.namespace);
+        let mut wrong = Vec::new();
+        for _ in 0..30 {
+            let listed = datasets.list(&ListParams::default()).await.expect("list the datasets");
+            let counts: HashMap<String, i64> = listed
+                .items
+                .iter()
+                .map(|d| {
+                    let name = d.metadata.name.clone().unwrap_or_default();
+                    (name, d.status.as_ref().map_or(0, |s| s.number_of_samples))
+                })
+                .collect();
+            wrong = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, node)| {
+                    let sent = lock(&node.state).samples as i64;
+                    let shown = counts.get(&format!("job-{i}-data")).copied().unwrap_or(-1);
+                    (sent != shown).then(|| format!("job-{i}-data: {shown}, its node sent {sent}"))
+                })
+                .collect();
+            if wrong.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        if !wrong.is_empty() {
+            problems.push(format!(
+                "{} dataset(s) whose count is not the last its node sent (a report lost): {:?}",
+                wrong.len(),
+                &wrong[..wrong.len().min(10)]
+            ));
+        }
+        problems
+    }
+
+    /// Stops the nodes and the kubelet; the operator is killed when the fleet is dropped.
+    pub async fn stop(self) {
+        for node in &self.nodes {
+            node.stop();
+        }
+        self.kubelet.abort();
+    }
+}
+
+/// The kubelet and the workers: each new pod of the jobs is marked Running, a train or eval
+/// worker's result goes to its node (which relays it over the link), then the pod Succeeded; an
+/// inference pod stays Running. A pod being deleted is removed at once. Without `run_pods`, pods
+/// are only noted (left Pending).
+async fn kubelet(
+    pods: Api<Pod>,
+    namespace: String,
+    nodes: Arc<HashMap<String, Arc<SimNode>>>,
+    run_pods: Arc<AtomicBool>,
+    own_calls: Arc<AtomicU64>,
+    seen: Arc<PodsSeen>,
+) {
+    let mut handled = BTreeSet::new();
+    let owned = watcher::Config::default().labels("lifelonglearningjob.sedna.io/uid");
+    let mut stream = watcher(pods.clone(), owned).boxed();
+    let limit = Arc::new(Semaphore::new(API_CONCURRENCY));
+    while let Some(event) = stream.next().await {
+        let pod = match event {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
+            _ => continue,
+        };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let label = |key: &str| pod.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() {
+            if handled.insert(format!("deleted/{name}")) {
+                let (pods, own_calls) = (pods.clone(), own_calls.clone());
+                tokio::spawn(async move {
+                    own_calls.fetch_add(1, Ordering::Relaxed);
+                    let _ =
+                        pods.delete(&name, &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await;
+                });
+            }
+            continue;
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if !handled.insert(uid.clone()) {
+            continue;
+        }
+        let job = label("lifelonglearningjob.sedna.io/name");
+        let kind = label("lifelonglearningjob.sedna.io/worker-type");
+        let round = label(perennial_workers::pod::ROUND_LABEL);
+        seen.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((job, round.clone(), kind.clone()))
+            .or_default()
+            .insert(uid);
+        if !run_pods.load(Ordering::Relaxed) {
+            continue;
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let Some(node) = nodes.get(&node).cloned() else { continue };
+        let (pods, namespace, own_calls, limit) = (pods.clone(), namespace.clone(), own_calls.clone(), limit.clone());
+        tokio::spawn(async move {
+            let Ok(_permit) = limit.acquire().await else { return };
+            own_calls.fetch_add(1, Ordering::Relaxed);
+            let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::running())).await;
+            if kind != "train" && kind != "eval" {
+                return;
+            }
+            node.worker_report(&pod, &namespace, &kind, round.parse().unwrap_or(0));
+            own_calls.fetch_add(1, Ordering::Relaxed);
+            let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::succeeded())).await;
+        });
+    }
+}
+
+/// Node `i`'s Dataset and job (Sedna's fields; the job's pods placed on the node).
+fn objects(i: usize, node: &str, out: &Path) -> (Dataset, LifelongLearningJob) {
+    let name = format!("job-{i}");
+    let template = |kind: &str| {
+        json!({"spec": {"nodeName": node, "containers": [
+            {"name": kind, "image": "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0",
+             "args": [format!("{kind}.py")]}]}})
+    };
+    let dataset = json!({"apiVersion": "sedna.io/v1alpha1", "kind": "Dataset",
+        "metadata": {"name": format!("{name}-data")},
+        "spec": {"url": format!("/data/{name}/index.txt"), "format": "txt", "nodeName": node}});
+    let job = json!({"apiVersion": "sedna.io/v1alpha1", "kind": "LifelongLearningJob",
+        "metadata": {"name": name},
+        "spec": {
+            "dataset": {"name": format!("{name}-data"), "trainProb": 0.8},
+            "trainSpec": {"template": template("train"), "trigger": {
+                "checkPeriodSeconds": 60,
+                "condition": {"operator": ">=", "threshold": THRESHOLD, "metric": "num_of_samples"}}},
+            "evalSpec": {"template": template("eval")},
+            "deploySpec": {"template": template("infer")},
+            "outputDir": out.join(&name)}});
+    (serde_json::from_value(dataset).expect("dataset"), serde_json::from_value(job).expect("job"))
+}
