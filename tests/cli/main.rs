@@ -9,6 +9,7 @@ mod edge_link;
 mod embedded_crash;
 mod embedded_run;
 mod fetch;
+mod getting_started;
 mod hostile;
 mod plugin;
 mod plugin_authors;

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{Cluster, cluster, repo, until};
 use crate::rollout::{OperatorPods, kubelet, leader_behind_the_service, rollout_status};
-use crate::stack::World;
+use crate::stack::{JOB, World};
 
 const CHART: &str = "deploy/helm/perennial";
 /// deploy/'s namespace: with the release `perennial` there, the chart's objects have deploy/'s names.
@@ -389,6 +389,15 @@ async fn helm_installs_the_operator_which_rolls_out_upgrades_and_uninstalls() {
     let kubelet = tokio::spawn(kubelet(world.clone(), pods.clone(), stop.clone()));
     rollout_status(&world, &namespace, &operator);
     leader_behind_the_service(&world, &namespace, &operator).await;
+    // The operator it deployed reconciles a job, as its ServiceAccount: the finalizer it puts on.
+    world.apply_job(100);
+    until("the job reconciled by the chart's operator", Duration::from_secs(90), || async {
+        let job = world.job().await?;
+        job["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty()).then_some(())
+    })
+    .await;
+    // ... and lets it go when deleted (its finalizer released).
+    cluster.kubectl_ok(&["-n", &world.namespace, "delete", "lifelonglearningjob", JOB, "--timeout=90s"]);
 
     // An upgrade with another image: both the container's and the workers' init containers'.
     let image = "ghcr.io/perennial-edge/perennial:0.1.1";

@@ -315,7 +315,8 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Every relative link of the README and the book's pages names a file that exists.
+/// Every relative link of the README and the book's pages names a file that exists, and a heading
+/// of it that exists when it names one (`page.md#heading`).
 #[test]
 fn docs_links_resolve() {
     let mut pages = vec![repo().join("README.md")];
@@ -337,16 +338,73 @@ fn docs_links_resolve() {
         let targets = text.split("](").skip(1).filter_map(|rest| rest.split_once(')').map(|(t, _)| t.to_owned()));
         for target in targets.filter(|t| !t.contains(char::is_whitespace)) {
             let file = target.split('#').next().unwrap_or_default();
-            if file.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+            if target.contains("://") || target.starts_with("mailto:") {
                 continue;
             }
-            let resolved = page.parent().map(|dir| dir.join(file)).unwrap_or_default();
-            if !resolved.exists() {
+            let resolved = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().map(|dir| dir.join(file)).unwrap_or_default()
+            };
+            let anchor = target.split_once('#').map(|(_, anchor)| anchor);
+            let found = match anchor {
+                _ if !resolved.exists() => false,
+                Some(anchor) if resolved.extension().is_some_and(|e| e == "md") => {
+                    heading_ids(&std::fs::read_to_string(&resolved).unwrap_or_default()).contains(&anchor.to_owned())
+                }
+                _ => true,
+            };
+            if !found {
                 broken.push(format!("{}: {target}", page.strip_prefix(repo()).unwrap_or(page).display()));
             }
         }
     }
     assert!(broken.is_empty(), "links to nothing:\n{}", broken.join("\n"));
+}
+
+/// The ids mdBook gives a page's headings: the text without its markup, lower case, spaces as
+/// `-`, other punctuation dropped (a repeated one numbered).
+fn heading_ids(page: &str) -> Vec<String> {
+    let (mut ids, mut bases): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut fenced = false;
+    for line in page.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        let Some(text) = line.strip_prefix('#').filter(|_| !fenced) else { continue };
+        let text = text.trim_start_matches('#').trim();
+        // A link's text only: `[text](target)`.
+        let mut plain = String::new();
+        let mut rest = text;
+        while let Some(open) = rest.find('[') {
+            plain.push_str(&rest[..open]);
+            let after = &rest[open + 1..];
+            match after.split_once("](").and_then(|(label, tail)| Some((label, tail.split_once(')')?.1))) {
+                Some((label, tail)) => {
+                    plain.push_str(label);
+                    rest = tail;
+                }
+                None => {
+                    plain.push('[');
+                    rest = after;
+                }
+            }
+        }
+        plain.push_str(rest);
+        let id: String = plain
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let repeats = bases.iter().filter(|base| **base == id).count();
+        bases.push(id.clone());
+        ids.push(if repeats == 0 { id } else { format!("{id}-{repeats}") });
+    }
+    ids
 }
 
 /// The README stays a front page: what Perennial is, the two commands, links into the book.
