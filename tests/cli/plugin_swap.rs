@@ -21,6 +21,32 @@ fn batches(edge: &Path, job: &str) -> i64 {
     db.query_row("SELECT COUNT(*) FROM batches WHERE job = ?1", [job], |r| r.get(0)).unwrap_or(0)
 }
 
+/// `perennial run MANIFESTS --state-dir STATE`, its log at info on a pipe, its cache in `cache`.
+fn perennial_run(manifests: &Path, state: &Path, cache: &Path) -> std::process::Child {
+    dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
+        .arg("run")
+        .arg(manifests)
+        .arg("--state-dir")
+        .arg(state)
+        .env("PERENNIAL_CACHE_DIR", cache)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `perennial status`'s `policies.trigger` of the one job in `state`.
+fn trigger_status(state: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["status", "--output", "json", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    all[0]["status"]["policies"]["trigger"].clone()
+}
+
 fn trigger_plugin(state: &Path, job: &str) -> Option<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
         .args(["status", "--output", "json", "--state-dir"])
@@ -45,17 +71,7 @@ fn a_swap_to_a_python_policy_never_stalls_another_jobs_decisions() {
         std::fs::create_dir_all(state.join(format!("data/{name}"))).unwrap();
         std::fs::write(state.join(format!("data/{name}/index.txt")), "").unwrap();
     }
-    let mut run = dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
-        .arg("run")
-        .arg(&manifests)
-        .arg("--state-dir")
-        .arg(&state)
-        .env("PERENNIAL_CACHE_DIR", &cache)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = perennial_run(&manifests, &state, &cache);
 
     // The steady job gets a sample every 10 ms: each one is a decision (split, trigger).
     let feeding = Arc::new(AtomicBool::new(true));
@@ -164,17 +180,7 @@ fn a_rebuilt_policy_file_swaps_in_without_an_edit_of_the_job() {
     let reference = format!("file://{}", file.display());
     let policy = format!("{{plugin: {reference:?}, config: {{samples: 1000, maxAgeHours: 1}}}}");
     std::fs::write(manifests.join("edited.yaml"), never_training_job("edited", Some(&policy))).unwrap();
-    let mut run = dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
-        .arg("run")
-        .arg(&manifests)
-        .arg("--state-dir")
-        .arg(&state)
-        .env("PERENNIAL_CACHE_DIR", root.path().join("cache"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = perennial_run(&manifests, &state, &root.path().join("cache"));
     let digest = |path: &Path| {
         use sha2::Digest as _;
         hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
@@ -195,12 +201,36 @@ fn a_rebuilt_policy_file_swaps_in_without_an_edit_of_the_job() {
         assert!(Instant::now() < deadline, "the rebuilt file never served (serving {:?})", serving());
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The same build written again (a `cargo build` that changed nothing but the time): it loads,
+    // serves on unchanged, and is not left showing as loading.
+    std::fs::copy(rebuilt, &file).unwrap();
+    let reloads = |stderr: &str| stderr.matches("a policy file changed: loading it again").count();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (mut stderr, log) = (run.stderr.take().unwrap(), log.clone());
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut stderr, &mut chunk) {
+                log.lock().unwrap().push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reloads(&log.lock().unwrap()) < 2 {
+        assert!(Instant::now() < deadline, "the rewrite was not loaded again: {}", log.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its load (from the compile cache) is over well within that.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(trigger_status(&state).get("loading").is_none(), "left loading: {}", trigger_status(&state));
+    assert_eq!(trigger_status(&state)["digest"], digest(rebuilt).as_str());
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
     let out = wait_exit(&mut run, Duration::from_secs(15));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    reader.join().unwrap();
+    let stderr = log.lock().unwrap().clone();
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("a policy file changed: loading it again"), "{stderr}");
+    assert_eq!(reloads(&stderr), 2, "the rebuild and the rewrite each load again: {stderr}");
 }
 
 /// The digest of the job's serving trigger, as the edge records it.
@@ -221,25 +251,8 @@ fn a_loading_policy_shows_as_loading_until_it_serves() {
     std::fs::write(state.join("data/slow/index.txt"), "").unwrap();
     let manifest = manifests.join("slow.yaml");
     std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
-    let mut run = dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
-        .arg("run")
-        .arg(&manifests)
-        .arg("--state-dir")
-        .arg(&state)
-        .env("PERENNIAL_CACHE_DIR", root.path().join("cache"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = || -> serde_json::Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_perennial"))
-            .args(["status", "--output", "json", "--state-dir"])
-            .arg(&state)
-            .output()
-            .unwrap();
-        let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        all[0]["status"]["policies"]["trigger"].clone()
-    };
+    let mut run = perennial_run(&manifests, &state, &root.path().join("cache"));
+    let status = || trigger_status(&state);
     let deadline = Instant::now() + Duration::from_secs(60);
     while status()["health"] != "Serving" {
         assert!(Instant::now() < deadline, "the built-in trigger never served: {}", status());
@@ -285,6 +298,55 @@ fn a_loading_policy_shows_as_loading_until_it_serves() {
         assert!(Instant::now() < deadline, "the new policy never served: {trigger}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(15));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// An edit reverted while its policy still loads: the reverted-to policy serves on, the abandoned
+/// load's "loading" ends with it (it is never committed), and nothing shows loading afterwards.
+#[test]
+fn an_edit_reverted_while_loading_leaves_nothing_loading() {
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(state.join("data/slow")).unwrap();
+    std::fs::write(state.join("data/slow/index.txt"), "").unwrap();
+    let manifest = manifests.join("slow.yaml");
+    std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
+    let mut run = perennial_run(&manifests, &state, &root.path().join("cache"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while trigger_status(&state)["health"] != "Serving" {
+        assert!(Instant::now() < deadline, "the built-in trigger never served: {}", trigger_status(&state));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = trigger_status(&state)["digest"].clone();
+    // The edit: a policy whose start takes 3 s ...
+    let slow = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
+    let policy = format!(
+        "{{plugin: {:?}, config: {{behaviour: ok, configureMs: 3000}}, limits: {{startTimeoutMs: 20000}}}}",
+        format!("file://{slow}")
+    );
+    std::fs::write(&manifest, never_training_job("slow", Some(&policy))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !trigger_status(&state)["loading"].is_object() {
+        assert!(Instant::now() < deadline, "the edit never showed as loading: {}", trigger_status(&state));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ... reverted while it loads.
+    std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while trigger_status(&state)["loading"].is_object() {
+        assert!(Instant::now() < deadline, "still loading after the revert: {}", trigger_status(&state));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // After the abandoned load has had time to end: still the first policy, still nothing loading.
+    std::thread::sleep(Duration::from_secs(5));
+    let trigger = trigger_status(&state);
+    assert_eq!(trigger["digest"], before, "the abandoned load was committed: {trigger}");
+    assert!(trigger.get("loading").is_none(), "{trigger}");
+    assert_eq!(trigger["health"], "Serving", "{trigger}");
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
     let out = wait_exit(&mut run, Duration::from_secs(15));

@@ -1,8 +1,9 @@
 //! A fleet on one operator (issue #36), small enough for CI: 200 simulated nodes (the edge's own
 //! link client over an in-memory state, `tests/support/fleet.rs`, as the fleet bench runs them)
 //! connect to a real operator, idle on heartbeats, each report Train Ready (the operator creates
-//! every train pod), then drop and reconnect with reports in flight. Fails if a node never
-//! connects, a report is lost or doubled, or the operator exits.
+//! every train pod), then drop and reconnect with reports in flight, then lose their leader (a
+//! SIGKILL; a standby takes over). Fails if a node never connects, a report is lost or doubled,
+//! or the operator exits.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use crate::harness::cluster;
 const NODES: usize = 200;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fleet_of_200_nodes_connects_idles_starts_rounds_and_survives_churn() {
+async fn a_fleet_of_200_nodes_connects_idles_starts_rounds_and_survives_churn_and_failover() {
     let cluster = cluster();
     cluster.install();
     let client = cluster.client().await;
@@ -36,6 +37,10 @@ async fn a_fleet_of_200_nodes_connects_idles_starts_rounds_and_survives_churn() 
     assert_eq!(idle.connected, NODES, "every node stays connected while idle");
     fleet.rounds(1.0, false).await;
     fleet.churn(Duration::from_secs(10), 10.0).await;
+    // The leader SIGKILLed with every job mid-round (train pods Pending) and a report queued on
+    // every node: the standby takes over, every node resyncs, nothing lost or doubled.
+    let failover = fleet.failover(0.0).await;
+    assert_eq!(failover.connected, NODES, "every node reconnected to the new leader");
     let problems = fleet.problems().await;
     let log = fleet.operator.tail();
     fleet.stop().await;

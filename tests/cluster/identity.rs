@@ -272,7 +272,9 @@ async fn rbac_suffices(client: Client, namespace: &str, kubeconfig: &Path) {
     create_account(&client, namespace, AGENT).await;
     let uid = create_pod(&client, namespace, "agent-a", AGENT, "node-a").await;
     let token = mint(&client, namespace, AGENT, Some(AUDIENCE), Some(("agent-a", &uid))).await;
+    // As the operator runs it: the agents' pods followed (a watch; no pod is read by name).
     let reviewer = TokenReviewer::new(operator.clone(), settings(namespace, Duration::ZERO));
+    let _following = reviewer.follow_pods();
     let link = Link::new();
     assert_eq!(
         link.attempt(&reviewer, &token, "node-a").await,

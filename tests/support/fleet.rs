@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
@@ -42,6 +42,8 @@ const SAMPLES: u64 = 50;
 const THRESHOLD: u32 = 40;
 /// The threshold a policy change sets on every job.
 const CHANGED_THRESHOLD: u32 = 41;
+/// The label of a fleet's Node objects: its namespace.
+const FLEET_LABEL: &str = "perennial.io/fleet";
 /// Calls to the API server the fleet makes at once (creating objects, patching them).
 const API_CONCURRENCY: usize = 32;
 
@@ -472,6 +474,25 @@ impl SimNode {
     }
 }
 
+/// Each node of `playing` plays one more round of its job (from where its job is): its reports
+/// queued. Returns each node's job and the round it now plays.
+fn start_rounds(playing: &[Arc<SimNode>]) -> Vec<(String, u64)> {
+    let mut wanted = Vec::with_capacity(playing.len());
+    for node in playing {
+        let mut state = lock(&node.state);
+        state.rounds_wanted += 1;
+        state.rounds_done_at = None;
+        wanted.push((node.job.clone(), state.rounds_wanted));
+        let keys: Vec<String> = state.jobs.keys().cloned().collect();
+        for key in keys {
+            state.act(&key);
+        }
+        drop(state);
+        node.outbox.notify_one();
+    }
+    wanted
+}
+
 // ---------------------------------------------------------------- the operator
 
 /// `perennial operator`, its log in a file; killed when dropped.
@@ -553,6 +574,123 @@ pub fn link_bytes(port: u16) -> (u64, u64, usize) {
     (received, sent, connections)
 }
 
+/// `perennial operator` for the fleet's namespace as `identity` (its own link and metrics ports),
+/// as the operator's ServiceAccount; its log in the fleet's folder.
+fn spawn_operator(setup: &Setup, kubeconfig: &Path, identity: &str) -> Operator {
+    let (link_port, metrics_port) = (free_port(), free_port());
+    let path = |name: &str| setup.dir.join(name).display().to_string();
+    let namespace = &setup.namespace;
+    let args: Vec<String> = [
+        "operator",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--namespace",
+        namespace,
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--lease-namespace",
+        "perennial-system",
+        "--lease-name",
+        &format!("operator-{namespace}"),
+        "--identity",
+        identity,
+        "--link-addr",
+        &format!("127.0.0.1:{link_port}"),
+        "--link-cert",
+        &path("link.crt"),
+        "--link-key",
+        &path("link.key"),
+        "--link-tokens",
+        &format!("{namespace}/fleet-tokens"),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let log = setup.dir.join(format!("operator-{identity}.log"));
+    let file = std::fs::File::create(&log).expect("log file");
+    let child = Command::new(&setup.binary)
+        .args(&args)
+        .env("RUST_LOG", "info")
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::from(file.try_clone().expect("log")))
+        .stderr(Stdio::from(file))
+        .spawn()
+        .unwrap_or_else(|err| panic!("starting {}: {err}", setup.binary.display()));
+    STARTED.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
+    Operator { child, log, metrics_port, link_port, started: Instant::now() }
+}
+
+/// Whether the operator on `metrics_port` leads (its `/leaderz`).
+async fn leads(http: &reqwest::Client, metrics_port: u16) -> bool {
+    let url = format!("http://127.0.0.1:{metrics_port}/leaderz");
+    matches!(http.get(url).timeout(Duration::from_secs(1)).send().await, Ok(r) if r.status().is_success())
+}
+
+/// The Service in front of the replicas: each new connection goes to the leading replica's link
+/// (as the Service's selector of the leader's pod label does); while none leads, connections are
+/// closed at once. Which one leads is asked every 100 ms, not per connection.
+struct Service {
+    port: u16,
+    /// The replicas: (metrics port, link port).
+    replicas: Arc<Mutex<Vec<(u16, u16)>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Service {
+    async fn start() -> Service {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the service");
+        let port = listener.local_addr().expect("address").port();
+        let replicas: Arc<Mutex<Vec<(u16, u16)>>> = Arc::default();
+        let leader = Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let asking = {
+            let (replicas, leader) = (replicas.clone(), leader.clone());
+            tokio::spawn(async move {
+                let http = reqwest::Client::new();
+                loop {
+                    let known = replicas.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    let mut leading = 0;
+                    for (metrics_port, link_port) in known {
+                        if leads(&http, metrics_port).await {
+                            leading = link_port;
+                            break;
+                        }
+                    }
+                    leader.store(leading, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        };
+        let serving = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { continue };
+                let link_port = leader.load(Ordering::Relaxed);
+                if link_port == 0 {
+                    continue; // dropped: no replica leads
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", link_port)).await {
+                        let _ = outbound.set_nodelay(true);
+                        let _ = inbound.set_nodelay(true);
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Service { port, replicas, tasks: vec![asking, serving] }
+    }
+
+    fn add(&self, operator: &Operator) {
+        self.replicas.lock().unwrap_or_else(|p| p.into_inner()).push((operator.metrics_port, operator.link_port));
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 // ---------------------------------------------------------------- the fleet
 
 /// Pods seen per (job, round, worker type), for the check that no step was done twice.
@@ -561,6 +699,10 @@ type PodsSeen = Mutex<HashMap<(String, String, String), BTreeSet<String>>>;
 pub struct Fleet {
     pub setup: Setup,
     pub operator: Operator,
+    /// The operator's kubeconfig (its ServiceAccount's), for a standby started later.
+    operator_kubeconfig: PathBuf,
+    /// The nodes' way in: the leading replica's link, as a Service would choose it.
+    service: Service,
     pub nodes: Vec<Arc<SimNode>>,
     pub totals: Arc<Totals>,
     /// The kubelet runs pods (else it leaves them Pending).
@@ -581,7 +723,8 @@ impl Fleet {
         let (namespace, n) = (setup.namespace.clone(), setup.nodes);
         let client = setup.client.clone();
         let totals = Arc::new(Totals::default());
-        let names: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        // Node names are cluster-wide: each fleet's its own.
+        let names: Vec<String> = (0..n).map(|i| format!("{namespace}-n{i}")).collect();
         let tokens: Vec<String> = names
             .iter()
             .map(|_| {
@@ -620,6 +763,27 @@ impl Fleet {
         )
         .await;
 
+        // The nodes as a cluster has them (KubeEdge registers each edge node), so that
+        // kube-controller-manager's pod GC does not take the jobs' pods for orphans of nodes that
+        // do not exist and delete them (40 s on).
+        let node_objects: Api<Node> = Api::all(client.clone());
+        let registered = futures::stream::iter(names.iter())
+            .map(|name| {
+                let node_objects = node_objects.clone();
+                let object = json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {FLEET_LABEL: &namespace}}});
+                async move {
+                    let node: Node = serde_json::from_value(object).expect("a node");
+                    node_objects.create(&PostParams::default(), &node).await.map_err(|e| format!("node {name}: {e}"))
+                }
+            })
+            .buffer_unordered(API_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        if let Some(Err(err)) = registered.into_iter().find(Result::is_err) {
+            panic!("registering the fleet's nodes: {err}");
+        }
+
         // One Dataset and one job per node.
         let created = Instant::now();
         let datasets: Api<Dataset> = Api::namespaced(client.clone(), &namespace);
@@ -648,9 +812,8 @@ impl Fleet {
         for (file, pem) in [("ca.pem", &pki.ca_pem), ("link.crt", &pki.cert_pem), ("link.key", &pki.key_pem)] {
             std::fs::write(setup.dir.join(file), pem).expect("pem");
         }
-        let link_port = free_port();
-        let metrics_port = free_port();
-        let url = format!("wss://localhost:{link_port}/v1/link");
+        let service = Service::start().await;
+        let url = format!("wss://localhost:{}/v1/link", service.port);
         let mut nodes = Vec::with_capacity(n);
         for (i, (name, token)) in names.iter().zip(&tokens).enumerate() {
             let state = NodeState {
@@ -699,44 +862,8 @@ impl Fleet {
         let by_name: Arc<HashMap<String, Arc<SimNode>>> =
             Arc::new(nodes.iter().map(|node| (node.name.clone(), node.clone())).collect());
 
-        let path = |name: &str| setup.dir.join(name).display().to_string();
-        let args: Vec<String> = [
-            "operator",
-            "--kubeconfig",
-            &operator_kubeconfig.display().to_string(),
-            "--namespace",
-            &namespace,
-            "--metrics-addr",
-            &format!("127.0.0.1:{metrics_port}"),
-            "--lease-namespace",
-            "perennial-system",
-            "--lease-name",
-            &format!("operator-{namespace}"),
-            "--identity",
-            "fleet",
-            "--link-addr",
-            &format!("127.0.0.1:{link_port}"),
-            "--link-cert",
-            &path("link.crt"),
-            "--link-key",
-            &path("link.key"),
-            "--link-tokens",
-            &format!("{namespace}/fleet-tokens"),
-        ]
-        .map(str::to_owned)
-        .to_vec();
-        let log = setup.dir.join("operator.log");
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(&setup.binary)
-            .args(&args)
-            .env("RUST_LOG", "info")
-            .env_remove("KUBECONFIG")
-            .stdout(Stdio::from(file.try_clone().expect("log")))
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap_or_else(|err| panic!("starting {}: {err}", setup.binary.display()));
-        STARTED.lock().unwrap_or_else(|p| p.into_inner()).push(child.id());
-        let operator = Operator { child, log, metrics_port, link_port, started: Instant::now() };
+        let operator = spawn_operator(&setup, &operator_kubeconfig, "fleet");
+        service.add(&operator);
         let nodes_before = started_nodes.elapsed();
 
         let run_pods = Arc::new(AtomicBool::new(true));
@@ -753,6 +880,8 @@ impl Fleet {
         let mut fleet = Fleet {
             setup,
             operator,
+            operator_kubeconfig,
+            service,
             nodes,
             totals,
             run_pods,
@@ -816,6 +945,16 @@ impl Fleet {
 
     fn synced(&self) -> usize {
         self.nodes.iter().filter(|node| lock(&node.state).synced_at.is_some()).count()
+    }
+
+    /// Whether a train pod was seen for each (job, round) of `wanted`.
+    fn train_pods_seen(&self, wanted: &[(String, u64)]) -> bool {
+        let seen = self.pods_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let prefix = format!("{}/", self.setup.namespace);
+        wanted.iter().all(|(job, round)| {
+            let name = job.strip_prefix(&prefix).unwrap_or(job);
+            seen.contains_key(&(name.to_owned(), round.to_string(), "train".to_owned()))
+        })
     }
 
     fn outboxes(&self) -> usize {
@@ -930,40 +1069,15 @@ impl Fleet {
         let cpu_before = state.as_deref().and_then(measure::control_plane_cpu);
         let operator_cpu_before = self.operator.cpu_seconds();
         let started = Instant::now();
-        let round = {
-            let first = lock(&playing[0].state).rounds_wanted;
-            first + 1
-        };
-        for node in &playing {
-            let mut state = lock(&node.state);
-            state.rounds_wanted = round;
-            state.rounds_done_at = None;
-            let keys: Vec<String> = state.jobs.keys().cloned().collect();
-            for key in keys {
-                state.act(&key);
-            }
-            drop(state);
-            node.outbox.notify_one();
-        }
+        let wanted = start_rounds(&playing);
         let limit = Duration::from_secs(300 + count as u64 / 2);
-        let pods_seen = self.pods_seen.clone();
-        let namespace = self.setup.namespace.clone();
-        let wanted = round.to_string();
-        let playing_jobs: Vec<String> = playing.iter().map(|node| node.job.clone()).collect();
         if full {
             self.until("every playing node's round deployed", limit, |_| {
                 playing.iter().all(|node| lock(&node.state).rounds_done_at.is_some())
             })
             .await;
         } else {
-            self.until("a train pod for every playing job", limit, |_| {
-                let seen = pods_seen.lock().unwrap_or_else(|p| p.into_inner());
-                playing_jobs.iter().all(|job| {
-                    let name = job.strip_prefix(&format!("{namespace}/")).unwrap_or(job);
-                    seen.contains_key(&(name.to_owned(), wanted.clone(), "train".to_owned()))
-                })
-            })
-            .await;
+            self.until("a train pod for every playing job", limit, |fleet| fleet.train_pods_seen(&wanted)).await;
         }
         let elapsed = started.elapsed();
         self.until("the rounds' reports acknowledged", limit, |fleet| fleet.outboxes() == 0).await;
@@ -1066,6 +1180,104 @@ impl Fleet {
         figures
     }
 
+    /// Failover at fleet size: a standby started beside the leader; `share` of the nodes (the
+    /// last ones) start a round, and once each has its train pod the leader is SIGKILLed; every
+    /// node queues a report (its dataset's count) while no replica leads. The standby takes the
+    /// Lease, every node reconnects through the Service and resyncs, every report is applied
+    /// once, and the rounds complete. Figures: kill -> standby leads, kill -> every node resynced
+    /// (p50 and the last), and the new leader's API requests until then (none is per node).
+    pub async fn failover(&mut self, share: f64) -> Figures {
+        let standby = spawn_operator(&self.setup, &self.operator_kubeconfig, "fleet-standby");
+        self.service.add(&standby);
+        let metrics = format!("http://127.0.0.1:{}/metrics", standby.metrics_port);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.http.get(&metrics).send().await.is_err() {
+            assert!(Instant::now() < deadline, "the standby never answered on /metrics");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let count = ((self.nodes.len() as f64 * share).round() as usize).min(self.nodes.len());
+        let playing: Vec<Arc<SimNode>> = self.nodes.iter().rev().take(count).cloned().collect();
+        let limit = Duration::from_secs(300 + self.nodes.len() as u64 / 20);
+        if !playing.is_empty() {
+            self.run_pods.store(true, Ordering::Relaxed);
+            let wanted = start_rounds(&playing);
+            self.until("a train pod for every playing job", limit, |fleet| fleet.train_pods_seen(&wanted)).await;
+        }
+        let requests_before = measure::operator_requests(&self.http, standby.metrics_port).await;
+        let killed = Instant::now();
+        // SIGKILL (Child::kill): no Lease released, no connection closed politely.
+        let _ = self.operator.child.kill();
+        let _ = self.operator.child.wait();
+        let dropped = Instant::now() + Duration::from_secs(30);
+        while self.totals.connected.load(Ordering::Relaxed) > 0 && Instant::now() < dropped {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let reconnects0 = self.connects();
+        for node in &self.nodes {
+            let mut state = lock(&node.state);
+            state.reconnecting = Some(killed);
+            state.resynced.clear();
+            state.samples += 1;
+            let samples = state.samples;
+            let dataset = state.jobs.values().next().map(|job| job.dataset.clone()).unwrap_or_default();
+            state.queue(json!({"dataset": dataset, "numberOfSamples": samples}));
+        }
+        let old = std::mem::replace(&mut self.operator, standby);
+        drop(old);
+        let http = self.http.clone();
+        let deadline = Instant::now() + limit;
+        while !leads(&http, self.operator.metrics_port).await {
+            if let Some(exited) = self.operator.exited() {
+                panic!("the standby, taking over: {exited}");
+            }
+            assert!(Instant::now() < deadline, "the standby never took the Lease\n{}", self.operator.tail());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let leads_after = killed.elapsed();
+        self.until("every node resynced on the new leader", limit, |fleet| {
+            fleet.nodes.iter().all(|node| lock(&node.state).reconnecting.is_none())
+        })
+        .await;
+        let mut resynced: Vec<f64> = self
+            .nodes
+            .iter()
+            .flat_map(|node| lock(&node.state).resynced.clone())
+            .map(|since_kill| since_kill.as_secs_f64())
+            .collect();
+        resynced.sort_by(f64::total_cmp);
+        let requests_after = measure::operator_requests(&self.http, self.operator.metrics_port).await;
+        let grown = measure::grown(&requests_after, &requests_before);
+        // Its reads: what a takeover costs whatever the reports (a list and a watch per kind, not
+        // a read per node); its writes are what the reports and rounds ask for.
+        let reads: f64 = grown
+            .iter()
+            .filter(|(key, _)| ["get ", "list ", "watch "].iter().any(|verb| key.starts_with(verb)))
+            .map(|(_, n)| n)
+            .sum();
+        let mut breakdown: Vec<(&String, &f64)> = grown.iter().collect();
+        breakdown.sort_by(|a, b| b.1.total_cmp(a.1));
+        let shown: Vec<String> =
+            breakdown.iter().take(6).map(|(k, v)| format!("{}:{v:.0}", k.replace(' ', "_"))).collect();
+        self.until("every report acknowledged after the failover", limit, |fleet| fleet.outboxes() == 0).await;
+        if !playing.is_empty() {
+            self.until("every playing node's round deployed after the failover", limit, |_| {
+                playing.iter().all(|node| lock(&node.state).rounds_done_at.is_some())
+            })
+            .await;
+        }
+        let mut figures = self.figures("failover");
+        figures.seconds = resynced.last().copied().unwrap_or(f64::NAN);
+        figures.extra.push(("standby_leads_s".into(), format!("{:.1}", leads_after.as_secs_f64())));
+        let p50 = resynced.get(resynced.len() / 2).copied().unwrap_or(f64::NAN);
+        figures.extra.push(("resynced_s_p50".into(), format!("{p50:.1}")));
+        figures.extra.push(("mid_round_jobs".into(), count.to_string()));
+        figures.extra.push(("reconnects".into(), (self.connects() - reconnects0).to_string()));
+        figures.extra.push(("new_leader_reads".into(), format!("{reads:.0}")));
+        figures.extra.push(("new_leader_top".into(), shown.join(",")));
+        self.print(figures.clone());
+        figures
+    }
+
     /// What must hold after any phase: the operator runs, every node connected, every report
     /// acknowledged and none refused, no step done twice (one pod per job, round and worker
     /// type), and each Dataset's count the last its node sent.
@@ -1144,12 +1356,16 @@ impl Fleet {
         problems
     }
 
-    /// Stops the nodes and the kubelet; the operator is killed when the fleet is dropped.
+    /// Stops the nodes and the kubelet, and removes the fleet's Node objects; the operator is
+    /// killed when the fleet is dropped.
     pub async fn stop(self) {
         for node in &self.nodes {
             node.stop();
         }
         self.kubelet.abort();
+        let selector = format!("{FLEET_LABEL}={}", self.setup.namespace);
+        let nodes: Api<Node> = Api::all(self.setup.client.clone());
+        let _ = nodes.delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector)).await;
     }
 }
 

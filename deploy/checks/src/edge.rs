@@ -128,7 +128,7 @@ fn operator_may_read_the_agents_pods_and_the_tokens_only(role: Role, binding: Ro
     assert_eq!(
         rules,
         [
-            (strings(&[""]), strings(&["pods"]), strings(&["get", "list", "watch"]), vec![]),
+            (strings(&[""]), strings(&["pods"]), strings(&["list", "watch"]), vec![]),
             (strings(&[""]), strings(&["secrets"]), strings(&["get"]), strings(&["perennial-edge-tokens"])),
         ],
         "the operator's Role in {NAMESPACE}"

@@ -19,10 +19,14 @@
 //!   to deployed, the bench playing the kubelet and the workers): API requests and kube-apiserver
 //!   and etcd CPU seconds per job-round, the operator's RSS after;
 //! - churn: nodes drop and reconnect at `PERENNIAL_BENCH_CHURN_PER_SEC` (nodes / 100) for
-//!   `PERENNIAL_BENCH_CHURN_SECS` (60), each with a report in flight.
+//!   `PERENNIAL_BENCH_CHURN_SECS` (60), each with a report in flight;
+//! - failover: a standby beside the leader, `PERENNIAL_BENCH_FAILOVER_SHARE` (0.1) of the nodes
+//!   mid-round, the leader SIGKILLed, every node with a report queued while none leads: the time
+//!   until the standby leads and until every node has resynced on it (through a Service that
+//!   sends each connection to the leading replica), the new leader's reads meanwhile.
 //!
 //! Then the checks: no node that never connected, no report lost or doubled, the operator alive.
-//! `PERENNIAL_BENCH_ONLY=idle,policy,rounds,churn` picks phases; `PERENNIAL_BENCH_BINARY` runs
+//! `PERENNIAL_BENCH_ONLY=idle,policy,rounds,churn,failover` picks phases; `PERENNIAL_BENCH_BINARY` runs
 //! another `perennial` binary; `PERENNIAL_BENCH_K8S_STATE` the `up` state directory (else the
 //! kubeconfig's folder) for kube-apiserver's and etcd's CPU.
 
@@ -102,6 +106,7 @@ fn main() {
     let share: f64 = env_or("PERENNIAL_BENCH_ROUND_SHARE", 1.0);
     let churn_secs = Duration::from_secs(env_or("PERENNIAL_BENCH_CHURN_SECS", 60));
     let churn_rate: f64 = env_or("PERENNIAL_BENCH_CHURN_PER_SEC", (nodes as f64 / 100.0).max(1.0));
+    let failover_share: f64 = env_or("PERENNIAL_BENCH_FAILOVER_SHARE", 0.1);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         runtime.block_on(async {
@@ -141,6 +146,9 @@ fn main() {
             }
             if wants("churn") {
                 fleet.churn(churn_secs, churn_rate).await;
+            }
+            if wants("failover") {
+                fleet.failover(failover_share).await;
             }
             let problems = fleet.problems().await;
             fleet.stop().await;

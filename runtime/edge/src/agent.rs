@@ -674,6 +674,9 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
             tracing::warn!(job, "recording the {kind} policy swap: {err}");
         }
     }
+    if let Err(err) = health::loads_ended(&mut store, &job) {
+        tracing::warn!(job, "recording the end of the policies' loads: {err}");
+    }
     runner.policies.release();
 }
 

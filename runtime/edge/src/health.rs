@@ -123,6 +123,19 @@ pub fn loading(store: &mut Store, job: &str, kind: &str, plugin: &str, digest: &
     Ok(())
 }
 
+/// Ends whatever the job's status still shows loading: called when a swap commits, which is the
+/// newest one asked for, so no load of the job is under way. A kind the swap did not load (an edit
+/// reverted before the commit) or a file reloaded with the same content would otherwise show
+/// "loading" for ever.
+pub fn loads_ended(store: &mut Store, job: &str) -> rusqlite::Result<()> {
+    store.conn().execute(
+        "UPDATE policy_health SET loading = NULL, loading_digest = NULL, loading_since = NULL
+         WHERE job = ?1 AND loading IS NOT NULL",
+        params![job],
+    )?;
+    Ok(())
+}
+
 /// Forgets every load under way: at the agent's start, none is.
 pub fn clear_loading(store: &mut Store) -> rusqlite::Result<()> {
     store.conn().execute(

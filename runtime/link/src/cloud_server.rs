@@ -168,14 +168,19 @@ pub async fn serve<C: CloudSide>(
         let refusals = settings.refusals.clone();
         sessions.spawn(async move {
             let reviewer = reviewer.as_deref();
-            match connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop).await {
+            let opened = || refusals.opened(peer.ip(), Instant::now());
+            match connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop, &opened)
+                .await
+            {
                 Ok(()) => {}
                 // Counted and summed up, not a line each: a flood of bad tokens (or of anything
-                // that is no link client) costs no log, and its source is throttled.
+                // that is no link client) costs no log, and a source of bad tokens is throttled.
                 Err(SessionError::Handshake(LinkError::Refused(reason))) => {
-                    refusals.refused(peer.ip(), &reason, Instant::now())
+                    refusals.refused(peer.ip(), &reason, true, Instant::now())
                 }
-                Err(SessionError::Handshake(err)) => refusals.refused(peer.ip(), &err.to_string(), Instant::now()),
+                Err(SessionError::Handshake(err)) => {
+                    refusals.refused(peer.ip(), &err.to_string(), false, Instant::now())
+                }
                 Err(err) => tracing::warn!(%peer, "link connection ended: {err}"),
             }
         });
@@ -210,10 +215,12 @@ async fn connection<C: CloudSide>(
     nodes: &Nodes,
     heartbeat_secs: u32,
     mut stop: watch::Receiver<bool>,
+    opened: &(dyn Fn() + Sync),
 ) -> Result<(), SessionError> {
     let known = tokens.borrow_and_update().clone();
     let (node, credential, mut ws) =
         socket::upgrade(tcp, acceptor, &known, reviewer).await.map_err(SessionError::Handshake)?;
+    opened();
     // Whether the tokens can still change (their source may be gone: then they stay as read).
     // A static token is checked again whenever they do: a revoked one ends its session. A
     // reviewed token (a projected ServiceAccount token, short-lived and rotated by the kubelet)

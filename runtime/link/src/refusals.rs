@@ -1,8 +1,11 @@
 //! Connections the link refuses (a missing, unknown or unreviewable token), kept cheap: each
-//! source address may fail at most [`MAX_FAILURES`] times in [`WINDOW`], after which its
-//! connections are dropped on accept (no TLS, no TokenReview) until the window passes; refusals
-//! are counted (the operator's metrics) and said in one log line per [`SAY_EVERY`] with their
-//! count, never a line each.
+//! source address may have at most [`MAX_FAILURES`] tokens refused in [`WINDOW`] (more if as many
+//! of its connections opened the link: a fleet behind one address, NAT or a load balancer, is
+//! not locked out by a few misconfigured nodes among it), after which its connections are dropped
+//! on accept (no TLS, no TokenReview) until the window passes. Handshakes that failed otherwise
+//! (a timeout, TLS, no upgrade) cost no review and never throttle: under load, honest nodes time
+//! out. Refusals are counted (the operator's metrics) and said in one log line per [`SAY_EVERY`]
+//! with their count, never a line each.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -33,11 +36,32 @@ pub struct Refusals {
 }
 
 struct State {
-    /// Per source: failures in its window, and when the window began.
-    sources: HashMap<IpAddr, (u32, Instant)>,
+    /// Per source: its window.
+    sources: HashMap<IpAddr, Window>,
     /// Refusals and throttled connections not yet said, with the last reason.
     unsaid: (u64, u64, String),
     said: Option<Instant>,
+}
+
+/// A source's refused tokens and opened links since its window began.
+#[derive(Clone, Copy)]
+struct Window {
+    refused: u32,
+    opened: u32,
+    since: Instant,
+    /// When a throttled source's last connection was let through anyway.
+    probed: Option<Instant>,
+}
+
+/// A throttled source still has a connection served this often: its good nodes (behind the same
+/// address) reopen their links one by one, each raising its allowance, at the cost of one token
+/// review a second at most.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+impl Window {
+    fn throttled(&self, now: Instant) -> bool {
+        now < self.since + WINDOW && self.refused >= MAX_FAILURES && self.refused > self.opened
+    }
 }
 
 impl Default for Refusals {
@@ -59,10 +83,16 @@ impl Refusals {
     /// Whether a connection from `source` is served at `now`; a throttled one is counted.
     pub fn admits(&self, source: IpAddr, now: Instant) -> bool {
         let mut state = self.state();
-        let throttled = state
-            .sources
-            .get(&source)
-            .is_some_and(|(failures, since)| *failures >= MAX_FAILURES && now < *since + WINDOW);
+        let throttled = match state.sources.get_mut(&source) {
+            Some(window) if window.throttled(now) => {
+                let probe = window.probed.is_none_or(|probed| now >= probed + PROBE_EVERY);
+                if probe {
+                    window.probed = Some(now);
+                }
+                !probe
+            }
+            _ => false,
+        };
         if throttled {
             state.unsaid.1 += 1;
             let _ = self.say_if_due(&mut state, now);
@@ -72,22 +102,27 @@ impl Refusals {
         !throttled
     }
 
-    /// A connection from `source` was refused for `reason` at `now`.
-    pub fn refused(&self, source: IpAddr, reason: &str, now: Instant) {
+    /// A connection from `source` opened the link at `now`: its token was good.
+    pub fn opened(&self, source: IpAddr, now: Instant) {
         let mut state = self.state();
-        if state.sources.len() >= MAX_SOURCES && !state.sources.contains_key(&source) {
-            state.sources.retain(|_, (_, since)| now < *since + WINDOW);
-            if state.sources.len() >= MAX_SOURCES
-                && let Some(oldest) = state.sources.iter().min_by_key(|(_, (_, since))| *since).map(|(ip, _)| *ip)
-            {
-                state.sources.remove(&oldest);
+        // Only a source that failed lately is remembered: a fleet's good addresses cost nothing.
+        if let Some(window) = state.sources.get_mut(&source) {
+            if now >= window.since + WINDOW {
+                state.sources.remove(&source);
+            } else {
+                window.opened = window.opened.saturating_add(1);
             }
         }
-        let entry = state.sources.entry(source).or_insert((0, now));
-        if now >= entry.1 + WINDOW {
-            *entry = (0, now);
+    }
+
+    /// A connection from `source` failed its handshake for `reason` at `now`: counted and said;
+    /// only a token refused (`token_refused`) counts towards the source's throttle.
+    pub fn refused(&self, source: IpAddr, reason: &str, token_refused: bool, now: Instant) {
+        let mut state = self.state();
+        if token_refused {
+            let window = window_of(&mut state.sources, source, now);
+            window.refused = window.refused.saturating_add(1);
         }
-        entry.0 += 1;
         state.unsaid.0 += 1;
         state.unsaid.2 = format!("{reason} (from {source})");
         let _ = self.say_if_due(&mut state, now);
@@ -119,6 +154,23 @@ impl Refusals {
     }
 }
 
+/// The source's window at `now` (a new one once the last has passed), room made for it first.
+fn window_of(sources: &mut HashMap<IpAddr, Window>, source: IpAddr, now: Instant) -> &mut Window {
+    if sources.len() >= MAX_SOURCES && !sources.contains_key(&source) {
+        sources.retain(|_, window| now < window.since + WINDOW);
+        if sources.len() >= MAX_SOURCES
+            && let Some(oldest) = sources.iter().min_by_key(|(_, window)| window.since).map(|(ip, _)| *ip)
+        {
+            sources.remove(&oldest);
+        }
+    }
+    let window = sources.entry(source).or_insert(Window { refused: 0, opened: 0, since: now, probed: None });
+    if now >= window.since + WINDOW {
+        *window = Window { refused: 0, opened: 0, since: now, probed: None };
+    }
+    window
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,12 +189,42 @@ mod tests {
         let start = Instant::now();
         for _ in 0..MAX_FAILURES {
             assert!(refusals.admits(bad, start));
-            refusals.refused(bad, "unknown token", start);
+            refusals.refused(bad, "unknown token", true, start);
         }
-        assert!(!refusals.admits(bad, start + Duration::from_secs(1)), "throttled after its failures");
-        assert!(refusals.admits(good, start + Duration::from_secs(1)), "another source is not");
+        let at = |millis: u64| start + Duration::from_millis(millis);
+        assert!(refusals.admits(bad, at(1000)), "one connection a second is still let through");
+        assert!(!refusals.admits(bad, at(1001)), "throttled after its failures");
+        assert!(!refusals.admits(bad, at(1999)), "throttled after its failures");
+        assert!(refusals.admits(bad, at(2000)), "the next second's one");
+        assert!(refusals.admits(good, at(2000)), "another source is not throttled");
         assert!(refusals.admits(bad, start + WINDOW), "the window passed");
-        assert_eq!((refused.load(Ordering::SeqCst), throttled.load(Ordering::SeqCst)), (u64::from(MAX_FAILURES), 1));
+        assert!(refusals.admits(bad, start + WINDOW), "the window passed");
+        assert_eq!((refused.load(Ordering::SeqCst), throttled.load(Ordering::SeqCst)), (u64::from(MAX_FAILURES), 2));
+    }
+
+    #[test]
+    fn a_fleet_behind_one_address_is_not_locked_out_by_its_few_bad_nodes_nor_by_timeouts() {
+        let refusals = Refusals::default();
+        let nat: IpAddr = "10.0.0.7".parse().unwrap();
+        let start = Instant::now();
+        // Under load, honest nodes' handshakes time out: that throttles nothing.
+        for _ in 0..10 * MAX_FAILURES {
+            refusals.refused(nat, "no answer within 10s", false, start);
+        }
+        assert!(refusals.admits(nat, start), "timeouts are no bad tokens");
+        // Its good nodes open links; as many bad tokens as that are let through.
+        for _ in 0..100 {
+            refusals.refused(nat, "unknown token", true, start);
+        }
+        assert!(refusals.admits(nat, start), "a throttled source's one connection a second");
+        assert!(!refusals.admits(nat, start), "100 bad tokens and no good one: throttled");
+        for _ in 0..100 {
+            refusals.opened(nat, start);
+        }
+        assert!(refusals.admits(nat, start), "as many good links as bad tokens: served");
+        refusals.refused(nat, "unknown token", true, start);
+        assert!(!refusals.admits(nat, start), "one more bad token than good links: throttled again");
+        assert!(refusals.admits(nat, start + PROBE_EVERY), "but for its one connection a second");
     }
 
     #[test]
@@ -152,7 +234,7 @@ mod tests {
         let start = Instant::now();
         // The first refusal is said at once, the next four wait for the minute.
         for _ in 0..5 {
-            refusals.refused(source, "unknown token", start);
+            refusals.refused(source, "unknown token", true, start);
         }
         assert_eq!(refusals.say_due(start + Duration::from_secs(1)), None, "one line a minute at most");
         let said = refusals.say_due(start + SAY_EVERY).expect("the rest said once the minute is over");
@@ -165,7 +247,7 @@ mod tests {
         let refusals = Refusals::default();
         let now = Instant::now();
         for n in 0..(MAX_SOURCES as u32 + 10) {
-            refusals.refused(IpAddr::from(n.to_be_bytes()), "x", now);
+            refusals.refused(IpAddr::from(n.to_be_bytes()), "x", true, now);
         }
         assert!(refusals.state().sources.len() <= MAX_SOURCES);
     }

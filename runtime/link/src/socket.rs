@@ -150,8 +150,18 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// A connection's read buffer. tungstenite's default (128 KiB, for high read loads) held per
+/// connection was most of an operator's memory at fleet size; the link carries a few small messages
+/// a minute, and a larger frame grows the buffer as it needs.
+const READ_BUFFER_BYTES: usize = 8 * 1024;
+
 fn ws_config() -> WebSocketConfig {
-    WebSocketConfig::default().max_message_size(Some(MAX_FRAME_BYTES)).max_frame_size(Some(MAX_FRAME_BYTES))
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+        .read_buffer_size(READ_BUFFER_BYTES)
+        // Each message written out when sent: nothing is held back waiting for more.
+        .write_buffer_size(0)
 }
 
 /// Checks a bearer token that is not one of the static node tokens (e.g. through the

@@ -40,10 +40,12 @@ pub const DEFAULT_CACHE_FOR: Duration = Duration::from_secs(60);
 const EXPIRY_MARGIN: Duration = Duration::from_secs(10);
 
 /// The most reviews kept at once (one per live agent token; a few per node in a rotation).
-const MAX_CACHED: usize = 4096;
+const MAX_CACHED: usize = 65_536;
 
 /// How long the API server has for one review and one pod read.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a review waits for the pods' watch to show the token's pod on its node.
+const WATCH_WAIT: Duration = Duration::from_secs(3);
 
 /// Whose tokens open the link, and for which audience.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +197,9 @@ impl TokenReviewer {
             return tokio::spawn(async {});
         }
         tokio::spawn(async move {
-            let events = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+            // Stored as the review reads them (name, uid, node): not whole pods.
+            let pods = watcher(api, watcher::Config::default()).default_backoff();
+            let events = pods.modify(super::watches::trim_pod).reflect(writer);
             futures::pin_mut!(events);
             while let Some(event) = events.next().await {
                 match event {
@@ -312,18 +316,13 @@ impl TokenReviewer {
         };
         let bound =
             reviewed_pod(answer.status.as_ref(), &self.settings).inspect_err(|why| self.keep_refusal(key, why))?;
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
-        let pod = match tokio::time::timeout(CALL_TIMEOUT, pods.get_opt(&bound.name)).await {
-            Ok(Ok(pod)) => pod,
-            Ok(Err(err)) => {
-                tracing::warn!(peer, pod = bound.name, "reading the agent's pod: {err}");
-                return Err(format!("pod {}/{} could not be read: {err}", self.settings.namespace, bound.name));
-            }
-            Err(_) => {
-                return Err(format!(
-                    "pod {}/{} could not be read within {CALL_TIMEOUT:?}",
-                    self.settings.namespace, bound.name
-                ));
+        // The pod from the watch (a takeover reviews every agent: no read each); read only by a
+        // reviewer that does not follow them.
+        let pod = match self.pods.get() {
+            Some(pods) => Self::watched_pod(pods, &self.settings, &bound).await,
+            None => {
+                let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.settings.namespace);
+                self.read_pod(&pods, &bound, peer).await?
             }
         };
         let node = pod_node(pod.as_ref(), &bound, &self.settings)?;
@@ -331,6 +330,39 @@ impl TokenReviewer {
         self.keep(key, &node, token);
         self.bind(token, bound);
         Ok(node)
+    }
+
+    /// The agent's pod as the watch shows it, once it shows it on its node: a pod newer than
+    /// the watch's last event is waited for, at most [`WATCH_WAIT`] (then what it shows).
+    async fn watched_pod(pods: &AgentPods, settings: &IdentitySettings, bound: &BoundPod) -> Option<Pod> {
+        let key = ObjectRef::new(&bound.name).within(&settings.namespace);
+        let mut changed = pods.changed.clone();
+        let deadline = tokio::time::Instant::now() + WATCH_WAIT;
+        loop {
+            let listed = *changed.borrow_and_update();
+            let pod = listed.then(|| pods.store.get(&key)).flatten().map(|pod| Pod::clone(&pod));
+            if listed && pod_node(pod.as_ref(), bound, settings).is_ok() {
+                return pod;
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return pod,
+            }
+        }
+    }
+
+    /// The agent's pod, read from the API server (bounded in time).
+    async fn read_pod(&self, pods: &Api<Pod>, bound: &BoundPod, peer: &str) -> Result<Option<Pod>, String> {
+        match tokio::time::timeout(CALL_TIMEOUT, pods.get_opt(&bound.name)).await {
+            Ok(Ok(pod)) => Ok(pod),
+            Ok(Err(err)) => {
+                tracing::warn!(peer, pod = bound.name, "reading the agent's pod: {err}");
+                Err(format!("pod {}/{} could not be read: {err}", self.settings.namespace, bound.name))
+            }
+            Err(_) => {
+                Err(format!("pod {}/{} could not be read within {CALL_TIMEOUT:?}", self.settings.namespace, bound.name))
+            }
+        }
     }
 }
 

@@ -487,9 +487,14 @@ pub async fn follow_cluster(
 pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::Sender<Arc<NodeTokens>>) {
     let secrets: Api<Secret> = Api::namespaced(client, &options.tokens_namespace);
     let mut said_missing = false;
+    // The version last read: an unchanged Secret wakes no connection (each one checks its token
+    // again on a change, which at fleet size is thousands of wake-ups every refresh).
+    let mut read_version: Option<String> = None;
     loop {
         match secrets.get_opt(&options.tokens_secret).await {
+            Ok(Some(secret)) if read_version.is_some() && secret.metadata.resource_version == read_version => {}
             Ok(Some(secret)) => {
+                read_version = secret.metadata.resource_version.clone();
                 let pairs: Vec<(String, String)> = secret
                     .data
                     .unwrap_or_default()
@@ -502,6 +507,9 @@ pub async fn follow_tokens(client: Client, options: LinkOptions, tokens: watch::
                 said_missing = false;
             }
             Ok(None) if !said_missing => {
+                // Deleted: the tokens it held no longer admit anyone.
+                read_version = None;
+                tokens.send_replace(Arc::new(NodeTokens::new(std::iter::empty::<(&str, &str)>())));
                 tracing::warn!(
                     "no Secret {}/{}: no node outside the cluster can connect until it exists (agents in the \
                      cluster open the link with their projected ServiceAccount token)",

@@ -17,7 +17,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action as Requeue;
-use kube::runtime::finalizer::{self, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -81,8 +80,6 @@ pub enum Error {
     Kube { what: &'static str, object: String, source: Box<kube::Error> },
     #[error("{0}: the status changed under each of {STATUS_TRIES} writes; trying again later")]
     Conflicts(String),
-    #[error("{0}")]
-    Finalizer(Box<finalizer::Error<Error>>),
     /// The job's Dataset is not in the operator's watch (deleted, or not made yet).
     #[error("{job}: no Dataset {dataset:?} in its namespace; the job waits for it")]
     DatasetMissing { job: String, dataset: String },
@@ -102,23 +99,13 @@ impl Error {
             Error::Conflicts(_) => "status_conflicts",
             Error::Credential(_) => "credential",
             Error::DatasetMissing { .. } => "read_dataset",
-            Error::Finalizer(inner) => match inner.as_ref() {
-                finalizer::Error::ApplyFailed(err) | finalizer::Error::CleanupFailed(err) => err.kind(),
-                _ => "finalizer",
-            },
             Error::PodsTerminating { .. } => "pods_terminating",
         }
     }
 
     /// A wait, not a failure: no error counted, no backoff.
     fn is_wait(&self) -> bool {
-        match self {
-            Error::PodsTerminating { .. } => true,
-            Error::Finalizer(inner) => {
-                matches!(inner.as_ref(), finalizer::Error::CleanupFailed(err) if err.is_wait())
-            }
-            _ => false,
-        }
+        matches!(self, Error::PodsTerminating { .. })
     }
 }
 
@@ -132,19 +119,68 @@ pub async fn reconcile(job: Arc<LifelongLearningJob>, ctx: Arc<Context>) -> Resu
     ctx.metrics.reconciles.inc();
     let (namespace, key) = (namespace_of(&job), perennial_api::key(&job.metadata));
     let jobs: Api<LifelongLearningJob> = Api::namespaced(ctx.client.clone(), &namespace);
-    let outcome = finalizer(&jobs, FINALIZER, job, |event| async {
-        match event {
-            finalizer::Event::Apply(job) => apply(&job, &ctx).await,
-            finalizer::Event::Cleanup(job) => cleanup(&job, &ctx).await,
-        }
-    })
-    .await
-    .map_err(|err| Error::Finalizer(Box::new(err)));
+    let outcome = with_finalizer(&jobs, job, &ctx, &key).await;
     if outcome.is_ok() {
         ctx.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&key);
     }
     outcome
 }
+
+/// kube's finalizer flow (the job applied while it holds the finalizer, cleaned up and released
+/// once deleted), except that the finalizer is added by a server-side apply. That is idempotent:
+/// a cached copy that does not show the finalizer yet (the watch behind, thousands of jobs made at
+/// once) costs one write that changes nothing, where kube's conditional JSON patch is refused
+/// (422) and retried until the cache catches up. The job is then applied at once from the object
+/// the write returns, not on another turn.
+async fn with_finalizer(
+    jobs: &Api<LifelongLearningJob>,
+    job: Arc<LifelongLearningJob>,
+    ctx: &Context,
+    key: &str,
+) -> Result<Requeue, Error> {
+    let name = job.name_any();
+    let ours = job.finalizers().iter().position(|finalizer| finalizer == FINALIZER);
+    match (ours, job.metadata.deletion_timestamp.is_some()) {
+        (Some(_), false) => apply(&job, ctx).await,
+        (None, false) => {
+            let apply_finalizer = json!({
+                "apiVersion": LifelongLearningJob::api_version(&()),
+                "kind": LifelongLearningJob::kind(&()),
+                "metadata": { "name": name, "finalizers": [FINALIZER] },
+            });
+            let params = PatchParams::apply(FINALIZER_MANAGER);
+            let fresh = match jobs.patch(&name, &params, &Patch::Apply(&apply_finalizer)).await {
+                Ok(fresh) => fresh,
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(Requeue::await_change()),
+                Err(err) => return Err(kube_error("finalizer", key)(err)),
+            };
+            if fresh.metadata.deletion_timestamp.is_some() {
+                return Ok(Requeue::await_change()); // being deleted meanwhile: its event comes
+            }
+            apply(&fresh, ctx).await
+        }
+        (Some(index), true) => {
+            let requeue = cleanup(&job, ctx).await?;
+            // `test` first: the index is from this copy; another controller's finalizer is never
+            // removed in ours' place (a refusal brings a fresh copy and another turn).
+            let path = format!("/metadata/finalizers/{index}");
+            let release = serde_json::from_value(json!([
+                { "op": "test", "path": path, "value": FINALIZER },
+                { "op": "remove", "path": path },
+            ]))
+            .map_err(|err| kube_error("finalizer", key)(kube::Error::SerdeError(err)))?;
+            match jobs.patch(&name, &PatchParams::default(), &Patch::Json::<()>(release)).await {
+                Ok(_) => Ok(requeue),
+                Err(kube::Error::Api(status)) if status.code == 404 => Ok(Requeue::await_change()),
+                Err(err) => Err(kube_error("finalizer", key)(err)),
+            }
+        }
+        (None, true) => Ok(Requeue::await_change()),
+    }
+}
+
+/// The field manager of the finalizer's server-side apply (it owns that list entry alone).
+const FINALIZER_MANAGER: &str = "perennial-operator-finalizer";
 
 /// The job's namespace (`default` when left out, as `api::key` says).
 fn namespace_of(job: &LifelongLearningJob) -> String {

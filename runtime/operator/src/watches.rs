@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -74,20 +74,38 @@ pub struct Triggers {
 /// hears every change when the edge link runs.
 pub fn start(client: &Client, scope: &Scope, link: Option<UnboundedSender<Seen>>) -> (Stores, Triggers) {
     let all = watcher::Config::default();
-    let (job_store, job_triggers) = follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None);
+    let (job_store, job_triggers) =
+        follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None, no_managed_fields);
     let (dataset_store, dataset_triggers) =
-        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None);
+        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, no_managed_fields);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
-    let (pod_store, pod_triggers) = follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()));
+    let (pod_store, pod_triggers) =
+        follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()), trim_pod);
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
+}
+
+/// managedFields is never read here, and is often the biggest part of a stored object.
+fn no_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// A worker pod as the operator reads it: its metadata (labels, annotations, times), its node
+/// and its status. Its spec (containers, env, volumes: most of a pod) was written here from the
+/// job's template and is never read back; kept, it was most of the operator's memory per job.
+pub(crate) fn trim_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = PodSpec { node_name: spec.node_name.take(), ..PodSpec::default() };
+    }
 }
 
 /// One kind's watch, reflected into its store; each touched object sent on to the Controller
 /// and the link, its resourceVersion to `version` (if tracked) once the store has it (a
 /// list's objects: at the list's end, when the store takes them all). A watch error (RBAC, a
 /// missing CRD) is said and retried with backoff.
+#[allow(clippy::too_many_arguments)]
 fn follow<K>(
     client: &Client,
     scope: &Scope,
@@ -96,6 +114,7 @@ fn follow<K>(
     link: Option<UnboundedSender<Seen>>,
     seen: fn(Arc<K>) -> Seen,
     version: Option<Arc<AtomicU64>>,
+    trim: fn(&mut K),
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -108,10 +127,8 @@ where
 {
     let (store, writer) = reflector::store();
     let (to_controller, triggers) = unbounded();
-    // managedFields is never read here, and is often the biggest part of a stored object.
-    // Each namespace's watch retried with backoff on its own (scope.rs).
-    let objects =
-        scope.watch(client, config, store.clone()).modify(|object: &mut K| object.meta_mut().managed_fields = None);
+    // Stored as `trim` leaves it. Each namespace's watch retried with backoff on its own (scope.rs).
+    let objects = scope.watch(client, config, store.clone()).modify(trim);
     let events = reflector::reflector(writer, objects);
     let scope = scope.clone();
     tokio::spawn(async move {
