@@ -149,6 +149,35 @@ fn failing_policies_fall_back_to_sednas_rules_and_the_status_says_so() {
     assert!(policies["selector"]["plugin"].as_str().unwrap().ends_with("hostile_selector.wasm"), "{policies}");
 }
 
+/// A selector swapped in while the job runs (the job started on Sedna's own) falls back to
+/// Sedna's when it fails, as one there from the start does.
+#[test]
+fn a_selector_swapped_in_while_the_job_runs_falls_back_to_sednas_too() {
+    let selector = perennial_policy::builtin::built_plugin_path("hostile-selector").unwrap();
+    let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 100000"));
+    let mut run = example.start(&["--rounds", "1"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while example.live_status().is_none_or(|s| s["policies"]["selector"]["health"] != "Serving") {
+        assert!(std::time::Instant::now() < deadline, "the job never served");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // One edit: the failing selector, and a threshold the generator reaches (applied together).
+    let job = example.manifests.join("job.yaml");
+    let edited = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("threshold: 100000", "threshold: 150")
+        .replace("  deploySpec:\n", &format!("  deploySpec:\n    selectPolicy: {{plugin: {selector:?}}}\n"));
+    std::fs::write(&job, edited).unwrap();
+    let out = wait_exit(&mut run, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = &example.status()[0]["status"];
+    assert_eq!(s["deployed"]["round"], 1, "Sedna's selector deployed round 1: {s}");
+    let policies = &s["policies"];
+    assert!(policies["selector"]["plugin"].as_str().unwrap().ends_with("hostile_selector.wasm"), "{policies}");
+    assert_eq!(policies["selector"]["health"], "Failing", "{policies}");
+    assert!(policies["selector"]["message"].as_str().unwrap().ends_with("Sedna's rule decided"), "{policies}");
+}
+
 #[test]
 fn deleting_a_job_stops_its_workers_and_the_others_go_on() {
     let example = Example::new(|_, text| text.replace("threshold: 200", "threshold: 150"));

@@ -5,6 +5,7 @@ mod support;
 mod decisions;
 mod deploy_env;
 mod edge_crash;
+mod edge_jobs;
 mod edge_link;
 mod embedded_crash;
 mod embedded_run;

@@ -2,7 +2,7 @@
 //! decisions go on, and the swapping job keeps its serving policy until the new one is ready.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +45,36 @@ fn trigger_status(state: &Path) -> serde_json::Value {
         .unwrap();
     let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     all[0]["status"]["policies"]["trigger"].clone()
+}
+
+/// A job that never trains (`slow`) run by `perennial run` until its built-in trigger serves:
+/// its manifest, its state folder, the run, and the serving trigger's digest.
+fn a_serving_job(root: &Path) -> (PathBuf, PathBuf, std::process::Child, serde_json::Value) {
+    let (manifests, state) = (root.join("jobs"), root.join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(state.join("data/slow")).unwrap();
+    std::fs::write(state.join("data/slow/index.txt"), "").unwrap();
+    let manifest = manifests.join("slow.yaml");
+    std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
+    let run = perennial_run(&manifests, &state, &root.join("cache"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while trigger_status(&state)["health"] != "Serving" {
+        assert!(Instant::now() < deadline, "the built-in trigger never served: {}", trigger_status(&state));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let serving = trigger_status(&state)["digest"].clone();
+    (manifest, state, run, serving)
+}
+
+/// A trigger whose start (its configure) takes 3 s: its `file://` reference and the job's
+/// `policy:` for it.
+fn slow_trigger() -> (String, String) {
+    let slow = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
+    let reference = format!("file://{slow}");
+    let policy = format!(
+        "{{plugin: {reference:?}, config: {{behaviour: ok, configureMs: 3000}}, limits: {{startTimeoutMs: 20000}}}}"
+    );
+    (reference, policy)
 }
 
 fn trigger_plugin(state: &Path, job: &str) -> Option<String> {
@@ -245,30 +275,14 @@ fn trigger_digest(edge: &Path, job: &str) -> Option<String> {
 #[test]
 fn a_loading_policy_shows_as_loading_until_it_serves() {
     let root = tempfile::tempdir().unwrap();
-    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
-    std::fs::create_dir_all(&manifests).unwrap();
-    std::fs::create_dir_all(state.join("data/slow")).unwrap();
-    std::fs::write(state.join("data/slow/index.txt"), "").unwrap();
-    let manifest = manifests.join("slow.yaml");
-    std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
-    let mut run = perennial_run(&manifests, &state, &root.path().join("cache"));
+    let (manifest, state, mut run, before) = a_serving_job(root.path());
     let status = || trigger_status(&state);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while status()["health"] != "Serving" {
-        assert!(Instant::now() < deadline, "the built-in trigger never served: {}", status());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let before = status()["digest"].clone();
     // The edit: a policy whose start (its configure) takes 3 s.
-    let slow = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
+    let (reference, policy) = slow_trigger();
     let digest = {
         use sha2::Digest as _;
-        hex::encode(sha2::Sha256::digest(std::fs::read(slow).unwrap()))
+        hex::encode(sha2::Sha256::digest(std::fs::read(reference.trim_start_matches("file://")).unwrap()))
     };
-    let reference = format!("file://{}", slow);
-    let policy = format!(
-        "{{plugin: {reference:?}, config: {{behaviour: ok, configureMs: 3000}}, limits: {{startTimeoutMs: 20000}}}}"
-    );
     std::fs::write(&manifest, never_training_job("slow", Some(&policy))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let loading = loop {
@@ -309,25 +323,9 @@ fn a_loading_policy_shows_as_loading_until_it_serves() {
 #[test]
 fn an_edit_reverted_while_loading_leaves_nothing_loading() {
     let root = tempfile::tempdir().unwrap();
-    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
-    std::fs::create_dir_all(&manifests).unwrap();
-    std::fs::create_dir_all(state.join("data/slow")).unwrap();
-    std::fs::write(state.join("data/slow/index.txt"), "").unwrap();
-    let manifest = manifests.join("slow.yaml");
-    std::fs::write(&manifest, never_training_job("slow", None)).unwrap();
-    let mut run = perennial_run(&manifests, &state, &root.path().join("cache"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while trigger_status(&state)["health"] != "Serving" {
-        assert!(Instant::now() < deadline, "the built-in trigger never served: {}", trigger_status(&state));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let before = trigger_status(&state)["digest"].clone();
+    let (manifest, state, mut run, before) = a_serving_job(root.path());
     // The edit: a policy whose start takes 3 s ...
-    let slow = perennial_policy::builtin::built_plugin_path("hostile-trigger").unwrap();
-    let policy = format!(
-        "{{plugin: {:?}, config: {{behaviour: ok, configureMs: 3000}}, limits: {{startTimeoutMs: 20000}}}}",
-        format!("file://{slow}")
-    );
+    let (_, policy) = slow_trigger();
     std::fs::write(&manifest, never_training_job("slow", Some(&policy))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !trigger_status(&state)["loading"].is_object() {

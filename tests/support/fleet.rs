@@ -63,18 +63,7 @@ pub fn kill_started() {
 /// Raises this process's open-file limit to its hard limit (children, the operator among them,
 /// inherit it): a node is a socket here and one in the operator. Returns (soft, hard).
 pub fn raise_fd_limit() -> (u64, u64) {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit with a valid pointer.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
-        }
-    }
-    // rlim_t is 32 bits wide on some targets.
-    #[allow(clippy::unnecessary_cast)]
-    (limit.rlim_cur as u64, limit.rlim_max as u64)
+    perennial_link::open_files::raise_to_hard_limit()
 }
 
 /// Where the fleet runs.

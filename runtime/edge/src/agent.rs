@@ -198,13 +198,12 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
         _ => None,
     };
     let selector = load_ref(host, job, &job.selector, events.clone()).await.map_err(failed("selector"))?;
-    let sedna_selector = PolicyRef::new("builtin:first-select");
-    let fallback_selector =
-        if job.selector.on_error == OnError::Fallback && job.selector.plugin != sedna_selector.plugin {
-            load_fallback(host, job, &sedna_selector, events.clone()).await.map_err(failed("selector"))?
-        } else {
-            None
-        };
+    let fallback_selector = if wants_fallback_selector(job) {
+        let sedna_selector = PolicyRef::new(SEDNA_SELECTOR);
+        load_fallback(host, job, &sedna_selector, events.clone()).await.map_err(failed("selector"))?
+    } else {
+        None
+    };
     // A shadow that cannot load is reported on the job's status; it never stops the job.
     let (shadows, shadows_refused) = load_shadows(host, job, events).await;
     Ok(JobPolicies { splitter, trigger, selector, fallback_trigger, fallback_selector, shadows, shadows_refused })
@@ -213,6 +212,14 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
 /// Sedna's rule for a kind, which decides when the job's own policy fails. A compiler-free
 /// agent has no built-ins to run it with (they run precompiled, when a job names them): the job
 /// then goes without it, and a failing policy holds the job rather than stopping the agent.
+/// Sedna's selector: the fallback of a selector that fails (`onError: fallback`).
+const SEDNA_SELECTOR: &str = "builtin:first-select";
+
+/// Whether the job's selector needs Sedna's beside it: it falls back, and is not Sedna's itself.
+fn wants_fallback_selector(job: &JobConfig) -> bool {
+    job.selector.on_error == OnError::Fallback && job.selector.plugin != SEDNA_SELECTOR
+}
+
 async fn load_fallback<K: Kind>(
     host: &PolicyHost,
     job: &JobConfig,
@@ -529,6 +536,9 @@ impl Swapper {
         };
         let fallback_trigger = current.fallback_trigger != next.fallback_trigger
             || next.fallback_trigger.as_ref().is_some_and(|fallback| offer_changed(current, &next, &fallback.plugin));
+        // A selector swapped in later falls back as one there from the start does.
+        let fallback_selector = wants_fallback_selector(current) != wants_fallback_selector(&next)
+            || wants_fallback_selector(&next) && offer_changed(current, &next, SEDNA_SELECTOR);
         let (host, loads) = (self.host.clone(), self.loads.clone());
         self.runtime.spawn(async move {
             let Ok(_permit) = loads.acquire_owned().await else { return };
@@ -545,6 +555,7 @@ impl Swapper {
                 selector: None,
                 splitter: None,
                 fallback_trigger: None,
+                fallback_selector: None,
                 shadows: None,
                 next: next.clone(),
             };
@@ -579,6 +590,15 @@ impl Swapper {
                     _ => None,
                 });
             }
+            if fallback_selector {
+                loaded.fallback_selector = Some(match wants_fallback_selector(&next) {
+                    true => load_fallback(&host, &next, &PolicyRef::new(SEDNA_SELECTOR), events.clone())
+                        .await
+                        .ok()
+                        .flatten(),
+                    false => None,
+                });
+            }
             let _ = wake.send(Wake::Loaded(job, generation, Box::new(loaded)));
         });
     }
@@ -591,6 +611,7 @@ pub struct LoadedSwap {
     selector: Option<Result<SelectorPolicy, String>>,
     splitter: Option<Result<Option<SplitterPolicy>, String>>,
     fallback_trigger: Option<Option<TriggerPolicy>>,
+    fallback_selector: Option<Option<SelectorPolicy>>,
     shadows: Option<(Shadows, Vec<RefusedShadow>)>,
 }
 
@@ -601,7 +622,7 @@ type SwapOutcome = (&'static str, PolicyRef, Result<String, String>);
 /// (a reload of the same content changes nothing); one that did not is recorded as rejected
 /// with its reason, and the previous one serves on.
 fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
-    let LoadedSwap { next, trigger, selector, splitter, fallback_trigger, shadows } = loaded;
+    let LoadedSwap { next, trigger, selector, splitter, fallback_trigger, fallback_selector, shadows } = loaded;
     let job = runner.job.name.clone();
     let mut outcomes: Vec<SwapOutcome> = Vec::new();
     if let Some(loaded) = trigger {
@@ -633,6 +654,11 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
     if let Some(policy) = fallback_trigger {
         runner.policies.fallback_trigger = policy;
         runner.job.fallback_trigger = next.fallback_trigger.clone();
+    }
+    // Sedna's selector follows the selector that serves: not a new one that was rejected.
+    let selector_rejected = outcomes.iter().any(|(kind, _, outcome)| *kind == "selector" && outcome.is_err());
+    if let Some(policy) = fallback_selector.filter(|_| !selector_rejected) {
+        runner.policies.fallback_selector = policy;
     }
     let mut store = lock(store);
     if let Some((shadows, refused)) = shadows {

@@ -30,6 +30,7 @@ pub mod edge_client;
 pub mod handshake;
 pub mod heartbeat;
 pub mod messages;
+pub mod open_files;
 pub mod receiver;
 pub mod refusals;
 pub mod scope;

@@ -39,8 +39,27 @@ impl DesiredNodes {
         for dataset in datasets {
             nodes.place_dataset(&perennial_api::key(&dataset.metadata), Some(dataset));
         }
+        // Each job's Dataset and pods by index, not by a scan of every store per job: a takeover
+        // at fleet size builds every node's state at once.
+        let mut by_name: HashMap<(Option<String>, String), Arc<Dataset>> = HashMap::new();
+        for dataset in datasets {
+            by_name.insert((dataset.namespace(), dataset.name_any()), dataset.clone());
+        }
+        let mut by_job: HashMap<&str, Vec<Arc<Pod>>> = HashMap::new();
+        for pod in pods {
+            if let Some(uid) = pod.labels().get(UID_LABEL) {
+                by_job.entry(uid.as_str()).or_default().push(pod.clone());
+            }
+        }
         for job in jobs {
-            nodes.place_job(&perennial_api::key(&job.metadata), Some(job), datasets, pods);
+            let dataset = by_name.get(&(job.namespace(), job.spec.dataset.name.clone()));
+            let own_pods = job.metadata.uid.as_deref().and_then(|uid| by_job.get(uid)).map_or(&[][..], Vec::as_slice);
+            nodes.place_job(
+                &perennial_api::key(&job.metadata),
+                Some(job),
+                dataset.map(std::slice::from_ref).unwrap_or(&[]),
+                own_pods,
+            );
         }
         nodes
     }

@@ -75,9 +75,9 @@ pub struct Triggers {
 pub fn start(client: &Client, scope: &Scope, link: Option<UnboundedSender<Seen>>) -> (Stores, Triggers) {
     let all = watcher::Config::default();
     let (job_store, job_triggers) =
-        follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None, no_managed_fields);
+        follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None, trim_meta);
     let (dataset_store, dataset_triggers) =
-        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, no_managed_fields);
+        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, trim_meta);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
     let (pod_store, pod_triggers) =
@@ -86,16 +86,23 @@ pub fn start(client: &Client, scope: &Scope, link: Option<UnboundedSender<Seen>>
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
 }
 
-/// managedFields is never read here, and is often the biggest part of a stored object.
-fn no_managed_fields<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
+/// managedFields and `kubectl apply`'s copy of the whole object (an annotation) are never read
+/// here, and are often the biggest part of a stored object.
+fn trim_meta<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
 }
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A worker pod as the operator reads it: its metadata (labels, annotations, times), its node
 /// and its status. Its spec (containers, env, volumes: most of a pod) was written here from the
 /// job's template and is never read back; kept, it was most of the operator's memory per job.
 pub(crate) fn trim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
+    trim_meta(pod);
     if let Some(spec) = pod.spec.as_mut() {
         *spec = PodSpec { node_name: spec.node_name.take(), ..PodSpec::default() };
     }
@@ -218,6 +225,40 @@ fn version_of<K: Resource>(object: &K) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stored worker pod keeps all the operator reads of it (its observation, its worker name
+    /// for the edge) and none of what it never reads.
+    #[test]
+    fn a_trimmed_pod_is_observed_as_the_whole_one() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "job-train-x", "uid": "p1", "creationTimestamp": "2026-12-06T10:00:00Z",
+                "labels": {UID_LABEL: "u1", "lifelonglearningjob.sedna.io/worker-type": "train",
+                           perennial_workers::pod::ROUND_LABEL: "3"},
+                "annotations": {LAST_APPLIED: "{...the whole object...}",
+                                crate::reconcile::WORKER_NAME_ANNOTATION: "job-train-3"},
+                "managedFields": [{"manager": "kubectl", "operation": "Update"}],
+            },
+            "spec": {"nodeName": "edge-1", "containers": [{"name": "train", "image": "worker:1",
+                "env": [{"name": "BASE_MODEL_URL", "value": "s3://models/base"}]}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "train", "image": "worker:1",
+                "imageID": "", "ready": true, "restartCount": 2, "state": {"running": {}}}]},
+        }))
+        .expect("a pod");
+        let mut trimmed = pod.clone();
+        trim_pod(&mut trimmed);
+        let now = jiff::Timestamp::now();
+        for stage in [perennial_api::Stage::Train, perennial_api::Stage::Deploy] {
+            assert_eq!(crate::observe::observe(&trimmed, stage, 3, now), crate::observe::observe(&pod, stage, 3, now));
+        }
+        assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
+        let annotations = trimmed.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), [crate::reconcile::WORKER_NAME_ANNOTATION]);
+        assert!(trimmed.metadata.managed_fields.is_none());
+        let spec = trimmed.spec.expect("its spec");
+        assert_eq!(spec.node_name.as_deref(), Some("edge-1"));
+        assert!(spec.containers.is_empty(), "the containers are never read back");
+    }
 
     /// Per-namespace watches: the store is complete up to the lowest of their versions, and
     /// unknown (0) until each has shown one.

@@ -164,6 +164,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let mut runners = Vec::new();
     let mut running = Running::default();
     let mut waiting = Vec::new();
+    let mut refused = Vec::new();
     for job in configs {
         // Before any of its writes: what an interrupted one left (a kill, a full disk).
         edge::output::clear_temporary(&settings.host_path(&job.spec.output_dir));
@@ -173,16 +174,22 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
                 running.by_name.insert(job.name.clone(), (runners.len(), job));
                 runners.push(runner);
             }
-            // Standalone, the file is the operator's: a job that cannot run is an error.
-            Err(err) if link.is_none() => return Err(err),
+            // One job's bad policy stops that job, never the others: said, and on its status.
             Err(err) => {
                 tracing::error!("job {} cannot run on this node yet: {err:#}", job.name);
                 record_refused(&store, &job, &err);
-                if may_pass(&err) {
+                if link.is_some() && may_pass(&err) {
                     waiting.push(job);
+                } else if link.is_none() {
+                    refused.push(format!("{err:#}"));
                 }
             }
         }
+    }
+    // Standalone, nothing else could ever start them: an agent with no job that can run is a
+    // mistake to say at once, not a process idling for ever.
+    if link.is_none() && runners.is_empty() && !refused.is_empty() {
+        anyhow::bail!("no job of --jobs can run: {}", refused.join("; "));
     }
     running.next_index = runners.len();
     perennial_policy::release_freed_memory();

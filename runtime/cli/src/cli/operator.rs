@@ -101,6 +101,9 @@ pub struct OperatorArgs {
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    // A socket per linked node: the container's default soft limit would cap the fleet.
+    let (open_files, _) = perennial_link::open_files::raise_to_hard_limit();
+    tracing::info!(open_files, "open-file limit (one per linked node, beside about a hundred of its own)");
     let config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
