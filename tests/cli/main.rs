@@ -11,6 +11,7 @@ mod embedded_run;
 mod fetch;
 mod getting_started;
 mod hostile;
+mod oci;
 mod plugin;
 mod plugin_authors;
 mod plugin_swap;

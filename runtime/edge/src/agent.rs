@@ -161,7 +161,7 @@ async fn load_saying<K: Kind>(
             let valid =
                 reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
             say(valid.sha256.as_deref().unwrap_or_default());
-            let bytes = host.fetch(&valid.source).await?;
+            let bytes = host.fetch_ref(&valid).await?;
             // A precompiled artifact's own digest is not the component's: said once loaded.
             if !artifact::is_artifact(&bytes) {
                 say(&artifact::sha256_hex(&bytes));

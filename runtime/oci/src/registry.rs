@@ -163,8 +163,7 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> PullE
             })
         }
         OciDistributionError::RegistryError { envelope, .. } => {
-            let codes: Vec<String> =
-                envelope.errors.iter().map(|e| format!("{:?}: {}", e.code, e.message)).collect();
+            let codes: Vec<String> = envelope.errors.iter().map(|e| format!("{:?}: {}", e.code, e.message)).collect();
             let unknown = envelope.errors.iter().any(|e| {
                 matches!(
                     e.code,
@@ -274,15 +273,12 @@ pub async fn pull(oci: &OciRef, expected: Option<&str>, options: &Options) -> Re
             )));
         }
         let mut out = Bounded { bytes: Vec::new(), max: options.max_bytes };
-        client
-            .pull_blob(&reference(oci), &resolved.layer, &mut out)
-            .await
-            .map_err(|err| match err {
-                OciDistributionError::IoError(io) if io.kind() == std::io::ErrorKind::FileTooLarge => {
-                    PullError::Refused(format!("{oci}: the component is more than the {} bytes a policy may be", options.max_bytes))
-                }
-                err => explain(oci, options, &err),
-            })?;
+        client.pull_blob(&reference(oci), &resolved.layer, &mut out).await.map_err(|err| match err {
+            OciDistributionError::IoError(io) if io.kind() == std::io::ErrorKind::FileTooLarge => PullError::Refused(
+                format!("{oci}: the component is more than the {} bytes a policy may be", options.max_bytes),
+            ),
+            err => explain(oci, options, &err),
+        })?;
         // pull_blob checked the layer digest; checked again here, where it matters.
         let actual = hex::encode(Sha256::digest(&out.bytes));
         if actual != resolved.component_sha256 {
@@ -297,7 +293,12 @@ pub async fn pull(oci: &OciRef, expected: Option<&str>, options: &Options) -> Re
 }
 
 /// Pushes `component` to `oci` (its tag) in the Wasm OCI layout; `info` goes in the config.
-pub async fn push(oci: &OciRef, component: Vec<u8>, info: ComponentInfo, options: &Options) -> Result<Pushed, PullError> {
+pub async fn push(
+    oci: &OciRef,
+    component: Vec<u8>,
+    info: ComponentInfo,
+    options: &Options,
+) -> Result<Pushed, PullError> {
     if oci.digest.is_some() {
         return Err(PullError::Refused(format!("{oci}: push to a tag (oci://HOST/REPO:TAG), not a digest")));
     }
@@ -310,7 +311,8 @@ pub async fn push(oci: &OciRef, component: Vec<u8>, info: ComponentInfo, options
         media_type: layout::CONFIG_MEDIA_TYPE.into(),
         annotations: None,
     };
-    let layers = [ImageLayer { data: component.into(), media_type: layout::LAYER_MEDIA_TYPE.into(), annotations: None }];
+    let layers =
+        [ImageLayer { data: component.into(), media_type: layout::LAYER_MEDIA_TYPE.into(), annotations: None }];
     let manifest = OciImageManifest::build(&layers, &config, None);
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|err| PullError::Refused(err.to_string()))?;
     let manifest_digest = format!("sha256:{}", hex::encode(Sha256::digest(&manifest_bytes)));
@@ -351,7 +353,10 @@ impl AsyncWrite for Bounded {
         std::task::Poll::Ready(Ok(buf.len()))
     }
 
-    fn poll_flush(self: std::pin::Pin<&mut Self>, _: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<()>> {
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
     }
 

@@ -18,6 +18,8 @@ mod plugin;
 #[cfg(feature = "edge-precompiled")]
 mod plugin_new;
 #[cfg(feature = "edge-precompiled")]
+mod plugin_oci;
+#[cfg(feature = "edge-precompiled")]
 mod plugin_test;
 #[cfg(feature = "edge-precompiled")]
 mod precompiled;
