@@ -70,10 +70,10 @@ pub enum PullError {
     Unreachable(String),
     /// The reference names other content than the pin: `actual` is what the registry has.
     #[error(
-        "{reference} names a component with sha256 {actual}, but the reference pins sha256 {expected} \
-         (did the tag move?); it is not pulled"
+        "it names a component with sha256 {actual}, but the reference pins sha256 {expected} (did the tag \
+         move?); it is not pulled"
     )]
-    Moved { reference: String, expected: String, actual: String },
+    Moved { expected: String, actual: String },
     /// Anything else: refused, absent, not a Wasm artifact, too large.
     #[error("{0}")]
     Refused(String),
@@ -147,23 +147,36 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> PullE
         OciDistributionError::ServerError { code, .. } if *code >= 500 => {
             PullError::Unreachable(format!("the registry {registry} failed (HTTP {code})"))
         }
-        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
-            PullError::Refused(match &options.credentials {
-                None => format!(
-                    "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
+        OciDistributionError::UnauthorizedError { .. }
+        | OciDistributionError::AuthenticationFailure(_)
+        | OciDistributionError::ServerError { code: 401 | 403, .. } => PullError::Refused(match &options.credentials {
+            None => format!(
+                "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
                      and {} has no credentials for {registry} (`docker login {registry}` writes them)",
-                    shown(&options.credentials_from)
-                ),
-                Some(creds) => format!(
-                    "the registry {registry} refused the credentials of user {:?} (from {}) for the repository \
+                shown(&options.credentials_from)
+            ),
+            Some(creds) => format!(
+                "the registry {registry} refused the credentials of user {:?} (from {}) for the repository \
                      {repository}",
-                    creds.username,
-                    shown(&options.credentials_from)
-                ),
-            })
-        }
+                creds.username,
+                shown(&options.credentials_from)
+            ),
+        }),
         OciDistributionError::RegistryError { envelope, .. } => {
             let codes: Vec<String> = envelope.errors.iter().map(|e| format!("{:?}: {}", e.code, e.message)).collect();
+            let denied = envelope.errors.iter().any(|e| {
+                matches!(
+                    e.code,
+                    oci_client::errors::OciErrorCode::Unauthorized | oci_client::errors::OciErrorCode::Denied
+                )
+            });
+            if denied {
+                return explain(
+                    oci,
+                    options,
+                    &OciDistributionError::ServerError { code: 401, url: String::new(), message: String::new() },
+                );
+            }
             let unknown = envelope.errors.iter().any(|e| {
                 matches!(
                     e.code,
@@ -260,7 +273,6 @@ pub async fn pull(oci: &OciRef, expected: Option<&str>, options: &Options) -> Re
             && !expected.eq_ignore_ascii_case(&resolved.component_sha256)
         {
             return Err(PullError::Moved {
-                reference: oci.to_string(),
                 expected: expected.to_ascii_lowercase(),
                 actual: resolved.component_sha256,
             });

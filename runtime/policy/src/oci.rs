@@ -94,8 +94,7 @@ pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentS
             match (kept, &pinned, store) {
                 (Some(bytes), Some(sha), Some(store)) => {
                     tracing::warn!(
-                        plugin = %oci,
-                        "{err}: the component it pins (sha256 {sha}) is served from the copy kept in {}",
+                        "{oci}: {err}; the component it pins (sha256 {sha}) is served from the copy kept in {}",
                         store.dir().display()
                     );
                     Ok(bytes)
