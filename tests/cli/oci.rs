@@ -131,15 +131,23 @@ fn a_private_repository_needs_the_docker_config_credentials_and_never_shows_them
     assert!(err.contains("refused access to the repository team/private"), "{err}");
     assert!(err.contains("no-docker-config/config.json has no credentials for"), "{err}");
 
-    // With them: pulled.
+    // With them: pulled; even the most detailed log holds no credential.
     let out = dir.path().join("private.wasm");
-    let stdout = ok(&perennial(&["plugin", "pull", &reference, "-o", out.to_str().unwrap()], &ann));
-    assert_eq!(printed(&stdout, "sha256 "), sha256);
+    let pulled = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["plugin", "pull", &reference, "-o", out.to_str().unwrap()])
+        .env("DOCKER_CONFIG", &ann)
+        .env("RUST_LOG", "trace")
+        .output()
+        .unwrap();
+    assert_eq!(printed(&ok(&pulled), "sha256 "), sha256);
+    let log = String::from_utf8_lossy(&pulled.stderr);
+    use base64::Engine as _;
+    let login = base64::engine::general_purpose::STANDARD.encode(format!("ann:{PASSWORD}"));
+    assert!(!log.is_empty() && !log.contains(PASSWORD) && !log.contains(&login), "a credential in the log:\n{log}");
 
     // A wrong password: refused, naming the user and the file, never the password.
     let wrong = dir.path().join("wrong");
     std::fs::create_dir_all(&wrong).unwrap();
-    use base64::Engine as _;
     let auth = base64::engine::general_purpose::STANDARD.encode(format!("ann:{PASSWORD}-wrong"));
     std::fs::write(
         wrong.join("config.json"),

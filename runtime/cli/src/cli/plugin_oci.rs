@@ -1,7 +1,7 @@
 //! `perennial plugin push` and `pull`: a policy as an OCI artifact (the CNCF Wasm layout), with
 //! the docker `config.json`'s credentials for the registry.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -126,7 +126,7 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<()> {
 }
 
 #[cfg(feature = "edge")]
-fn read_component(path: &Path) -> anyhow::Result<Vec<u8>> {
+fn read_component(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     let max = policy::COMPONENT_READ.max_bytes;
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.len() > max {
