@@ -16,6 +16,7 @@ pub struct Registry {
     insecure: bool,
 }
 
+#[cfg(feature = "edge")]
 #[derive(Args)]
 pub struct PushArgs {
     /// The component (.wasm) to push.
