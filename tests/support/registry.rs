@@ -64,7 +64,7 @@ impl Registry {
     /// Starts (again, after [`Registry::stop`]) on the same port and storage.
     pub fn resume(&mut self) {
         let log = std::fs::File::create(self.root.path().join("registry.log")).unwrap();
-        let child = crate::support::embedded::dies_with_its_test(&mut Command::new(binary()))
+        let child = dies_with_its_test(&mut Command::new(binary()))
             .arg("serve")
             .arg(self.root.path().join("config.yml"))
             .stdout(Stdio::null())
@@ -111,6 +111,20 @@ impl Registry {
 impl Drop for Registry {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The registry is killed when the test process dies (never left behind by a failed test).
+fn dies_with_its_test(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: between fork and exec the closure only calls prctl, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
     }
 }
 
