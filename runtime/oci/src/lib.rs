@@ -13,4 +13,4 @@ pub mod registry;
 
 pub use credentials::{Credentials, DockerConfig};
 pub use perennial_types::policy::OciRef;
-pub use registry::{Options, PullError, Pulled, Pushed, Resolved, pull, push, resolve};
+pub use registry::{Options, Pulled, Pushed, RegistryError, Resolved, pull, push, resolve};

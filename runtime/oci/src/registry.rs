@@ -62,9 +62,9 @@ impl Options {
     }
 }
 
-/// Why a pull failed.
+/// Why a push or pull failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PullError {
+pub enum RegistryError {
     /// The registry could not be reached, timed out or failed (5xx): a copy already held may serve.
     #[error("{0}")]
     Unreachable(String),
@@ -116,7 +116,7 @@ fn reference(oci: &OciRef) -> Reference {
     }
 }
 
-fn client(oci: &OciRef, options: &Options) -> Result<Client, PullError> {
+fn client(oci: &OciRef, options: &Options) -> Result<Client, RegistryError> {
     perennial_tls::install_crypto_provider();
     let protocol = if options.plain_http || oci.is_loopback() { ClientProtocol::Http } else { ClientProtocol::Https };
     let config = ClientConfig {
@@ -126,11 +126,11 @@ fn client(oci: &OciRef, options: &Options) -> Result<Client, PullError> {
         user_agent: concat!("perennial/", env!("CARGO_PKG_VERSION")),
         ..ClientConfig::default()
     };
-    Client::try_from(config).map_err(|err| PullError::Refused(format!("no HTTP client for {oci}: {err}")))
+    Client::try_from(config).map_err(|err| RegistryError::Refused(format!("no HTTP client for {oci}: {err}")))
 }
 
 /// What went wrong, said for `oci`: `Unreachable` when a copy held may serve instead.
-fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> PullError {
+fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> RegistryError {
     let registry = &oci.registry;
     let repository = &oci.repository;
     match err {
@@ -142,26 +142,28 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> PullE
             } else {
                 cause(err)
             };
-            PullError::Unreachable(format!("the registry {registry} {what}"))
+            RegistryError::Unreachable(format!("the registry {registry} {what}"))
         }
         OciDistributionError::ServerError { code, .. } if *code >= 500 => {
-            PullError::Unreachable(format!("the registry {registry} failed (HTTP {code})"))
+            RegistryError::Unreachable(format!("the registry {registry} failed (HTTP {code})"))
         }
         OciDistributionError::UnauthorizedError { .. }
         | OciDistributionError::AuthenticationFailure(_)
-        | OciDistributionError::ServerError { code: 401 | 403, .. } => PullError::Refused(match &options.credentials {
-            None => format!(
-                "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
+        | OciDistributionError::ServerError { code: 401 | 403, .. } => {
+            RegistryError::Refused(match &options.credentials {
+                None => format!(
+                    "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
                      and {} has no credentials for {registry} (`docker login {registry}` writes them)",
-                shown(&options.credentials_from)
-            ),
-            Some(creds) => format!(
-                "the registry {registry} refused the credentials of user {:?} (from {}) for the repository \
+                    shown(&options.credentials_from)
+                ),
+                Some(creds) => format!(
+                    "the registry {registry} refused the credentials of user {:?} (from {}) for the repository \
                      {repository}",
-                creds.username,
-                shown(&options.credentials_from)
-            ),
-        }),
+                    creds.username,
+                    shown(&options.credentials_from)
+                ),
+            })
+        }
         OciDistributionError::RegistryError { envelope, .. } => {
             let codes: Vec<String> = envelope.errors.iter().map(|e| format!("{:?}: {}", e.code, e.message)).collect();
             let denied = envelope.errors.iter().any(|e| {
@@ -186,18 +188,18 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> PullE
                 )
             });
             if unknown {
-                PullError::Refused(format!("{oci} is not in the registry ({})", codes.join("; ")))
+                RegistryError::Refused(format!("{oci} is not in the registry ({})", codes.join("; ")))
             } else {
-                PullError::Refused(format!("the registry {registry} refused {oci}: {}", codes.join("; ")))
+                RegistryError::Refused(format!("the registry {registry} refused {oci}: {}", codes.join("; ")))
             }
         }
         OciDistributionError::ServerError { code, .. } => {
-            PullError::Refused(format!("the registry {registry} answered HTTP {code} for {oci}"))
+            RegistryError::Refused(format!("the registry {registry} answered HTTP {code} for {oci}"))
         }
         OciDistributionError::DigestError(err) => {
-            PullError::Refused(format!("{oci}: what the registry sent does not match its digest ({err})"))
+            RegistryError::Refused(format!("{oci}: what the registry sent does not match its digest ({err})"))
         }
-        other => PullError::Refused(format!("{oci}: {other}")),
+        other => RegistryError::Refused(format!("{oci}: {other}")),
     }
 }
 
@@ -220,11 +222,11 @@ fn cause(err: &dyn std::error::Error) -> String {
 async fn bounded<T>(
     oci: &OciRef,
     options: &Options,
-    work: impl std::future::Future<Output = Result<T, PullError>>,
-) -> Result<T, PullError> {
+    work: impl std::future::Future<Output = Result<T, RegistryError>>,
+) -> Result<T, RegistryError> {
     match tokio::time::timeout(options.timeout, work).await {
         Ok(result) => result,
-        Err(_) => Err(PullError::Unreachable(format!(
+        Err(_) => Err(RegistryError::Unreachable(format!(
             "the registry {} did not finish within {} s for {oci}",
             oci.registry,
             options.timeout.as_secs()
@@ -233,19 +235,19 @@ async fn bounded<T>(
 }
 
 /// The manifest `oci` names and its component layer; refuses what is not a Wasm artifact.
-pub async fn resolve(oci: &OciRef, options: &Options) -> Result<Resolved, PullError> {
+pub async fn resolve(oci: &OciRef, options: &Options) -> Result<Resolved, RegistryError> {
     let client = client(oci, options)?;
     bounded(oci, options, resolve_with(&client, oci, options)).await
 }
 
-async fn resolve_with(client: &Client, oci: &OciRef, options: &Options) -> Result<Resolved, PullError> {
+async fn resolve_with(client: &Client, oci: &OciRef, options: &Options) -> Result<Resolved, RegistryError> {
     let image = reference(oci);
     let (manifest, manifest_digest) =
         client.pull_image_manifest(&image, &options.auth()).await.map_err(|err| explain(oci, options, &err))?;
     let layers: Vec<&OciDescriptor> = manifest.layers.iter().filter(|l| layout::is_wasm_layer(&l.media_type)).collect();
     let [layer] = layers.as_slice() else {
         let types: Vec<&str> = manifest.layers.iter().map(|l| l.media_type.as_str()).collect();
-        return Err(PullError::Refused(format!(
+        return Err(RegistryError::Refused(format!(
             "{oci} is not a Wasm component artifact: it needs one layer of type {} (config {}); it has {} \
              (config {})",
             layout::LAYER_MEDIA_TYPE,
@@ -258,43 +260,46 @@ async fn resolve_with(client: &Client, oci: &OciRef, options: &Options) -> Resul
         .digest
         .strip_prefix("sha256:")
         .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| PullError::Refused(format!("{oci}: its layer's digest {:?} is not sha256", layer.digest)))?
+        .ok_or_else(|| RegistryError::Refused(format!("{oci}: its layer's digest {:?} is not sha256", layer.digest)))?
         .to_ascii_lowercase();
     Ok(Resolved { manifest_digest, component_sha256, layer: (*layer).clone() })
 }
 
 /// Pulls the component `oci` names: when `expected` (hex SHA-256) is given, refuses other
-/// content before reading it ([`PullError::Moved`]).
-pub async fn pull(oci: &OciRef, expected: Option<&str>, options: &Options) -> Result<Pulled, PullError> {
+/// content before reading it ([`RegistryError::Moved`]).
+pub async fn pull(oci: &OciRef, expected: Option<&str>, options: &Options) -> Result<Pulled, RegistryError> {
     let client = client(oci, options)?;
     bounded(oci, options, async {
         let resolved = resolve_with(&client, oci, options).await?;
         if let Some(expected) = expected
             && !expected.eq_ignore_ascii_case(&resolved.component_sha256)
         {
-            return Err(PullError::Moved {
+            return Err(RegistryError::Moved {
                 expected: expected.to_ascii_lowercase(),
                 actual: resolved.component_sha256,
             });
         }
         let size = u64::try_from(resolved.layer.size).unwrap_or(0);
         if size > options.max_bytes {
-            return Err(PullError::Refused(format!(
+            return Err(RegistryError::Refused(format!(
                 "{oci}: the component is {size} bytes, more than the {} a policy may be",
                 options.max_bytes
             )));
         }
         let mut out = Bounded { bytes: Vec::new(), max: options.max_bytes };
         client.pull_blob(&reference(oci), &resolved.layer, &mut out).await.map_err(|err| match err {
-            OciDistributionError::IoError(io) if io.kind() == std::io::ErrorKind::FileTooLarge => PullError::Refused(
-                format!("{oci}: the component is more than the {} bytes a policy may be", options.max_bytes),
-            ),
+            OciDistributionError::IoError(io) if io.kind() == std::io::ErrorKind::FileTooLarge => {
+                RegistryError::Refused(format!(
+                    "{oci}: the component is more than the {} bytes a policy may be",
+                    options.max_bytes
+                ))
+            }
             err => explain(oci, options, &err),
         })?;
         // pull_blob checked the layer digest; checked again here, where it matters.
         let actual = hex::encode(Sha256::digest(&out.bytes));
         if actual != resolved.component_sha256 {
-            return Err(PullError::Refused(format!(
+            return Err(RegistryError::Refused(format!(
                 "{oci}: the component read has sha256 {actual}, not its layer's {}",
                 resolved.component_sha256
             )));
@@ -310,23 +315,23 @@ pub async fn push(
     component: Vec<u8>,
     info: ComponentInfo,
     options: &Options,
-) -> Result<Pushed, PullError> {
+) -> Result<Pushed, RegistryError> {
     if oci.digest.is_some() {
-        return Err(PullError::Refused(format!("{oci}: push to a tag (oci://HOST/REPO:TAG), not a digest")));
+        return Err(RegistryError::Refused(format!("{oci}: push to a tag (oci://HOST/REPO:TAG), not a digest")));
     }
     let client = client(oci, options)?;
     let image = reference(oci);
     let component_sha256 = hex::encode(Sha256::digest(&component));
     let config = WasmConfig::component(format!("sha256:{component_sha256}"), info);
     let config = Config {
-        data: serde_json::to_vec(&config).map_err(|err| PullError::Refused(err.to_string()))?.into(),
+        data: serde_json::to_vec(&config).map_err(|err| RegistryError::Refused(err.to_string()))?.into(),
         media_type: layout::CONFIG_MEDIA_TYPE.into(),
         annotations: None,
     };
     let layers =
         [ImageLayer { data: component.into(), media_type: layout::LAYER_MEDIA_TYPE.into(), annotations: None }];
     let manifest = OciImageManifest::build(&layers, &config, None);
-    let manifest_bytes = serde_json::to_vec(&manifest).map_err(|err| PullError::Refused(err.to_string()))?;
+    let manifest_bytes = serde_json::to_vec(&manifest).map_err(|err| RegistryError::Refused(err.to_string()))?;
     let manifest_digest = format!("sha256:{}", hex::encode(Sha256::digest(&manifest_bytes)));
     bounded(oci, options, async {
         client

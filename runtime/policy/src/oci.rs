@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::engine::COMPONENT_READ;
-use perennial_oci::{OciRef, Options, PullError};
+use perennial_oci::{OciRef, Options, RegistryError};
 
 /// Components pulled from registries, by SHA-256 (`<hex>.wasm`), and which component each
 /// manifest digest pulled held (`manifests/<hex>`: a manifest named by digest never changes).
@@ -89,7 +89,7 @@ pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentS
         }
         // The registry down, or its tag moved to other content: the pinned component, if kept,
         // serves (and the reason is said); the other content is never pulled.
-        Err(err @ (PullError::Unreachable(_) | PullError::Moved { .. })) => {
+        Err(err @ (RegistryError::Unreachable(_) | RegistryError::Moved { .. })) => {
             let kept = pinned.as_deref().and_then(|sha| store.and_then(|store| store.get(sha)));
             match (kept, &pinned, store) {
                 (Some(bytes), Some(sha), Some(store)) => {
@@ -99,7 +99,7 @@ pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentS
                     );
                     Ok(bytes)
                 }
-                _ if matches!(err, PullError::Unreachable(_)) => {
+                _ if matches!(err, RegistryError::Unreachable(_)) => {
                     Err(format!("{err}, and no copy of the component it pins is kept here"))
                 }
                 _ => Err(err.to_string()),
