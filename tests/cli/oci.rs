@@ -251,7 +251,12 @@ fn a_job_serves_an_oci_policy_by_digest_and_outlives_its_registry() {
     let log = stop(second);
     let said = log.matches("cannot be reached").count();
     assert_eq!(said, 1, "the registry being down is said once:\n{log}");
-    assert!(log.contains(&format!("the component it pins (sha256 {sha256}) is served from the copy kept in")), "{log}");
+    let said = log.lines().find(|line| line.contains("cannot be reached")).unwrap_or_default();
+    assert!(said.contains("job=default/oci"), "the job is named: {said}");
+    assert!(
+        said.contains(&format!("the component it pins (sha256 {sha256}) is served from the copy kept in")),
+        "{said}"
+    );
 
     // Without a kept copy (another cache), the start is refused saying why.
     let bare_state = root.path().join("bare-state");
