@@ -12,6 +12,7 @@ mod embedded_run;
 mod fetch;
 mod getting_started;
 mod hostile;
+mod oci;
 mod plugin;
 mod plugin_authors;
 mod plugin_swap;

@@ -10,5 +10,7 @@ pub mod many_jobs;
 pub mod moments;
 #[path = "../support/plugin_projects.rs"]
 pub mod plugin_projects;
+#[path = "../support/registry.rs"]
+pub mod registry;
 #[path = "../support/s3.rs"]
 pub mod s3;

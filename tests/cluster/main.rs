@@ -20,6 +20,8 @@ mod link_support;
 #[allow(dead_code)]
 #[path = "../support/moments.rs"]
 mod moments;
+#[path = "../support/registry.rs"]
+mod registry;
 #[path = "../support/sedna_worker.rs"]
 mod sedna_worker;
 #[path = "../support/service_account.rs"]
@@ -34,6 +36,7 @@ mod harness;
 mod helm;
 mod identity;
 mod install;
+mod oci;
 mod rbac;
 mod restart;
 mod rollout;

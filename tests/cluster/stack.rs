@@ -207,6 +207,11 @@ impl World {
     /// The Dataset (on this world's node) and the job, applied with kubectl as a user would:
     /// the thermal-comfort shape of Sedna's sample, with a trigger at `threshold` samples.
     pub fn apply_job(&self, threshold: u32) {
+        self.apply_job_with_trigger(threshold, None);
+    }
+
+    /// [`World::apply_job`] with `policy` as the trigger's policy reference.
+    pub fn apply_job_with_trigger(&self, threshold: u32, policy: Option<serde_json::Value>) {
         let template = |name: &str| {
             json!({"spec": {"nodeName": self.node, "containers": [
                 {"name": name, "image": "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0",
@@ -225,6 +230,10 @@ impl World {
                        "deploySpec": {"template": template("infer")},
                        "outputDir": self.output}}),
         ];
+        let mut manifests = manifests;
+        if let Some(policy) = policy {
+            manifests[1]["spec"]["trainSpec"]["trigger"]["policy"] = policy;
+        }
         for manifest in manifests {
             let file = tempfile::NamedTempFile::new().expect("temp");
             std::fs::write(file.path(), serde_json::to_vec(&manifest).expect("json")).expect("write");

@@ -161,7 +161,9 @@ async fn load_saying<K: Kind>(
             let valid =
                 reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
             say(valid.sha256.as_deref().unwrap_or_default());
-            let bytes = host.fetch(&valid.source).await?;
+            // What the fetch says (a registry down, a kept copy serving) names the job.
+            let span = tracing::info_span!("policy", job = %job.name);
+            let bytes = tracing::Instrument::instrument(host.fetch_ref(&valid), span).await?;
             // A precompiled artifact's own digest is not the component's: said once loaded.
             if !artifact::is_artifact(&bytes) {
                 say(&artifact::sha256_hex(&bytes));

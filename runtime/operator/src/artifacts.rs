@@ -152,11 +152,18 @@ impl Artifacts {
             (Source::File(path), _) => {
                 return refused(format!(
                     "{} is a path on the node: the operator compiles only what it can fetch (builtin:, \
-                     https:// or s3:// with its sha256); or name a .pcwasm made by `perennial plugin compile`",
+                     https://, s3:// or oci:// with its sha256); or name a .pcwasm made by `perennial plugin compile`",
                     path.display()
                 ));
             }
             (_, Some(sha256)) => sha256.clone(),
+            (Source::Oci(_), None) => {
+                return refused(
+                    "the operator compiles an oci:// plugin by its component's digest: give its sha256 (as \
+                     `perennial plugin push` prints it) beside the @sha256: of its manifest"
+                        .into(),
+                );
+            }
             (_, None) => return refused("a remote plugin needs its sha256".into()),
         };
         let key = Key { component_sha256, platform: node.platform.clone(), fingerprint: node.fingerprint.clone() };

@@ -19,6 +19,7 @@ use super::cache::DiskCache;
 use super::compiler::compile_in_child;
 use super::error::{LoadError, PolicyError, Step, one_line};
 use super::instance::{Policy, PolicyInfo};
+use super::oci::{self, ComponentStore};
 use super::platform;
 use super::reference::{PolicyRef, Source, ValidRef};
 use super::sandbox::{HostState, PolicyEvents};
@@ -95,6 +96,8 @@ pub struct Inspection {
     pub precompiled: Option<artifact::Header>,
     /// Exported interfaces, e.g. `perennial:policy/trigger@0.1.0`.
     pub exports: Vec<String>,
+    /// Imported interfaces, e.g. `wasi:cli/environment@0.2.0`.
+    pub imports: Vec<String>,
     compiled: Arc<Compiled>,
 }
 
@@ -107,6 +110,8 @@ pub struct Compiled {
 struct Inner {
     linker: Linker<HostState>,
     disk: Option<DiskCache>,
+    /// Components pulled from OCI registries, by digest (beside the compile cache).
+    components: Option<ComponentStore>,
     compiled: Mutex<HashMap<String, Arc<Compiled>>>,
     s3: Option<S3Credentials>,
     /// The binary that compiles in a child process, when the host does so (`run`, `edge`).
@@ -143,11 +148,13 @@ impl PolicyHost {
         forbid_waiting(&mut linker).map_err(std::io::Error::other)?;
         host::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
         batch_data::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state).map_err(std::io::Error::other)?;
+        let components = cache_dir.as_ref().map(|dir| ComponentStore::new(dir.join("components")));
         let disk = cache_dir.map(|dir| DiskCache::new(dir, engine)).transpose()?;
         let compiled = Mutex::new(HashMap::new());
         let inner = Inner {
             linker,
             disk,
+            components,
             compiled,
             s3,
             compiler: OnceLock::new(),
@@ -210,7 +217,7 @@ impl PolicyHost {
         events: Arc<dyn PolicyEvents>,
     ) -> Result<Policy<K>, LoadError> {
         let valid = reference.validate().map_err(|err| LoadError::new(Step::Reference, PolicyError::Reference(err)))?;
-        let bytes = self.fetch(&valid.source).await?;
+        let bytes = self.fetch_ref(&valid).await?;
         self.load_fetched(valid, bytes, events).await
     }
 
@@ -275,8 +282,18 @@ impl PolicyHost {
         }
     }
 
+    /// Fetches the component a checked reference names: [`PolicyHost::fetch`], with its pin
+    /// (an `oci://` one is checked before it is read, and kept on disk by it).
+    pub async fn fetch_ref(&self, valid: &ValidRef) -> Result<Arc<[u8]>, LoadError> {
+        self.fetch_pinned(&valid.source, valid.sha256.as_deref()).await
+    }
+
     /// Fetches a component's bytes (at most [`COMPONENT_READ`]: a Python component is ~18 MB).
     pub async fn fetch(&self, source: &Source) -> Result<Arc<[u8]>, LoadError> {
+        self.fetch_pinned(source, None).await
+    }
+
+    async fn fetch_pinned(&self, source: &Source, sha256: Option<&str>) -> Result<Arc<[u8]>, LoadError> {
         let fetch_error =
             |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: source.to_string(), message });
         match source {
@@ -315,6 +332,9 @@ impl PolicyHost {
                 .await
                 .map(Arc::from)
                 .map_err(|err| fetch_error(err.to_string())),
+            Source::Oci(reference) => {
+                oci::fetch(reference, sha256, self.inner.components.as_ref()).await.map(Arc::from).map_err(fetch_error)
+            }
         }
     }
 
@@ -335,6 +355,7 @@ impl PolicyHost {
         let (compiled, from_cache) = self.compile(&source, &digest, bytes)?;
         Ok(Inspection {
             exports: exported_interfaces(&compiled.component),
+            imports: imported_interfaces(&compiled.component),
             compile_time: started.elapsed(),
             from_cache,
             precompiled: None,
@@ -384,6 +405,7 @@ impl PolicyHost {
         };
         Ok(Inspection {
             exports: exported_interfaces(&compiled.component),
+            imports: imported_interfaces(&compiled.component),
             compile_time: started.elapsed(),
             from_cache: false,
             size: usize::try_from(header.component_size).unwrap_or(usize::MAX),
@@ -545,6 +567,11 @@ fn forbid_waiting(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     })?;
     linker.allow_shadowing(false);
     Ok(())
+}
+
+/// The interfaces a component imports, e.g. `wasi:cli/environment@0.2.0`.
+pub fn imported_interfaces(component: &Component) -> Vec<String> {
+    component.component_type().imports(engine()).map(|(name, _)| name.to_owned()).collect()
 }
 
 /// The interfaces a component exports, e.g. `perennial:policy/trigger@0.1.0`.

@@ -16,6 +16,7 @@ pub mod compiler;
 mod engine;
 mod error;
 mod instance;
+pub mod oci;
 pub mod platform;
 #[cfg(feature = "compiler")]
 pub mod precompile;

@@ -15,7 +15,7 @@ pub use node::{
     new_worker_name, node_job,
 };
 pub use policy::{
-    BUILTIN_POLICIES, Limits, OnError, PolicyDecision, PolicyHealth, PolicyLoading, PolicyRef, PolicyStatus,
+    BUILTIN_POLICIES, Limits, OciRef, OnError, PolicyDecision, PolicyHealth, PolicyLoading, PolicyRef, PolicyStatus,
     ShadowDisagreement, ShadowRef, ShadowStatus, Source, ValidRef, config_digest, config_text_digest, parse_source,
 };
 pub use records::RecordRetention;

@@ -1,8 +1,10 @@
 //! The policy reference: which plugin a job uses for a decision, and under what limits.
 //!
 //! ```yaml
-//! plugin: builtin:threshold-trigger   # or file:///path.wasm, https://..., s3://bucket/key
-//! sha256: 3f5a...                     # required for https:// and s3://; checked when given
+//! plugin: builtin:threshold-trigger   # or file:///path.wasm, https://..., s3://bucket/key,
+//!                                     # oci://registry.example.org/policies/trigger:1.0
+//! sha256: 3f5a...                     # required for https://, s3:// and oci:// (unless the oci://
+//!                                     # reference ends in @sha256:MANIFEST); checked when given
 //! config: {condition: {operator: ">", threshold: 500}}
 //! limits: {timeoutMs: 100, memoryMiB: 32, startTimeoutMs: 2000}
 //! onError: fallback                   # or hold
@@ -16,9 +18,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicyRef {
-    /// `builtin:NAME`, `file:///path`, a plain path, `https://...` or `s3://bucket/key`.
+    /// `builtin:NAME`, `file:///path`, a plain path, `https://...`, `s3://bucket/key` or
+    /// `oci://HOST[:PORT]/REPO[:TAG][@sha256:MANIFEST]`.
     pub plugin: String,
-    /// Hex SHA-256 of the component. Required for remote sources.
+    /// Hex SHA-256 of the component. Required for remote sources (an `oci://` reference pinned by
+    /// `@sha256:` needs none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
     /// Handed to the plugin's `configure` as JSON. Absent means `{}`.
@@ -39,9 +43,11 @@ pub struct PolicyRef {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ShadowRef {
-    /// `builtin:NAME`, `file:///path`, a plain path, `https://...` or `s3://bucket/key`.
+    /// `builtin:NAME`, `file:///path`, a plain path, `https://...`, `s3://bucket/key` or
+    /// `oci://HOST[:PORT]/REPO[:TAG][@sha256:MANIFEST]`.
     pub plugin: String,
-    /// Hex SHA-256 of the component. Required for remote sources.
+    /// Hex SHA-256 of the component. Required for remote sources (an `oci://` reference pinned by
+    /// `@sha256:` needs none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
     /// Handed to the plugin's `configure` as JSON. Absent means `{}`.
@@ -124,11 +130,115 @@ pub enum Source {
     File(PathBuf),
     Https(String),
     S3(String),
+    Oci(OciRef),
 }
 
 impl Source {
     pub fn is_remote(&self) -> bool {
-        matches!(self, Source::Https(_) | Source::S3(_))
+        matches!(self, Source::Https(_) | Source::S3(_) | Source::Oci(_))
+    }
+
+    /// Whether the source itself names its content by digest (`oci://...@sha256:`).
+    pub fn is_pinned(&self) -> bool {
+        matches!(self, Source::Oci(oci) if oci.digest.is_some())
+    }
+}
+
+/// A component in an OCI registry: `oci://HOST[:PORT]/REPO[:TAG][@sha256:MANIFEST]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciRef {
+    /// `HOST[:PORT]`.
+    pub registry: String,
+    /// The repository's path, e.g. `policies/trigger`.
+    pub repository: String,
+    /// The tag; `latest` when neither a tag nor a digest is given.
+    pub tag: Option<String>,
+    /// `sha256:HEX`: the manifest's digest.
+    pub digest: Option<String>,
+}
+
+impl OciRef {
+    /// Parses what follows `oci://`; the error says what is wrong.
+    pub fn parse(rest: &str) -> Result<OciRef, String> {
+        const FORM: &str = "expected oci://HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]";
+        let (registry, path) = rest.split_once('/').ok_or_else(|| format!("no repository; {FORM}"))?;
+        let host_ok =
+            |host: &str| !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+        let registry_ok = match registry.rsplit_once(':') {
+            Some((host, port)) => host_ok(host) && !port.is_empty() && port.parse::<u16>().is_ok(),
+            None => host_ok(registry),
+        };
+        if !registry_ok {
+            return Err(format!("{registry:?} is not a registry host (HOST or HOST:PORT); {FORM}"));
+        }
+        let (name, digest) = match path.split_once('@') {
+            Some((name, digest)) => {
+                let hex = digest.strip_prefix("sha256:").ok_or_else(|| format!("digest {digest:?}: {FORM}"))?;
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                    return Err(format!("digest {digest:?} is not sha256: and 64 lower-case hex digits"));
+                }
+                (name, Some(digest.to_owned()))
+            }
+            None => (path, None),
+        };
+        // A tag follows the last `:` after the last `/`.
+        let (repository, tag) = match name.rsplit_once(':') {
+            Some((repository, tag)) if !tag.contains('/') => (repository, Some(tag)),
+            _ => (name, None),
+        };
+        let component_ok = |part: &str| {
+            !part.is_empty()
+                && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+                && part.as_bytes()[0].is_ascii_alphanumeric()
+        };
+        if !repository.split('/').all(component_ok) {
+            return Err(format!(
+                "repository {repository:?} must be lower-case letters, digits, `.`, `_`, `-` and `/`; {FORM}"
+            ));
+        }
+        if let Some(tag) = tag {
+            let ok = !tag.is_empty()
+                && tag.len() <= 128
+                && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                && !tag.starts_with(['.', '-']);
+            if !ok {
+                return Err(format!("tag {tag:?} must be letters, digits, `.`, `_`, `-` (at most 128)"));
+            }
+        }
+        Ok(OciRef {
+            registry: registry.to_owned(),
+            repository: repository.to_owned(),
+            tag: tag.map(str::to_owned),
+            digest,
+        })
+    }
+
+    /// The host without its port.
+    pub fn host(&self) -> &str {
+        match self.registry.rsplit_once(':') {
+            Some((host, port)) if port.parse::<u16>().is_ok() => host,
+            _ => &self.registry,
+        }
+    }
+
+    /// Whether the registry is this machine (`localhost`, `127.x.x.x`, `::1`): the only one
+    /// reached over plain HTTP unless asked otherwise.
+    pub fn is_loopback(&self) -> bool {
+        let host = self.host();
+        host == "localhost" || host.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
+impl std::fmt::Display for OciRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "oci://{}/{}", self.registry, self.repository)?;
+        if let Some(tag) = &self.tag {
+            write!(f, ":{tag}")?;
+        }
+        if let Some(digest) = &self.digest {
+            write!(f, "@{digest}")?;
+        }
+        Ok(())
     }
 }
 
@@ -138,6 +248,7 @@ impl std::fmt::Display for Source {
             Source::Builtin(name) => write!(f, "builtin:{name}"),
             Source::File(path) => write!(f, "{}", path.display()),
             Source::Https(url) | Source::S3(url) => f.write_str(url),
+            Source::Oci(oci) => oci.fmt(f),
         }
     }
 }
@@ -194,8 +305,13 @@ impl PolicyRef {
                 }
                 Some(hex)
             }
-            None if source.is_remote() => {
-                return Err(format!("sha256: required for a remote plugin ({source})"));
+            None if source.is_remote() && !source.is_pinned() => {
+                let how = if matches!(source, Source::Oci(_)) {
+                    " (the component's, as `perennial plugin push` prints it), or end the reference in @sha256:MANIFEST"
+                } else {
+                    ""
+                };
+                return Err(format!("sha256: required for a remote plugin ({source}){how}"));
             }
             None => None,
         };
@@ -217,11 +333,12 @@ impl PolicyRef {
     }
 }
 
-/// Parses a plugin source: `builtin:NAME`, `file:///abs`, a plain path, `https://`, `s3://`.
+/// Parses a plugin source: `builtin:NAME`, `file:///abs`, a plain path, `https://`, `s3://`,
+/// `oci://`.
 pub fn parse_source(plugin: &str) -> Result<Source, String> {
     let plugin = plugin.trim();
     if plugin.is_empty() {
-        return Err("empty; use builtin:NAME, a path, file://, https:// or s3://".into());
+        return Err("empty; use builtin:NAME, a path, file://, https://, s3:// or oci://".into());
     }
     if let Some(name) = plugin.strip_prefix("builtin:") {
         if !BUILTIN_POLICIES.contains(&name) {
@@ -238,9 +355,10 @@ pub fn parse_source(plugin: &str) -> Result<Source, String> {
             Ok(Source::S3(plugin.to_owned()))
         }
         Some(("s3", _)) => Err("expected s3://bucket/key".into()),
+        Some(("oci", rest)) => OciRef::parse(rest).map(Source::Oci),
         Some(("http", _)) => Err("plain http:// is not allowed; use https:// with sha256".into()),
         Some((scheme, _)) => {
-            Err(format!("unsupported scheme `{scheme}`; use builtin:NAME, a path, file://, https:// or s3://"))
+            Err(format!("unsupported scheme `{scheme}`; use builtin:NAME, a path, file://, https://, s3:// or oci://"))
         }
     }
 }
@@ -416,7 +534,7 @@ mod tests {
             ("s3://bucket/p.wasm", Ok(Source::S3("s3://bucket/p.wasm".into()))),
             ("s3://bucket", Err("expected s3://bucket/key")),
             ("http://example.org/p.wasm", Err("plain http:// is not allowed")),
-            ("oci://registry/p", Err("unsupported scheme `oci`")),
+            ("ftp://registry/p", Err("unsupported scheme `ftp`")),
             ("", Err("empty")),
         ];
         for (plugin, expected) in cases {
@@ -426,6 +544,42 @@ mod tests {
                 (got, want) => panic!("{plugin}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn oci_references() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let oci = |registry: &str, repository: &str, tag: Option<&str>, digest: Option<&str>| {
+            Source::Oci(OciRef {
+                registry: registry.into(),
+                repository: repository.into(),
+                tag: tag.map(Into::into),
+                digest: digest.map(Into::into),
+            })
+        };
+        let pinned = format!("oci://127.0.0.1:5000/team/trigger:v1@{digest}");
+        assert_eq!(parse_source(&pinned), Ok(oci("127.0.0.1:5000", "team/trigger", Some("v1"), Some(&digest))));
+        assert_eq!(parse_source(&pinned).unwrap().to_string(), pinned);
+        assert_eq!(parse_source("oci://ghcr.io/org/p"), Ok(oci("ghcr.io", "org/p", None, None)));
+        assert_eq!(parse_source("oci://localhost:5000/p:1.0"), Ok(oci("localhost:5000", "p", Some("1.0"), None)));
+        for (bad, why) in [
+            ("oci://ghcr.io", "no repository"),
+            ("oci:///p", "\"\" is not a registry host"),
+            ("oci://host:port/p", "\"host:port\" is not a registry host"),
+            ("oci://ghcr.io/Org/p", "repository \"Org/p\" must be lower-case"),
+            ("oci://ghcr.io/p:", "tag \"\" must be"),
+            ("oci://ghcr.io/p@sha256:abc", "digest \"sha256:abc\" is not sha256: and 64"),
+            ("oci://ghcr.io/p@md5:abc", "digest \"md5:abc\""),
+        ] {
+            let err = parse_source(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        let err = reference(serde_json::json!({"plugin": "oci://ghcr.io//p"})).unwrap_err();
+        assert!(err.starts_with("plugin: repository"), "{err}");
+        let err = reference(serde_json::json!({"plugin": "oci://ghcr.io/p:v1"})).unwrap_err();
+        assert!(err.starts_with("sha256: required for a remote plugin (oci://ghcr.io/p:v1)"), "{err}");
+        assert!(err.contains("@sha256:"), "{err}");
+        assert!(reference(serde_json::json!({"plugin": format!("oci://ghcr.io/p@{digest}")})).is_ok());
     }
 
     #[test]

@@ -18,6 +18,8 @@ mod plugin;
 #[cfg(feature = "edge-precompiled")]
 mod plugin_new;
 #[cfg(feature = "edge-precompiled")]
+mod plugin_oci;
+#[cfg(feature = "edge-precompiled")]
 mod plugin_test;
 #[cfg(feature = "edge-precompiled")]
 mod precompiled;
@@ -47,7 +49,8 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Tools for policy plugin authors: start a project, check, call and benchmark a plugin.
+    /// Tools for policy plugin authors: start a project, check, call and benchmark a plugin, push
+    /// it to and pull it from an OCI registry.
     #[cfg(feature = "edge-precompiled")]
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),

@@ -135,6 +135,12 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Push a policy component to an OCI registry (the CNCF Wasm artifact layout), with the
+    /// credentials `docker login` wrote; prints the digests a job pins it by.
+    #[cfg(feature = "edge")]
+    Push(super::plugin_oci::PushArgs),
+    /// Pull a policy component from an OCI registry into a file, verified by its digests.
+    Pull(super::plugin_oci::PullArgs),
     /// Measure a plugin: compile, load from cache, instantiate, and per-call time.
     Bench {
         #[command(flatten)]
@@ -150,10 +156,12 @@ pub enum PluginCommand {
 
 #[derive(Args)]
 pub struct PluginArgs {
-    /// The plugin: builtin:NAME, a path, file:///path, https://... or s3://bucket/key.
+    /// The plugin: builtin:NAME, a path, file:///path, https://..., s3://bucket/key or
+    /// oci://HOST/REPO:TAG.
     #[arg(value_name = "REF")]
     pub(super) plugin: String,
-    /// Expected SHA-256 of the component (required for https:// and s3://).
+    /// Expected SHA-256 of the component (required for https://, s3:// and oci:// without
+    /// @sha256:).
     #[arg(long)]
     sha256: Option<String>,
     /// JSON config handed to the plugin's `configure`.
@@ -306,6 +314,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             precompiled::platform();
             Ok(())
         }
+        #[cfg(feature = "edge")]
+        PluginCommand::Push(args) => super::plugin_oci::push(args).await,
+        PluginCommand::Pull(args) => super::plugin_oci::pull(args).await,
         PluginCommand::Check { plugin } => check(&plugin).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
@@ -359,7 +370,7 @@ pub(super) fn world_of(exports: &[String]) -> Option<(&'static str, String)> {
 async fn check(args: &PluginArgs) -> anyhow::Result<()> {
     let valid = args.validate()?;
     let host = args.host()?;
-    let bytes = host.fetch(&valid.source).await?;
+    let bytes = host.fetch_ref(&valid).await?;
     let inspection = host.inspect(&valid, &bytes)?;
     let Some((world, package)) = world_of(&inspection.exports) else {
         bail!("{}: not a Perennial policy; it exports {}", args.plugin, inspection.exports.join(", "));
@@ -412,7 +423,7 @@ pub(super) fn load<K: Kind>(
 async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
     let valid = args.validate()?;
     let host = args.host()?;
-    let bytes = host.fetch(&valid.source).await?;
+    let bytes = host.fetch_ref(&valid).await?;
     let answer = off_runtime(move || answer(&host, &valid, &bytes, input)).await?;
     println!("{answer}");
     Ok(())
@@ -471,7 +482,7 @@ async fn bench(args: &PluginArgs, iterations: u32, batch: usize) -> anyhow::Resu
     let valid = reference.validate().map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
     let uncached = PolicyHost::new(None, S3Credentials::from_env())?;
     args.trust(&uncached)?;
-    let bytes = uncached.fetch(&valid.source).await?;
+    let bytes = uncached.fetch_ref(&valid).await?;
     let cold = uncached.inspect(&valid, &bytes)?;
     let Some((world, _)) = world_of(&cold.exports) else {
         bail!("{}: not a Perennial policy", args.plugin);
@@ -579,7 +590,7 @@ struct Replay {
 async fn replay(args: &PluginArgs, replay: Replay) -> anyhow::Result<()> {
     let valid = args.validate()?;
     let host = args.host()?;
-    let bytes = host.fetch(&valid.source).await?;
+    let bytes = host.fetch_ref(&valid).await?;
     let inspection = host.inspect(&valid, &bytes)?;
     let Some((world, _)) = world_of(&inspection.exports) else {
         bail!("{}: not a Perennial policy; it exports {}", args.plugin, inspection.exports.join(", "));

@@ -165,7 +165,7 @@ fn as_record(fixture: Fixture, index: usize) -> anyhow::Result<(Record, Option<V
 pub async fn test(args: &PluginArgs, fixtures: &[PathBuf], show: usize, json: bool) -> anyhow::Result<()> {
     let valid = args.validate()?;
     let host = args.host()?;
-    let bytes = host.fetch(&valid.source).await?;
+    let bytes = host.fetch_ref(&valid).await?;
     let inspection = host.inspect(&valid, &bytes)?;
     let Some((world, _)) = world_of(&inspection.exports) else {
         bail!("{}: not a Perennial policy; it exports {}", args.plugin, inspection.exports.join(", "));

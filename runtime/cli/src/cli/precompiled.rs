@@ -36,7 +36,7 @@ pub async fn compile(args: Compile) -> anyhow::Result<()> {
     reference.sha256 = args.sha256.clone();
     let valid = reference.validate().map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
     let host = policy::PolicyHost::new(None, perennial_storage::S3Credentials::from_env())?;
-    let bytes = host.fetch(&valid.source).await?;
+    let bytes = host.fetch_ref(&valid).await?;
     if policy::artifact::is_artifact(&bytes) {
         bail!("{} is already a precompiled policy: compile its source component", args.plugin);
     }

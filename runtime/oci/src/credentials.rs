@@ -1,0 +1,147 @@
+//! A registry's credentials from a docker `config.json` (`$DOCKER_CONFIG/config.json`, else
+//! `~/.docker/config.json`): `auths.<registry>.auth` (base64 of `user:password`) or its
+//! `username` and `password`. Credential helpers (`credsStore`, `credHelpers`) are not run.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+/// A user and password for one registry. Its `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").field("username", &self.username).field("password", &"<hidden>").finish()
+    }
+}
+
+#[derive(Default, Deserialize)]
+struct ConfigFile {
+    #[serde(default)]
+    auths: std::collections::BTreeMap<String, AuthEntry>,
+}
+
+#[derive(Default, Deserialize)]
+struct AuthEntry {
+    #[serde(default)]
+    auth: Option<String>,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
+}
+
+/// A docker `config.json`, read (or found absent).
+pub struct DockerConfig {
+    path: PathBuf,
+    file: ConfigFile,
+}
+
+impl DockerConfig {
+    /// Where docker keeps it: `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`.
+    pub fn default_path() -> Option<PathBuf> {
+        match std::env::var_os("DOCKER_CONFIG").filter(|dir| !dir.is_empty()) {
+            Some(dir) => Some(Path::new(&dir).join("config.json")),
+            None => std::env::var_os("HOME").map(|home| Path::new(&home).join(".docker").join("config.json")),
+        }
+    }
+
+    /// The file at [`DockerConfig::default_path`]; none there is no credentials, not an error.
+    pub fn load_default() -> Result<DockerConfig, String> {
+        match DockerConfig::default_path() {
+            Some(path) => DockerConfig::load(&path),
+            None => Ok(DockerConfig { path: PathBuf::from("~/.docker/config.json"), file: ConfigFile::default() }),
+        }
+    }
+
+    /// The file at `path`; none there is no credentials, not an error. The error names the file
+    /// and what is wrong with it, never its content.
+    pub fn load(path: &Path) -> Result<DockerConfig, String> {
+        let file = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|err| {
+                // serde's message may quote the text it could not read: say only where.
+                format!("{}: not a docker config.json (line {}, column {})", path.display(), err.line(), err.column())
+            })?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => ConfigFile::default(),
+            Err(err) => return Err(format!("{}: {err}", path.display())),
+        };
+        Ok(DockerConfig { path: path.to_owned(), file })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The credentials for `registry` (`HOST[:PORT]`), if the file has some. The key may be the
+    /// registry as is, or a URL of it (`https://HOST/v1/`, as `docker login` writes Docker Hub's).
+    pub fn credentials(&self, registry: &str) -> Result<Option<Credentials>, String> {
+        let entry = self.file.auths.iter().find(|(key, _)| registry_of(key) == registry).map(|(_, entry)| entry);
+        let Some(entry) = entry else { return Ok(None) };
+        let where_ = || format!("{}: auths.{registry}", self.path.display());
+        if let Some(auth) = entry.auth.as_deref().filter(|auth| !auth.is_empty()) {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(auth.trim())
+                .map_err(|_| format!("{}.auth is not base64", where_()))?;
+            let text = String::from_utf8(decoded).map_err(|_| format!("{}.auth is not UTF-8", where_()))?;
+            let (username, password) =
+                text.split_once(':').ok_or_else(|| format!("{}.auth is not base64 of user:password", where_()))?;
+            return Ok(Some(Credentials { username: username.to_owned(), password: password.to_owned() }));
+        }
+        match (&entry.username, &entry.password) {
+            (Some(username), Some(password)) => {
+                Ok(Some(Credentials { username: username.clone(), password: password.clone() }))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// `HOST[:PORT]` of an `auths` key: the key itself, or the host of a URL.
+fn registry_of(key: &str) -> &str {
+    let key = key.split_once("://").map_or(key, |(_, rest)| rest);
+    key.split('/').next().unwrap_or(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(json: &str) -> DockerConfig {
+        let dir = std::env::temp_dir().join(format!("perennial-oci-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{}.json", json.len()));
+        std::fs::write(&path, json).unwrap();
+        DockerConfig::load(&path).unwrap()
+    }
+
+    #[test]
+    fn credentials_by_registry() {
+        let auth = base64::engine::general_purpose::STANDARD.encode("ann:s3cret:with-colon");
+        let file = config(&format!(
+            r#"{{"auths": {{"127.0.0.1:5000": {{"auth": "{auth}"}}, "https://index.docker.io/v1/": {{"username": "bo", "password": "pw"}}}}}}"#
+        ));
+        let creds = file.credentials("127.0.0.1:5000").unwrap().unwrap();
+        assert_eq!((creds.username.as_str(), creds.password.as_str()), ("ann", "s3cret:with-colon"));
+        assert!(!format!("{creds:?}").contains("s3cret"), "Debug hides the password");
+        assert_eq!(file.credentials("index.docker.io").unwrap().unwrap().username, "bo");
+        assert_eq!(file.credentials("ghcr.io").unwrap(), None);
+    }
+
+    #[test]
+    fn a_bad_file_is_named_and_not_quoted() {
+        let dir = std::env::temp_dir().join(format!("perennial-oci-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.json");
+        std::fs::write(&path, r#"{"auths": {"h": {"auth": "c2VjcmV0"} "#).unwrap();
+        let err = DockerConfig::load(&path).err().unwrap();
+        assert!(err.contains("not a docker config.json") && !err.contains("c2VjcmV0"), "{err}");
+        let err = config(r#"{"auths": {"h": {"auth": "!!"}}}"#).credentials("h").unwrap_err();
+        assert!(err.ends_with("auths.h.auth is not base64"), "{err}");
+        assert!(DockerConfig::load(&dir.join("absent.json")).unwrap().credentials("h").unwrap().is_none());
+    }
+}

@@ -1,0 +1,110 @@
+//! `oci://` policies: pulled from the registry with the docker `config.json`'s credentials,
+//! checked against the reference's pins, and kept on disk by digest, so that a registry that is
+//! down (or a tag moved to other content) stops neither a restart nor a job whose pinned
+//! component is kept: the copy serves, and the load says why once. The registry is asked first:
+//! a moved tag is always told.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+use super::engine::COMPONENT_READ;
+use perennial_oci::{OciRef, Options, RegistryError};
+
+/// Components pulled from registries, by SHA-256 (`<hex>.wasm`), and which component each
+/// manifest digest pulled held (`manifests/<hex>`: a manifest named by digest never changes).
+pub struct ComponentStore {
+    dir: PathBuf,
+}
+
+impl ComponentStore {
+    /// A store in `dir` (made when first written).
+    pub fn new(dir: PathBuf) -> Self {
+        ComponentStore { dir }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The component of hex `sha256`, if kept and intact.
+    pub fn get(&self, sha256: &str) -> Option<Vec<u8>> {
+        let bytes = std::fs::read(self.dir.join(format!("{sha256}.wasm"))).ok()?;
+        (hex::encode(Sha256::digest(&bytes)) == sha256).then_some(bytes)
+    }
+
+    /// Keeps a component; a failure only costs the copy, so it is logged.
+    pub fn put(&self, sha256: &str, bytes: &[u8]) {
+        let path = self.dir.join(format!("{sha256}.wasm"));
+        if let Err(err) = write_atomically(&self.dir, &path, bytes) {
+            tracing::warn!(dir = %self.dir.display(), "cannot keep the pulled component: {err}");
+        }
+    }
+
+    /// The component the manifest `digest` (`sha256:HEX`) held.
+    pub fn component_of(&self, manifest_digest: &str) -> Option<String> {
+        let hex = manifest_digest.strip_prefix("sha256:")?;
+        let text = std::fs::read_to_string(self.dir.join("manifests").join(hex)).ok()?;
+        let text = text.trim();
+        (text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())).then(|| text.to_owned())
+    }
+
+    pub fn put_manifest(&self, manifest_digest: &str, component_sha256: &str) {
+        let Some(hex) = manifest_digest.strip_prefix("sha256:") else { return };
+        let dir = self.dir.join("manifests");
+        if let Err(err) = write_atomically(&dir, &dir.join(hex), component_sha256.as_bytes()) {
+            tracing::warn!(dir = %dir.display(), "cannot keep the pulled manifest's digest: {err}");
+        }
+    }
+}
+
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    std::fs::create_dir_all(dir)?;
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|err| err.error)?;
+    Ok(())
+}
+
+/// Pulls `oci` (checked against `sha256`, the component's pin, if given), or, when the registry
+/// cannot be reached, takes the pinned component from `store`. The message of a failure names
+/// what to do; it never holds a credential.
+pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentStore>) -> Result<Vec<u8>, String> {
+    let options = Options::from_docker_config(oci, COMPONENT_READ.max_bytes, COMPONENT_READ.timeout)?;
+    // The component the reference pins: its `sha256:`, else what its manifest digest held.
+    let pinned = sha256
+        .map(str::to_owned)
+        .or_else(|| oci.digest.as_deref().and_then(|digest| store.and_then(|store| store.component_of(digest))));
+    match perennial_oci::pull(oci, pinned.as_deref(), &options).await {
+        Ok(pulled) => {
+            if let Some(store) = store {
+                store.put(&pulled.component_sha256, &pulled.bytes);
+                if let Some(digest) = &oci.digest {
+                    store.put_manifest(digest, &pulled.component_sha256);
+                }
+            }
+            Ok(pulled.bytes)
+        }
+        // The registry down, or its tag moved to other content: the pinned component, if kept,
+        // serves (and the reason is said); the other content is never pulled.
+        Err(err @ (RegistryError::Unreachable(_) | RegistryError::Moved { .. })) => {
+            let kept = pinned.as_deref().and_then(|sha| store.and_then(|store| store.get(sha)));
+            match (kept, &pinned, store) {
+                (Some(bytes), Some(sha), Some(store)) => {
+                    tracing::warn!(
+                        "{oci}: {err}; the component it pins (sha256 {sha}) is served from the copy kept in {}",
+                        store.dir().display()
+                    );
+                    Ok(bytes)
+                }
+                _ if matches!(err, RegistryError::Unreachable(_)) => {
+                    Err(format!("{err}, and no copy of the component it pins is kept here"))
+                }
+                _ => Err(err.to_string()),
+            }
+        }
+        Err(err) => Err(err.to_string()),
+    }
+}
