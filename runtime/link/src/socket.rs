@@ -160,8 +160,6 @@ fn ws_config() -> WebSocketConfig {
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
         .read_buffer_size(READ_BUFFER_BYTES)
-        // Each message written out when sent: nothing is held back waiting for more.
-        .write_buffer_size(0)
 }
 
 /// Checks a bearer token that is not one of the static node tokens (e.g. through the
