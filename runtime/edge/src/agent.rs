@@ -211,9 +211,6 @@ pub async fn load_policies(host: &PolicyHost, job: &JobConfig) -> Result<JobPoli
     Ok(JobPolicies { splitter, trigger, selector, fallback_trigger, fallback_selector, shadows, shadows_refused })
 }
 
-/// Sedna's rule for a kind, which decides when the job's own policy fails. A compiler-free
-/// agent has no built-ins to run it with (they run precompiled, when a job names them): the job
-/// then goes without it, and a failing policy holds the job rather than stopping the agent.
 /// Sedna's selector: the fallback of a selector that fails (`onError: fallback`).
 const SEDNA_SELECTOR: &str = "builtin:first-select";
 
@@ -222,6 +219,9 @@ fn wants_fallback_selector(job: &JobConfig) -> bool {
     job.selector.on_error == OnError::Fallback && job.selector.plugin != SEDNA_SELECTOR
 }
 
+/// Sedna's rule for a kind, which decides when the job's own policy fails. A compiler-free
+/// agent has no built-ins to run it with (they run precompiled, when a job names them): the job
+/// then goes without it, and a failing policy holds the job rather than stopping the agent.
 async fn load_fallback<K: Kind>(
     host: &PolicyHost,
     job: &JobConfig,
@@ -593,12 +593,11 @@ impl Swapper {
                 });
             }
             if fallback_selector {
-                loaded.fallback_selector = Some(match wants_fallback_selector(&next) {
-                    true => load_fallback(&host, &next, &PolicyRef::new(SEDNA_SELECTOR), events.clone())
-                        .await
-                        .ok()
-                        .flatten(),
-                    false => None,
+                let sedna_selector = PolicyRef::new(SEDNA_SELECTOR);
+                loaded.fallback_selector = Some(if wants_fallback_selector(&next) {
+                    load_fallback(&host, &next, &sedna_selector, events.clone()).await.ok().flatten()
+                } else {
+                    None
                 });
             }
             let _ = wake.send(Wake::Loaded(job, generation, Box::new(loaded)));
