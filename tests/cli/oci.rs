@@ -183,8 +183,9 @@ fn trigger_status(state: &Path, job: &str) -> Option<serde_json::Value> {
     Some(found["status"]["policies"]["trigger"].clone())
 }
 
-fn run(manifests: &Path, state: &Path, cache: &Path, docker_config: &Path) -> std::process::Child {
-    dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
+fn run_command(manifests: &Path, state: &Path, cache: &Path, docker_config: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_perennial"));
+    dies_with_its_test(&mut command)
         .arg("run")
         .arg(manifests)
         .arg("--state-dir")
@@ -192,10 +193,28 @@ fn run(manifests: &Path, state: &Path, cache: &Path, docker_config: &Path) -> st
         .env("PERENNIAL_CACHE_DIR", cache)
         .env("DOCKER_CONFIG", docker_config)
         .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stdout(Stdio::piped());
+    command
+}
+
+fn run(manifests: &Path, state: &Path, cache: &Path, docker_config: &Path) -> std::process::Child {
+    run_command(manifests, state, cache, docker_config).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// `run` logging to `log`, returned once it watches its manifests: it logs its worker API's
+/// address after its watch started. An edit saved before that would be read at its start, and a
+/// start refuses a policy that cannot load.
+fn run_watching(manifests: &Path, state: &Path, cache: &Path, docker_config: &Path, log: &Path) -> std::process::Child {
+    let file = std::fs::File::create(log).unwrap();
+    let mut child = run_command(manifests, state, cache, docker_config).stderr(file).spawn().unwrap();
+    let logged = || std::fs::read_to_string(log).unwrap_or_default();
+    wait_for("the run to watch its manifests", Duration::from_secs(60), || {
+        if child.try_wait().unwrap().is_some() {
+            panic!("the run ended at its start:\n{}", logged());
+        }
+        logged().contains("worker report API on")
+    });
+    child
 }
 
 fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -278,26 +297,22 @@ fn a_job_serves_an_oci_policy_by_digest_and_outlives_its_registry() {
     let v2 = format!("{}:v2", registry.reference("policies/trigger"));
     let (_, pinned) = push(&component("count-or-age-trigger"), &v2, &nobody);
     let (_, moved) = push(&component("hostile-trigger"), &v2, &nobody);
-    let fourth = run(&manifests, &state, &cache, &nobody);
+    let fourth_log = root.path().join("fourth.log");
+    let fourth = run_watching(&manifests, &state, &cache, &nobody, &fourth_log);
     wait_for("the policy to serve again", Duration::from_secs(60), || {
         serving(&state).as_deref() == Some(sha256.as_str())
     });
     let policy = format!("{{plugin: {v2:?}, sha256: {pinned}, config: {{samples: 1000, maxAgeHours: 1}}}}");
+    std::fs::write(manifests.join("oci.yaml"), never_training_job("oci", Some(&policy))).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut saved = Instant::now() - Duration::from_secs(10);
     let status = loop {
-        // Saved again every few seconds: the status said Serving before this run watched the
-        // manifests (it is the previous run's until this one writes its own).
-        if saved.elapsed() > Duration::from_secs(3) {
-            std::fs::write(manifests.join("oci.yaml"), never_training_job("oci", Some(&policy))).unwrap();
-            saved = Instant::now();
-        }
         let status = trigger_status(&state, "default/oci").unwrap_or_default();
         if status["message"].as_str().is_some_and(|m| m.contains("did the tag move?")) {
             break status;
         }
         if Instant::now() > deadline {
-            panic!("the edit was not refused: {status}\n{}", stop(fourth));
+            stop(fourth);
+            panic!("the edit was not refused: {status}\n{}", std::fs::read_to_string(&fourth_log).unwrap_or_default());
         }
         std::thread::sleep(Duration::from_millis(100));
     };
