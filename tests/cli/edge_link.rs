@@ -66,10 +66,10 @@ fn threshold(samples: u32) -> Value {
 
 fn desired(job: Value) -> NodeDesired {
     let mut desired = NodeDesired::default();
-    desired.jobs.insert(JOB.into(), job);
+    desired.jobs.insert(JOB.into(), job.into());
     let dataset =
         json!({"metadata": {"namespace": "ml", "name": "readings", "uid": "d-1"}, "spec": {"nodeName": "edge-1"}});
-    desired.datasets.insert("ml/readings".into(), dataset);
+    desired.datasets.insert("ml/readings".into(), dataset.into());
     desired
 }
 

@@ -453,7 +453,7 @@ fn linked_memory() {
             "metadata": {"namespace": "default", "name": format!("job-{i}"), "uid": format!("uid-{i}")},
             "config": idle_job(dir.path(), i)
         });
-        desired.jobs.insert(format!("default/job-{i}"), job);
+        desired.jobs.insert(format!("default/job-{i}"), job.into());
     }
     side.desired.send_replace(Arc::new(desired));
     let state = dir.path().join("state-jobs");

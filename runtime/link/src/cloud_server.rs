@@ -26,11 +26,13 @@ use super::scope;
 use super::socket::{self, Credential, LinkError, NodeTokens, Reviewer, ServerStream};
 use super::until_true;
 
-/// What one node should hold: its jobs and datasets, by `namespace/name`.
+/// What one node should hold: its jobs and datasets, by `namespace/name`. Each object is shared
+/// (`Arc`): the operator's copies of a node's state (as the cluster makes it, as the node is
+/// sent it, as its session sent it) hold one job once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeDesired {
-    pub jobs: BTreeMap<String, Value>,
-    pub datasets: BTreeMap<String, Value>,
+    pub jobs: BTreeMap<String, Arc<Value>>,
+    pub datasets: BTreeMap<String, Arc<Value>>,
 }
 
 /// How a report ended.

@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -69,10 +70,11 @@ type Key = (Kind, String);
 #[derive(Clone, Debug)]
 pub struct DesiredSender {
     window: usize,
-    /// What the node should hold.
-    current: BTreeMap<Key, Value>,
+    /// What the node should hold. Shared with whoever made it (a fleet's operator holds each
+    /// job once, not once per copy of a node's state).
+    current: BTreeMap<Key, Arc<Value>>,
     /// What the node holds once it applied everything sent on this connection.
-    sent: BTreeMap<Key, Value>,
+    sent: BTreeMap<Key, Arc<Value>>,
     /// Keys set or removed since the last message (some may have come back to `sent`).
     dirty: BTreeSet<Key>,
     /// The last seq used.
@@ -110,7 +112,8 @@ impl DesiredSender {
     }
 
     /// The node should hold `object` (added or changed). Returns its key.
-    pub fn set(&mut self, kind: Kind, object: Value) -> Result<String, DesiredError> {
+    pub fn set(&mut self, kind: Kind, object: impl Into<Arc<Value>>) -> Result<String, DesiredError> {
+        let object = object.into();
         let Some(key) = object_key(&object) else {
             return Err(DesiredError::NoKey { kind, object: truncated(&object) });
         };
@@ -152,7 +155,7 @@ impl DesiredSender {
             removed_datasets: Vec::new(),
         };
         for ((kind, _), object) in &self.current {
-            push_object(&mut message, *kind, object.clone());
+            push_object(&mut message, *kind, object);
         }
         message
     }
@@ -179,7 +182,7 @@ impl DesiredSender {
         for key in std::mem::take(&mut self.dirty) {
             match self.current.get(&key) {
                 Some(object) if self.sent.get(&key) != Some(object) => {
-                    push_object(&mut message, key.0, object.clone());
+                    push_object(&mut message, key.0, object);
                     self.sent.insert(key, object.clone());
                     changed = true;
                 }
@@ -227,11 +230,12 @@ impl DesiredSender {
     }
 }
 
-fn push_object(message: &mut Message, kind: Kind, object: Value) {
+/// Adds `object` to a `desired` message (a copy: the message is sent and dropped).
+fn push_object(message: &mut Message, kind: Kind, object: &Value) {
     if let Message::Desired { jobs, datasets, .. } = message {
         match kind {
-            Kind::Job => jobs.push(object),
-            Kind::Dataset => datasets.push(object),
+            Kind::Job => jobs.push(object.clone()),
+            Kind::Dataset => datasets.push(object.clone()),
         }
     }
 }
@@ -505,7 +509,7 @@ mod tests {
                                 .current
                                 .iter()
                                 .filter(|((k, _), _)| *k == kind)
-                                .map(|(_, v)| v.clone())
+                                .map(|(_, v)| Value::clone(v))
                                 .collect::<Vec<_>>()
                         };
                         assert_eq!(jobs, expect(Job), "{name}");

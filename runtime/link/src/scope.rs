@@ -32,8 +32,8 @@ mod tests {
 
     fn held() -> NodeDesired {
         let mut held = NodeDesired::default();
-        held.jobs.insert("ml/thermal".into(), json!({}));
-        held.datasets.insert("ml/readings".into(), json!({}));
+        held.jobs.insert("ml/thermal".into(), json!({}).into());
+        held.datasets.insert("ml/readings".into(), json!({}).into());
         held
     }
 

@@ -212,7 +212,8 @@ fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Opti
             }
         }
         if !offers.is_empty() {
-            job["config"]["policyArtifacts"] = serde_json::to_value(offers).unwrap_or_default();
+            // A copy of this job for this node's platform; the plain one stays shared.
+            Arc::make_mut(job)["config"]["policyArtifacts"] = serde_json::to_value(offers).unwrap_or_default();
         }
     }
     desired
@@ -584,7 +585,7 @@ mod tests {
 
     fn holding(job: &str) -> NodeDesired {
         let mut desired = NodeDesired::default();
-        desired.jobs.insert(job.into(), json!({"metadata": {"namespace": "ml", "name": job}}));
+        desired.jobs.insert(job.into(), json!({"metadata": {"namespace": "ml", "name": job}}).into());
         desired
     }
 
@@ -647,7 +648,7 @@ mod tests {
         };
         let mut desired = NodeDesired::default();
         let object = json!({"metadata": {"namespace": "ml", "name": job}, "config": config});
-        desired.jobs.insert(format!("ml/{job}"), object);
+        desired.jobs.insert(format!("ml/{job}"), object.into());
         desired
     }
 

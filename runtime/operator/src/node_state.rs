@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::observe::{UID_LABEL, WORKER_TYPE_LABEL};
 use super::reconcile::WORKER_NAME_ANNOTATION;
@@ -130,11 +130,7 @@ impl DesiredNodes {
                 "spec": dataset.spec,
             });
             let node = dataset.spec.node_name.clone();
-            self.edit(
-                &node,
-                |desired| desired.datasets.insert(key.to_owned(), object.clone()) != Some(object),
-                &mut changed,
-            );
+            self.edit(&node, |desired| set_if_changed(&mut desired.datasets, key, object), &mut changed);
             self.dataset_nodes.insert(key.to_owned(), node);
         }
         changed
@@ -160,11 +156,7 @@ impl DesiredNodes {
             self.edit(&old, |desired| desired.jobs.remove(key).is_some(), &mut changed);
         }
         if let Some((node, object)) = placed {
-            self.edit(
-                &node,
-                |desired| desired.jobs.insert(key.to_owned(), object.clone()) != Some(object),
-                &mut changed,
-            );
+            self.edit(&node, |desired| set_if_changed(&mut desired.jobs, key, object), &mut changed);
             self.job_nodes.insert(key.to_owned(), node);
         }
         changed
@@ -180,6 +172,15 @@ impl DesiredNodes {
             self.nodes.remove(node);
         }
     }
+}
+
+/// Holds `object` at `key`; false, keeping the copy held (and shared), when it is the same.
+fn set_if_changed(objects: &mut BTreeMap<String, Arc<Value>>, key: &str, object: Value) -> bool {
+    if objects.get(key).is_some_and(|held| **held == object) {
+        return false;
+    }
+    objects.insert(key.to_owned(), Arc::new(object));
+    true
 }
 
 /// The job as its node runs it; `None` for a job no node should run: being deleted, or whose
@@ -321,7 +322,7 @@ mod tests {
         assert_eq!(edge1.jobs.keys().collect::<Vec<_>>(), ["ml/a"]);
         assert_eq!(edge1.datasets.keys().collect::<Vec<_>>(), ["ml/d1"]);
         assert!(edge1.datasets["ml/d1"].get("status").is_none(), "a count change is no desired change");
-        let a: NodeJob = serde_json::from_value(edge1.jobs["ml/a"].clone()).expect("a node job");
+        let a: NodeJob = serde_json::from_value(Value::clone(&edge1.jobs["ml/a"])).expect("a node job");
         assert_eq!(a.metadata, NodeJobMeta { namespace: "ml".into(), name: "a".into(), uid: "uid-1-a".into() });
         assert_eq!(a.config.name, "ml/a");
         assert_eq!(a.config.spec.dataset, "ml/d1");

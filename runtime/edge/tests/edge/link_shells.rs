@@ -194,7 +194,7 @@ async fn until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
 
 fn one_job() -> NodeDesired {
     let mut desired = NodeDesired::default();
-    desired.jobs.insert(JOB.into(), node_job(JOB, "uid-1"));
+    desired.jobs.insert(JOB.into(), node_job(JOB, "uid-1").into());
     desired
 }
 
@@ -355,11 +355,11 @@ async fn the_desired_state_lands_in_the_edge_store_then_its_changes_follow() {
     assert_eq!(jobs(&store)[JOB], ("uid-1".to_owned(), "Train".to_owned()));
     // A second job arrives, the first moves to Eval; then the first leaves the node.
     let mut next = one_job();
-    next.jobs.insert("ml/second".into(), node_job("ml/second", "uid-2"));
+    next.jobs.insert("ml/second".into(), node_job("ml/second", "uid-2").into());
     let mut moved = node_job(JOB, "uid-1");
     // (Round 0: the edge's own; a notice of a round the edge never started holds the job.)
     moved["notice"] = json!({"stage": "Eval", "round": 0});
-    next.jobs.insert(JOB.into(), moved);
+    next.jobs.insert(JOB.into(), moved.into());
     side.desired.send_replace(Arc::new(next.clone()));
     until("the change applied", Duration::from_secs(10), || {
         jobs(&store).get(JOB).is_some_and(|(_, stage)| stage == "Eval") && jobs(&store).contains_key("ml/second")
