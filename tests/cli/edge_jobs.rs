@@ -1,6 +1,7 @@
 //! `perennial edge --jobs FILE` (a node with no cloud) given a job whose policy cannot load: that
 //! job is stopped and says why on its status, the node's other jobs run on; a file of which no
-//! job can run is refused at once, naming the job and its plugin.
+//! job can run is refused at once, naming the job and its plugin (and so is a file of no job); a
+//! compile cache that keeps nothing costs a warning, not the policies.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -89,4 +90,104 @@ fn a_jobs_file_of_which_no_job_can_run_is_refused_naming_the_job_and_plugin() {
     assert!(!out.status.success(), "{log}");
     assert!(log.contains("no job of --jobs can run") && log.contains("default/broken"), "{log}");
     assert!(log.contains("no-such-policy"), "{log}");
+
+    // Nor is a file that holds no job at all.
+    let out = edge(root.path(), &serde_json::json!([])).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("jobs.json: the list holds no job"), "{log}");
+}
+
+/// The compile cache entries in `cache` (their file names).
+fn cache_entries(cache: &Path) -> Vec<String> {
+    let names = std::fs::read_dir(cache).map(|dir| dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+    names.into_iter().flatten().filter(|name| name.ends_with(".cwasm")).collect()
+}
+
+/// A compile cache that keeps nothing (a read-only or full filesystem; here each entry's name is
+/// taken by a folder, which even root cannot write over): the policies compile all the same,
+/// and the agent says so once.
+#[test]
+fn a_compile_cache_that_keeps_nothing_still_serves_the_policies() {
+    let root = tempfile::tempdir().unwrap();
+    let jobs = serde_json::json!([job(root.path(), "steady", "builtin:threshold-trigger")]);
+    // A first agent, to learn the names its compiles are kept under.
+    let mut first = edge(root.path(), &jobs).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while taken(root.path(), "default/steady") < 20 {
+        assert!(first.try_wait().unwrap().is_none(), "the first agent exited");
+        assert!(Instant::now() < deadline, "the first agent never took its samples");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut first, Duration::from_secs(15));
+    let entries = cache_entries(&root.path().join("cache"));
+    assert!(!entries.is_empty(), "the first agent kept its compiles");
+
+    let second_root = tempfile::tempdir().unwrap();
+    for name in &entries {
+        std::fs::create_dir_all(second_root.path().join("cache").join(name).join("taken")).unwrap();
+    }
+    let jobs = serde_json::json!([job(second_root.path(), "steady", "builtin:threshold-trigger")]);
+    let mut second = edge(second_root.path(), &jobs).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while taken(second_root.path(), "default/steady") < 20 {
+        assert!(second.try_wait().unwrap().is_none(), "the agent exited over a cache that keeps nothing");
+        assert!(Instant::now() < deadline, "the job never took its samples");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
+    let out = wait_exit(&mut second, Duration::from_secs(15));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert_eq!(log.matches("the compile cache keeps nothing").count(), 1, "said once: {log}");
+}
+
+/// Standalone, a job whose policy's registry is not up yet (a node whose network comes up after
+/// the agent) is tried again until it is, and then runs; the other jobs run meanwhile.
+#[test]
+fn a_job_whose_registry_comes_up_late_starts_when_it_does() {
+    let _turn = crate::support::moments::heavy_turn();
+    let mut registry = crate::support::registry::Registry::start();
+    let component = perennial_policy::builtin::built_plugin_path("threshold-trigger").unwrap();
+    let reference = format!("{}:v1", registry.reference("policies/trigger"));
+    let nobody = tempfile::tempdir().unwrap();
+    let pushed = Command::new(env!("CARGO_BIN_EXE_perennial"))
+        .args(["plugin", "push", component, &reference])
+        .env("DOCKER_CONFIG", nobody.path())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&pushed.stdout).into_owned();
+    assert!(pushed.status.success(), "{printed}{}", String::from_utf8_lossy(&pushed.stderr));
+    let sha256 = printed.lines().find_map(|l| l.trim().strip_prefix("sha256 ")).unwrap().trim().to_owned();
+    registry.stop();
+
+    let root = tempfile::tempdir().unwrap();
+    let mut late = job(root.path(), "late", &reference);
+    late["trigger"]["sha256"] = sha256.into();
+    let jobs = serde_json::json!([late, job(root.path(), "steady", "builtin:threshold-trigger")]);
+    let mut agent = edge(root.path(), &jobs).env("DOCKER_CONFIG", nobody.path()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while taken(root.path(), "default/steady") < 20 {
+        assert!(agent.try_wait().unwrap().is_none(), "the agent exited");
+        assert!(Instant::now() < deadline, "the steady job never took its samples");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(taken(root.path(), "default/late"), 0, "the late job waits for its registry");
+    registry.resume();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while taken(root.path(), "default/late") < 20 {
+        assert!(agent.try_wait().unwrap().is_none(), "the agent exited");
+        assert!(Instant::now() < deadline, "the late job never started once its registry was up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let out = wait_exit(&mut agent, Duration::from_secs(15));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert_eq!(log.matches("cannot run on this node yet").count(), 1, "said once: {log}");
+    assert!(log.contains("the job came to this node"), "{log}");
 }

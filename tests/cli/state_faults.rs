@@ -554,3 +554,47 @@ fn a_store_removed_under_a_running_run_stops_it() {
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(said.contains("edge.db was removed or replaced while this run used it"), "{said}");
 }
+
+/// Ctrl-C (or SIGTERM) while a policy still loads at the start (here its registry takes the
+/// connection and never answers: a fetch gives up only after minutes) stops the run at once,
+/// and nothing of the manifests given is kept.
+#[test]
+fn a_stop_while_the_policies_load_ends_the_start_at_once_and_keeps_nothing() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = silent.local_addr().unwrap();
+    // Connections taken and held, unanswered, for the test's life.
+    std::thread::spawn(move || silent.incoming().flatten().collect::<Vec<_>>());
+    let root = tempfile::tempdir().unwrap();
+    let (manifests, state) = (root.path().join("jobs"), root.path().join("state"));
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(state.join("data/silent")).unwrap();
+    std::fs::write(state.join("data/silent/index.txt"), "").unwrap();
+    let policy = format!("{{plugin: \"oci://{address}/policies/trigger:v1\", sha256: {}}}", "a".repeat(64));
+    let job = crate::support::plugin_projects::never_training_job("silent", Some(&policy));
+    std::fs::write(manifests.join("silent.yaml"), job).unwrap();
+    let mut run = crate::support::embedded::dies_with_its_test(&mut Command::new(env!("CARGO_BIN_EXE_perennial")))
+        .arg("run")
+        .arg(&manifests)
+        .arg("--state-dir")
+        .arg(&state)
+        .env("PERENNIAL_CACHE_DIR", root.path().join("cache"))
+        .env("DOCKER_CONFIG", root.path().join("no-docker-config"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The fetch has begun (the registry holds its connection) well before this.
+    std::thread::sleep(Duration::from_secs(3));
+    let asked = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let out = wait_exit(&mut run, Duration::from_secs(30));
+    let stopped_in = asked.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(stopped_in < Duration::from_secs(5), "stopped only after {stopped_in:?}: {err}");
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("stopped (Ctrl-C or SIGTERM) while the jobs' policies loaded"), "{err}");
+    let status = perennial(&["status", "--output", "json"], &state);
+    let listed = String::from_utf8_lossy(&status.stdout);
+    assert!(!listed.contains("silent"), "nothing of the manifests is kept: {listed}");
+}

@@ -652,13 +652,14 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
         };
         outcomes.extend(outcome.map(|digest| ("splitter", reference, digest)));
     }
-    if let Some(policy) = fallback_trigger {
+    // Each fallback follows the policy that serves: not a new one that was rejected (its
+    // `onError` is the new one's, not the serving one's).
+    let rejected = |which: &str| outcomes.iter().any(|(kind, _, outcome)| *kind == which && outcome.is_err());
+    if let Some(policy) = fallback_trigger.filter(|_| !rejected("trigger")) {
         runner.policies.fallback_trigger = policy;
         runner.job.fallback_trigger = next.fallback_trigger.clone();
     }
-    // Sedna's selector follows the selector that serves: not a new one that was rejected.
-    let selector_rejected = outcomes.iter().any(|(kind, _, outcome)| *kind == "selector" && outcome.is_err());
-    if let Some(policy) = fallback_selector.filter(|_| !selector_rejected) {
+    if let Some(policy) = fallback_selector.filter(|_| !rejected("selector")) {
         runner.policies.fallback_selector = policy;
     }
     let mut store = lock(store);

@@ -103,6 +103,8 @@ pub enum RunError {
     Policy { origin: String, job: String, kind: &'static str, reason: String },
     #[error("{0}")]
     Job(String),
+    #[error("stopped (Ctrl-C or SIGTERM) while the jobs' policies loaded, before any job started")]
+    StoppedAtStart,
     #[error("nothing to run: give manifest files or folders (no job is stored in {0})")]
     NothingToRun(String),
     #[error(transparent)]
@@ -157,7 +159,13 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     // The stores' files as opened, taken now: one removed after this (even before the run
     // starts its jobs) stops the run.
     let store_files = controller::StoreFiles::of(&state_dir);
-    let (listener, host, admitted) = match bind_and_admit(&options, &state_dir, &mut control).await {
+    // A stop asked while the policies load (a registry that does not answer may take minutes)
+    // ends the start at once: nothing is stored before they all loaded.
+    let admitting = tokio::select! {
+        admitted = bind_and_admit(&options, &state_dir, &mut control) => admitted,
+        () = stop_asked(&stop) => Err(RunError::StoppedAtStart),
+    };
+    let (listener, host, admitted) = match admitting {
         Ok(admitted) => admitted,
         Err(err) => {
             // Refused before anything was stored: a state dir this run made goes with it.
@@ -170,7 +178,10 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     };
     let _lock = lock;
     let undo = admitted.undo.clone();
-    let started = start(&options, &state_dir, &mut control, &mut edge_store, admitted, &host).await;
+    let started = tokio::select! {
+        started = start(&options, &state_dir, &mut control, &mut edge_store, admitted, &host) => started,
+        () = stop_asked(&stop) => Err(RunError::StoppedAtStart),
+    };
     let (controlled, mut runners, pods) = match started {
         Ok(started) => started,
         Err(err) => return Err(take_back(&mut control, &mut edge_store, &undo, err)),
@@ -253,6 +264,13 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         Ok(true) => Ok(RunEnd::RoundsDone),
         Ok(false) => Ok(RunEnd::Stopped),
         Err(err) => Err(RunError::Job(err.to_string())),
+    }
+}
+
+/// Returns once `stop` is set (the signal handler only sets it).
+async fn stop_asked(stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

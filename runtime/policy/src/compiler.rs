@@ -19,3 +19,22 @@ pub fn compile_in_child(exe: &Path, cache_dir: &Path, bytes: &[u8]) -> Result<()
     command.args(SUBCOMMAND).arg("--cache-dir").arg(cache_dir);
     run_low_priority(command, bytes, Priority::Low)
 }
+
+/// Compiles `bytes` with `exe` into a scratch folder, removed after the compile is read back:
+/// for a cache folder that keeps nothing (read-only, or full).
+pub fn compile_in_scratch(
+    exe: &Path,
+    engine: &wasmtime::Engine,
+    digest: &str,
+    bytes: &[u8],
+) -> Result<wasmtime::component::Component, String> {
+    let scratch = tempfile::tempdir().map_err(|err| format!("no scratch folder to compile into: {err}"))?;
+    compile_in_child(exe, scratch.path(), bytes)?;
+    let cache = super::cache::DiskCache::new(scratch.path().to_owned(), engine).map_err(|err| err.to_string())?;
+    cache.load(engine, digest).ok_or_else(|| {
+        format!(
+            "neither the compile cache nor a scratch folder ({}) keeps a compile (a full disk?)",
+            scratch.path().display()
+        )
+    })
+}

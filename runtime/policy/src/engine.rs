@@ -16,7 +16,7 @@ use super::bindings::{Kind, batch_data, host};
 use super::builtin;
 use super::cache::DiskCache;
 #[cfg(feature = "compiler")]
-use super::compiler::compile_in_child;
+use super::compiler::{compile_in_child, compile_in_scratch};
 use super::error::{LoadError, PolicyError, Step, one_line};
 use super::instance::{Policy, PolicyInfo};
 use super::oci::{self, ComponentStore};
@@ -120,6 +120,9 @@ struct Inner {
     trusted: OnceLock<TrustedKey>,
     /// Where the operator's artifacts for this node come from (the link).
     artifacts: OnceLock<Arc<dyn ArtifactFetch>>,
+    /// The disk cache took a child's compile once and kept nothing (a read-only or full
+    /// filesystem): children compile into a scratch folder since.
+    cache_takes_nothing: std::sync::atomic::AtomicBool,
 }
 
 /// Fetches a signed artifact the operator compiled for this node, by its SHA-256 (the edge's
@@ -160,6 +163,7 @@ impl PolicyHost {
             compiler: OnceLock::new(),
             trusted: OnceLock::new(),
             artifacts: OnceLock::new(),
+            cache_takes_nothing: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(PolicyHost { inner: Arc::new(inner) })
     }
@@ -484,8 +488,23 @@ impl PolicyHost {
         let engine = engine();
         match (&self.inner.disk, self.inner.compiler.get()) {
             (Some(disk), Some(exe)) => {
-                compile_in_child(exe, disk.dir(), bytes).map_err(failed)?;
-                disk.load(engine, digest).ok_or_else(|| failed("the compiler's cache entry cannot be loaded".into()))
+                use std::sync::atomic::Ordering;
+                if !self.inner.cache_takes_nothing.load(Ordering::Relaxed) {
+                    compile_in_child(exe, disk.dir(), bytes).map_err(failed)?;
+                    if let Some(component) = disk.load(engine, digest) {
+                        return Ok(component);
+                    }
+                    // The policy compiled, and the cache kept nothing: said once, and the
+                    // policies serve all the same (compiled again on each start).
+                    if !self.inner.cache_takes_nothing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            dir = %disk.dir().display(),
+                            "the compile cache keeps nothing (a read-only or full filesystem?): policies are \
+                             compiled into a scratch folder and not kept across restarts"
+                        );
+                    }
+                }
+                compile_in_scratch(exe, engine, digest, bytes).map_err(failed)
             }
             (disk, _) => {
                 let component =

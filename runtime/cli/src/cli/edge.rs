@@ -119,6 +119,10 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
             let text = std::fs::read_to_string(path).with_context(|| format!("--jobs {}", path.display()))?;
             let jobs: Vec<JobConfig> =
                 serde_json::from_str(&text).with_context(|| format!("--jobs {}", path.display()))?;
+            // Standalone, nothing else would ever bring it a job.
+            if jobs.is_empty() && link.is_none() {
+                anyhow::bail!("--jobs {}: the list holds no job (and no --cloud-url would bring one)", path.display());
+            }
             for job in &jobs {
                 edge::register_job(&mut store, &job.name, &job.uid, &job.spec)?;
             }
@@ -165,6 +169,8 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let mut running = Running::default();
     let mut waiting = Vec::new();
     let mut refused = Vec::new();
+    // Why each job that could not start did not, as said (a retry says only a new reason).
+    let mut said = std::collections::BTreeMap::new();
     for job in configs {
         // Before any of its writes: what an interrupted one left (a kill, a full disk).
         edge::output::clear_temporary(&settings.host_path(&job.spec.output_dir));
@@ -177,8 +183,9 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
             // One job's bad policy stops that job, never the others: said, and on its status.
             Err(err) => {
                 tracing::error!("job {} cannot run on this node yet: {err:#}", job.name);
+                said.insert(job.name.clone(), format!("{err:#}"));
                 record_refused(&store, &job, &err);
-                if link.is_some() && may_pass(&err) {
+                if link.is_some() && may_pass(&err) || link.is_none() && fetched_from_afar(&err) {
                     waiting.push(job);
                 } else if link.is_none() {
                     refused.push(format!("{err:#}"));
@@ -188,7 +195,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     }
     // Standalone, nothing else could ever start them: an agent with no job that can run is a
     // mistake to say at once, not a process idling for ever.
-    if link.is_none() && runners.is_empty() && !refused.is_empty() {
+    if link.is_none() && runners.is_empty() && waiting.is_empty() && !refused.is_empty() {
         anyhow::bail!("no job of --jobs can run: {}", refused.join("; "));
     }
     running.next_index = runners.len();
@@ -206,13 +213,16 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     };
     perennial_policy::release_freed_memory();
     let (stop_link, link_stopped) = watch::channel(false);
-    let link_task = link.map(|link| {
-        let (changes, changed) = async_mpsc::unbounded_channel();
-        let waiting: std::collections::BTreeMap<_, _> =
-            waiting.into_iter().map(|job| (job.name.clone(), job)).collect();
-        let said = std::collections::BTreeMap::new();
-        let jobs = Jobs { running, waiting, said };
+    let waiting: std::collections::BTreeMap<_, _> = waiting.into_iter().map(|job| (job.name.clone(), job)).collect();
+    let jobs = Jobs { running, waiting, said };
+    let (changes, changed) = async_mpsc::unbounded_channel();
+    // Standalone, no change ever comes (this sender, kept, sends none): the jobs whose policy a
+    // server did not give yet are tried again until it does.
+    let _no_changes = changes.clone();
+    if link.is_some() || !jobs.waiting.is_empty() {
         tokio::spawn(follow_desired(changed, jobs, wake, host, settings, store.clone()));
+    }
+    let link_task = link.map(|link| {
         tokio::spawn(queue_status_changes(store.clone(), outbox.clone()));
         tokio::spawn(edge_client::run(
             link,
@@ -369,7 +379,8 @@ async fn follow_desired(
     settings: RunnerSettings,
     store: Arc<Mutex<Store>>,
 ) {
-    let mut retry = tokio::time::interval(WAITING_RETRY);
+    // The first retry a period after the start's own try.
+    let mut retry = tokio::time::interval_at(tokio::time::Instant::now() + WAITING_RETRY, WAITING_RETRY);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let placed: Vec<(String, JobConfig)> = tokio::select! {
@@ -465,6 +476,18 @@ async fn place(
 fn may_pass(err: &anyhow::Error) -> bool {
     err.downcast_ref::<agent::PolicyLoadError>()
         .is_none_or(|refused| refused.error.step == perennial_policy::Step::Fetch)
+}
+
+/// Whether a standalone job that could not start is tried again: its policy is fetched from a
+/// server (a registry, an https:// or s3:// store) that may be up later, as on a node whose
+/// network comes up after the agent. The rest needs an edit of the jobs file and a restart.
+fn fetched_from_afar(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<agent::PolicyLoadError>().is_some_and(|refused| match &refused.error.error {
+        perennial_policy::PolicyError::Fetch { plugin, .. } => {
+            ["oci://", "https://", "s3://"].iter().any(|scheme| plugin.starts_with(scheme))
+        }
+        _ => false,
+    })
 }
 
 /// Records on the job's status (`status.policies`) why a policy of a job that could not start
