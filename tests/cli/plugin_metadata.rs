@@ -113,9 +113,12 @@ fn annotate_then_inspect_shows_the_metadata_as_text_and_json() {
     assert_eq!(json["metadata"]["version"], "1.2.3");
     assert_eq!(json["metadata"]["configSchema"]["required"], serde_json::json!(["behaviour"]));
 
-    // Annotated again, in place: one section, the new one (not two).
+    // Annotated again, in place: one section, the new one (not two); the file's mode kept.
     std::fs::write(&metadata, METADATA.replace("version: 1.2.3", "version: 2.0.0")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
     stdout(&perennial(&["plugin", "annotate", path(&out), "--metadata", path(&metadata)]));
+    assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o644);
     let again = std::fs::read(&out).unwrap();
     assert_eq!(again.len(), annotated.len(), "the section was replaced, not added");
     let text = stdout(&perennial(&["plugin", "inspect", path(&out)]));

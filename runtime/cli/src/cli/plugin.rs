@@ -523,6 +523,11 @@ fn annotate(
     };
     let written = |err: std::io::Error| anyhow::anyhow!("{}: cannot write it: {err}", output.display());
     let mut file = tempfile::NamedTempFile::new_in(dir).map_err(written)?;
+    // The mode the file had (or the component's), not the temporary file's 0600.
+    let mode = std::fs::metadata(output).or_else(|_| std::fs::metadata(component)).map(|m| m.permissions());
+    if let Ok(mode) = mode {
+        file.as_file().set_permissions(mode).map_err(written)?;
+    }
     file.write_all(&annotated).map_err(written)?;
     file.as_file().sync_all().map_err(written)?;
     file.persist(output).map_err(|err| written(err.error))?;

@@ -212,7 +212,8 @@ fn check_schema(schema: &Value) -> Result<(), String> {
 fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
-        Value::Bool(_) => "true or false",
+        Value::Bool(true) => "true",
+        Value::Bool(false) => "false",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
