@@ -161,6 +161,14 @@ pub fn read_file(path: &Path) -> Result<Metadata, String> {
     }
     let metadata: Metadata = serde_yaml_ng::from_str(&text).map_err(|err| format!("not valid metadata: {err}"))?;
     check_fields(&metadata)?;
+    // The section holds it as JSON, which `inspect` reads up to the same bound.
+    let size = serde_json::to_vec(&metadata).map_err(|err| format!("not valid metadata: {err}"))?.len();
+    if size > MAX_METADATA_BYTES {
+        return Err(format!(
+            "{size} bytes as JSON, more than the {} KiB a component's metadata may be",
+            MAX_METADATA_BYTES >> 10
+        ));
+    }
     Ok(metadata)
 }
 
@@ -459,6 +467,21 @@ mod tests {
             check_fields(&bad_kind).unwrap_err(),
             r#"kind: "trigger-policy" is not one of trigger, splitter, selector"#
         );
+    }
+
+    #[test]
+    fn a_metadata_file_is_bounded_as_read_and_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.yaml");
+        let head = "name: p\nkind: trigger\nversion: '1'\nconfigSchema:\n  type: object\n  examples: [";
+        // Under 64 KiB as YAML, twice that as JSON (each `a,` is `"a",`).
+        std::fs::write(&file, format!("{head}{}a]\n", "a,".repeat(20_000))).unwrap();
+        let err = read_file(&file).unwrap_err();
+        assert!(err.ends_with("bytes as JSON, more than the 64 KiB a component's metadata may be"), "{err}");
+        std::fs::write(&file, format!("{head}{}a]\n", "a,".repeat(40_000))).unwrap();
+        assert!(read_file(&file).unwrap_err().starts_with("larger than 64 KiB"));
+        std::fs::write(&file, format!("{head}a]\n")).unwrap();
+        assert_eq!(read_file(&file).unwrap().name, "p");
     }
 
     #[test]
