@@ -39,13 +39,14 @@ fn main() {
     build_plugins(workspace, &target_dir);
 
     let release = target_dir.join(TARGET).join("release");
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo"));
     let mut generated = String::from("/// Built-in policies: (name, component bytes).\n");
     generated.push_str("pub const BUILTINS: &[(&str, &[u8])] = &[\n");
     // A build without the compiler could not compile them: it runs built-ins precompiled, like
     // any policy, and keeps only their names (its binary is smaller by their ~640 KB).
     let compiler = env::var_os("CARGO_FEATURE_COMPILER").is_some();
     for (name, _) in PLUGINS.iter().filter(|(_, embedded)| *embedded) {
-        let path = artifact(&release, name);
+        let path = annotated(workspace, &release, &out_dir, name);
         if compiler {
             writeln!(generated, "    ({name:?}, include_bytes!({:?})),", path.display().to_string()).unwrap();
         } else {
@@ -55,12 +56,52 @@ fn main() {
     generated.push_str("];\n\n/// Every plugin built from `plugins/`: (crate name, path of the component).\n");
     generated.push_str("pub const ALL_PLUGINS: &[(&str, &str)] = &[\n");
     for (name, _) in PLUGINS {
-        let path = artifact(&release, name);
+        let path = annotated(workspace, &release, &out_dir, name);
         writeln!(generated, "    ({name:?}, {:?}),", path.display().to_string()).unwrap();
     }
     generated.push_str("];\n");
-    let out = PathBuf::from(env::var("OUT_DIR").expect("set by cargo")).join("plugins.rs");
-    std::fs::write(&out, generated).expect("write plugins.rs");
+    std::fs::write(out_dir.join("plugins.rs"), generated).expect("write plugins.rs");
+}
+
+/// The component of plugin `name`, carrying its `metadata.json` (beside its Cargo.toml) in a
+/// `perennial:metadata` custom section when it has one, as `perennial plugin annotate` would
+/// write it: a copy in OUT_DIR, the nested build's output left as it is. The metadata's
+/// validity (its kind, its schema) is checked by the tests (`plugin inspect builtin:...`).
+fn annotated(workspace: &Path, release: &Path, out_dir: &Path, name: &str) -> PathBuf {
+    let path = artifact(release, name);
+    let metadata = ["plugins", "plugins/examples", "plugins/testing"]
+        .iter()
+        .map(|dir| workspace.join(dir).join(name).join("metadata.json"))
+        .find(|file| file.exists());
+    let Some(metadata) = metadata else { return path };
+    let payload = std::fs::read(&metadata).expect("read a plugin's metadata.json");
+    let mut bytes = std::fs::read(&path).expect("read a built plugin");
+    custom_section(&mut bytes, "perennial:metadata", &payload);
+    let out = out_dir.join(format!("{}.wasm", name.replace('-', "_")));
+    std::fs::write(&out, bytes).expect("write an annotated plugin");
+    out
+}
+
+/// Appends a custom section (id 0, its size, its name, its payload) to a component: the
+/// binary format allows one anywhere among the top-level sections.
+fn custom_section(bytes: &mut Vec<u8>, name: &str, payload: &[u8]) {
+    fn leb128(out: &mut Vec<u8>, mut value: usize) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            out.push(if value == 0 { byte } else { byte | 0x80 });
+            if value == 0 {
+                break;
+            }
+        }
+    }
+    let mut body = Vec::new();
+    leb128(&mut body, name.len());
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(payload);
+    bytes.push(0);
+    leb128(bytes, body.len());
+    bytes.extend_from_slice(&body);
 }
 
 fn artifact(release: &Path, name: &str) -> PathBuf {

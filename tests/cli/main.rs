@@ -15,6 +15,7 @@ mod hostile;
 mod oci;
 mod plugin;
 mod plugin_authors;
+mod plugin_metadata;
 mod plugin_swap;
 mod precompiled;
 mod state_faults;

@@ -1,7 +1,9 @@
 //! Plugin authors, as the README walks them through: `perennial plugin new` in an empty folder
 //! outside the repository, for Rust, Python (componentize-py from PyPI) and JavaScript
-//! (componentize-js from npm); the project's own native tests and build command; `plugin check`
-//! and `plugin call` of the component; then the component deciding a job's rounds.
+//! (componentize-js from npm); the project's own test command (its native tests, then the
+//! component built, annotated with the project's metadata.yaml and run on its fixtures); `plugin
+//! inspect` showing the metadata, `plugin check` and `plugin call` of the component; then the
+//! component deciding a job's rounds.
 //!
 //! The Python and JavaScript toolchains must be installed (`scripts/test` installs them); a missing
 //! one fails these tests, never skips them.
@@ -12,7 +14,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::support::embedded::{Example, wait_exit};
-use crate::support::plugin_projects::{build, native_tests, new_project};
+use crate::support::plugin_projects::{component, new_project, project_tests};
 
 const CONFIG: &str = r#"{"samples": 3}"#;
 
@@ -47,23 +49,45 @@ pub fn trigger_component(lang: &'static str) -> &'static Path {
         let root = tempfile::tempdir().unwrap();
         let name = format!("{lang}-trigger");
         let dir = new_project(perennial_bin(), root.path(), "trigger", lang, &name);
-        let tests = native_tests(lang, &dir, &cargo_target());
+        let tests = project_tests(lang, &dir, &cargo_target());
         let passed = match lang {
             "rust" => tests.contains("test result: ok. 3 passed"),
             "python" => tests.contains("Ran 3 tests") && tests.contains("\nOK"),
             _ => tests.contains("# pass 3") && tests.contains("# fail 0"),
         };
         assert!(passed, "{lang}: the project's own tests did not pass:\n{tests}");
-        let wasm = build(lang, "trigger", &dir, &name, &cargo_target());
+        // ... then its build, annotating the component, and its fixtures, all answered as expected.
+        assert!(tests.contains(&format!(": {name} 0.1.0 (trigger); sha256 ")), "{lang}: the build annotates:\n{tests}");
+        assert!(tests.contains("2 decisions: 2 agree, 0 disagree, 0 not comparable"), "{lang}: plugin test:\n{tests}");
+        let wasm = component(lang, &dir, &name, &cargo_target());
         assert!(wasm.is_file(), "{lang}: the build made no {}", wasm.display());
         (root, wasm)
     });
     wasm
 }
 
-/// `plugin check` and `plugin call` of the built component, as its README says.
-fn check_and_call(wasm: &Path, cache: &Path) {
+/// `plugin inspect`, `plugin check` and `plugin call` of the built component, as its README says.
+fn check_and_call(lang: &str, wasm: &Path, cache: &Path) {
     let wasm = wasm.to_str().unwrap();
+    // The metadata the build wrote in: shown, and as JSON.
+    let inspect = perennial(&["plugin", "inspect", wasm], cache);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(inspect.status.success(), "inspect: {}", String::from_utf8_lossy(&inspect.stderr));
+    assert!(text.contains("world:       trigger-policy (perennial:policy@"), "{text}");
+    assert!(
+        text.contains(&format!("name:        {lang}-trigger\n")) && text.contains("kind:        trigger\n"),
+        "{text}"
+    );
+    assert!(text.contains("  samples (integer; default 100; at least 1)\n      New train samples"), "{text}");
+    let json = perennial(&["plugin", "inspect", wasm, "--output", "json"], cache);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["metadata"]["name"], format!("{lang}-trigger"), "{json}");
+    assert_eq!(json["metadata"]["configSchema"]["properties"]["maxAgeHours"]["default"], 24, "{json}");
+    // A config with a misspelt field: refused by the schema, naming it, before the policy runs.
+    let refused = perennial(&["plugin", "check", wasm, "--config", r#"{"sample": 3}"#], cache);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("sample: unknown field (this policy reads: maxAgeHours, samples)"), "{stderr}");
     let check = perennial(&["plugin", "check", wasm, "--config", CONFIG], cache);
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "check: {}", String::from_utf8_lossy(&check.stderr));
@@ -138,7 +162,7 @@ fn fixtures_from_the_job(wasm: &Path, cache: &Path, example: &Example) {
 fn walk_through(lang: &'static str) {
     let cache = tempfile::tempdir().unwrap();
     let wasm = trigger_component(lang);
-    check_and_call(wasm, cache.path());
+    check_and_call(lang, wasm, cache.path());
     two_rounds_with(wasm, cache.path());
 }
 

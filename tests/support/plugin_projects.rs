@@ -5,11 +5,21 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
+
+/// The folder of the `perennial` that made the projects: first on the PATH of the projects'
+/// own commands (their build annotates the component, their tests run `plugin test`).
+static PERENNIAL_DIR: OnceLock<PathBuf> = OnceLock::new();
 
 /// Runs `program args` in `dir`; fails with its output when it fails. Returns stdout + stderr.
 pub fn run_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) -> String {
     let mut command = Command::new(program);
     command.args(args).current_dir(dir);
+    if let Some(perennial) = PERENNIAL_DIR.get() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let paths = std::iter::once(perennial.clone()).chain(std::env::split_paths(&path));
+        command.env("PATH", std::env::join_paths(paths).expect("PATH"));
+    }
     for (name, value) in env {
         command.env(name, value);
     }
@@ -23,22 +33,36 @@ pub fn run_in(dir: &Path, program: &str, args: &[&str], env: &[(&str, &Path)]) -
 
 /// `perennial plugin new KIND NAME --lang LANG` run in `root`; returns the project's folder.
 pub fn new_project(perennial: &Path, root: &Path, kind: &str, lang: &str, name: &str) -> PathBuf {
+    if let Some(folder) = perennial.parent() {
+        PERENNIAL_DIR.get_or_init(|| std::path::absolute(folder).unwrap_or_else(|_| folder.to_owned()));
+    }
     run_in(root, perennial.to_str().unwrap(), &["plugin", "new", kind, name, "--lang", lang], &[]);
     let dir = root.join(name);
     assert!(dir.join("README.md").is_file(), "plugin new made no README in {}", dir.display());
     dir
 }
 
-/// Runs the project's native tests (as its README says); returns their output.
-pub fn native_tests(lang: &str, dir: &Path, cargo_target: &Path) -> String {
+/// Runs the project's test command (as its README says): its native tests, then its component
+/// built (and annotated with its metadata) and run on its fixtures (`perennial plugin test`).
+/// Returns their output; the component is where [`component`] says.
+pub fn project_tests(lang: &str, dir: &Path, cargo_target: &Path) -> String {
     match lang {
-        "rust" => run_in(dir, "cargo", &["test"], &[("CARGO_TARGET_DIR", cargo_target)]),
-        "python" => run_in(dir, "python3", &["-m", "unittest"], &[]),
+        "rust" => run_in(dir, "make", &["test"], &[("CARGO_TARGET_DIR", cargo_target)]),
+        "python" => run_in(dir, "make", &["test"], &[]),
         "js" => {
             run_in(dir, "npm", &["install", "--no-audit", "--no-fund"], &[]);
             run_in(dir, "npm", &["test"], &[])
         }
         other => panic!("no language {other}"),
+    }
+}
+
+/// Where the project's build puts its component.
+pub fn component(lang: &str, dir: &Path, name: &str, cargo_target: &Path) -> PathBuf {
+    let file = format!("{}.wasm", name.replace('-', "_"));
+    match lang {
+        "rust" => cargo_target.join("wasm32-wasip2/release").join(file),
+        _ => dir.join(file),
     }
 }
 

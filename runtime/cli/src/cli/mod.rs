@@ -16,6 +16,8 @@ mod operator;
 #[cfg(feature = "edge-precompiled")]
 mod plugin;
 #[cfg(feature = "edge-precompiled")]
+mod plugin_meta;
+#[cfg(feature = "edge-precompiled")]
 mod plugin_new;
 #[cfg(feature = "edge-precompiled")]
 mod plugin_oci;

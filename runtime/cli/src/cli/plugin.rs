@@ -15,6 +15,7 @@ use perennial_storage::S3Credentials;
 use serde::Deserialize;
 
 use super::decisions;
+use super::plugin_meta::{self, Metadata};
 use super::plugin_new::{self, Lang, PolicyKind};
 use super::precompiled;
 use perennial_policy::signing::TrustedKey;
@@ -82,10 +83,42 @@ pub enum PluginCommand {
     /// What this node runs: its platform and engine fingerprint (what `plugin compile --target`
     /// must name for it), and whether this build can compile policies itself.
     Platform,
-    /// Load and verify a plugin: its world, package version, size and compile time.
+    /// Load and verify a plugin: its world, package version, size and compile time. With
+    /// --config, the config is first checked against the config schema of the plugin's metadata
+    /// (if it has one: `plugin annotate`), naming each field it lacks or gets wrong, then handed
+    /// to the plugin's `configure`.
     Check {
         #[command(flatten)]
         plugin: PluginArgs,
+    },
+    /// Write a policy's metadata into its component: a `perennial:metadata` custom section
+    /// (JSON) with its name, description, kind, version, author and the JSON Schema of its
+    /// config, which `plugin inspect` shows and `plugin check` validates configs with. The
+    /// metadata is checked first (every field known, the kind the component's world, the schema
+    /// a valid JSON Schema of an object); nothing is written when it is refused. A section the
+    /// component had is replaced. Annotating changes the component's bytes, so its sha256:
+    /// pin the annotated component's digest (printed).
+    Annotate {
+        /// The component file (.wasm).
+        #[arg(value_name = "COMPONENT")]
+        component: PathBuf,
+        /// The metadata: a YAML (or JSON) file of at most 64 KiB with name, description, kind
+        /// (trigger, splitter or selector), version, author and configSchema.
+        #[arg(long, value_name = "FILE")]
+        metadata: PathBuf,
+        /// Where to write the annotated component (default: over COMPONENT, atomically).
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Show what a plugin is, without running it: its world, sha256, size and metadata (name,
+    /// description, kind, version, author, the config's fields with their types, defaults and
+    /// descriptions). A component without metadata says so.
+    Inspect {
+        #[command(flatten)]
+        plugin: PluginArgs,
+        /// text, or json.
+        #[arg(long, value_enum, default_value_t = InspectOutput::Text)]
+        output: InspectOutput,
     },
     /// Call a plugin once and print its answer as JSON.
     Call {
@@ -125,7 +158,8 @@ pub enum PluginCommand {
     Test {
         #[command(flatten)]
         plugin: PluginArgs,
-        /// The fixture files: each a JSON list of decisions (or one decision).
+        /// The fixture files: each a JSON list of decisions (or one decision); a folder stands
+        /// for the .json files in it.
         #[arg(required = true)]
         fixtures: Vec<PathBuf>,
         /// Disagreements shown.
@@ -152,6 +186,13 @@ pub enum PluginCommand {
         #[arg(long, default_value_t = 10_000)]
         batch: usize,
     },
+}
+
+/// How `plugin inspect` prints.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InspectOutput {
+    Text,
+    Json,
 }
 
 #[derive(Args)]
@@ -318,6 +359,8 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Push(args) => super::plugin_oci::push(args).await,
         PluginCommand::Pull(args) => super::plugin_oci::pull(args).await,
         PluginCommand::Check { plugin } => check(&plugin).await,
+        PluginCommand::Annotate { component, metadata, output } => annotate(&component, &metadata, output.as_deref()),
+        PluginCommand::Inspect { plugin, output } => inspect(&plugin, output).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
         PluginCommand::Test { plugin, fixtures, show, json } => {
@@ -392,11 +435,180 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
             println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
         }
     }
+    let metadata =
+        component_metadata(&bytes, &inspection.exports).map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
+    match &metadata {
+        Some(metadata) => println!("metadata: {} {} ({})", metadata.name, metadata.version, metadata.kind),
+        None if inspection.precompiled.is_some() => println!("metadata: none (a precompiled policy keeps none)"),
+        None => println!("metadata: none (no config schema to check a config against)"),
+    }
     if args.config.is_some() {
+        // The schema first: what the config lacks, in the SDKs' words, before the policy runs.
+        if let Some(schema) = metadata.as_ref().and_then(|m| m.config_schema.as_ref()) {
+            // An empty config is `{}`, as the SDKs read it.
+            let text = if valid.config.trim().is_empty() { "{}" } else { valid.config.as_str() };
+            let config: serde_json::Value =
+                serde_json::from_str(text).map_err(|err| anyhow::anyhow!("config: not JSON ({err})"))?;
+            let errors = plugin_meta::config_errors(schema, &config);
+            if !errors.is_empty() {
+                bail!(
+                    "{}: the config does not match the policy's config schema (the policy was not run): {}",
+                    args.plugin,
+                    errors.join("; ")
+                );
+            }
+        }
         off_runtime(move || load_as(world, &host, &valid, &bytes)).await?;
         println!("config:   accepted");
     } else {
         println!("config:   not checked (pass --config)");
+    }
+    Ok(())
+}
+
+/// The metadata a component carries, if any, checked against the world it exports (a
+/// precompiled policy keeps none).
+fn component_metadata(bytes: &[u8], exports: &[String]) -> Result<Option<Metadata>, String> {
+    if policy::artifact::is_artifact(bytes) {
+        return Ok(None);
+    }
+    let Some(metadata) = plugin_meta::scan(bytes)?.metadata()? else { return Ok(None) };
+    match plugin_meta::kind_of(exports) {
+        Some(kind) if kind != metadata.kind => Err(format!(
+            "its metadata says it is a {}, but it is a {kind} (it exports {})",
+            metadata.kind,
+            exports.join(", ")
+        )),
+        _ => Ok(Some(metadata)),
+    }
+}
+
+/// `plugin annotate`: the metadata file checked, then the component written with it (to a
+/// temporary file beside the output, renamed over it), or nothing written.
+fn annotate(
+    component: &std::path::Path,
+    metadata_file: &std::path::Path,
+    output: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let metadata =
+        plugin_meta::read_file(metadata_file).map_err(|err| anyhow::anyhow!("{}: {err}", metadata_file.display()))?;
+    let named = |err: String| anyhow::anyhow!("{}: {err}", component.display());
+    let limit = policy::COMPONENT_READ.max_bytes;
+    let mut bytes = Vec::new();
+    std::fs::File::open(component)
+        .and_then(|file| file.take(limit + 1).read_to_end(&mut bytes))
+        .map_err(|err| named(format!("cannot read it: {err}")))?;
+    if bytes.len() as u64 > limit {
+        return Err(named(format!("larger than {} MiB, the most a policy may be", limit >> 20)));
+    }
+    let scan = plugin_meta::scan(&bytes).map_err(named)?;
+    let Some(kind) = plugin_meta::kind_of(&scan.exports) else {
+        return Err(named(format!("not a Perennial policy; it exports {}", listed(&scan.exports))));
+    };
+    if metadata.kind != kind {
+        bail!(
+            "{}: kind: {:?}, but {} is a {kind} (it exports {})",
+            metadata_file.display(),
+            metadata.kind,
+            component.display(),
+            scan.exports.join(", ")
+        );
+    }
+    let annotated = plugin_meta::annotated(&bytes, &scan, &metadata);
+    let output = output.unwrap_or(component);
+    let dir = match output.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let written = |err: std::io::Error| anyhow::anyhow!("{}: cannot write it: {err}", output.display());
+    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(written)?;
+    // The mode the file had (or the component's), not the temporary file's 0600.
+    let mode = std::fs::metadata(output).or_else(|_| std::fs::metadata(component)).map(|m| m.permissions());
+    if let Ok(mode) = mode {
+        file.as_file().set_permissions(mode).map_err(written)?;
+    }
+    file.write_all(&annotated).map_err(written)?;
+    file.as_file().sync_all().map_err(written)?;
+    file.persist(output).map_err(|err| written(err.error))?;
+    println!(
+        "annotated {}: {} {} ({kind}); sha256 {} (was {}: pin the new one)",
+        output.display(),
+        metadata.name,
+        metadata.version,
+        policy::artifact::sha256_hex(&annotated),
+        policy::artifact::sha256_hex(&bytes)
+    );
+    Ok(())
+}
+
+fn listed(exports: &[String]) -> String {
+    if exports.is_empty() { "nothing".into() } else { exports.join(", ") }
+}
+
+/// `plugin inspect`: what the component says of itself, read without compiling it (a
+/// precompiled policy is verified and loaded as `check` does).
+async fn inspect(args: &PluginArgs, output: InspectOutput) -> anyhow::Result<()> {
+    let valid = args.validate()?;
+    let host = args.host()?;
+    let bytes = host.fetch_ref(&valid).await?;
+    let named = |err: String| anyhow::anyhow!("{}: {err}", args.plugin);
+    let (source, digest, size, exports, precompiled) = if policy::artifact::is_artifact(&bytes) {
+        let inspection = host.inspect(&valid, &bytes)?;
+        (inspection.source, inspection.digest, inspection.size, inspection.exports, true)
+    } else {
+        let digest = policy::artifact::sha256_hex(&bytes);
+        if let Some(expected) = &valid.sha256
+            && *expected != digest
+        {
+            return Err(named(format!("its sha256 is {digest}, not the {expected} expected")));
+        }
+        let exports = plugin_meta::scan(&bytes).map_err(named)?.exports;
+        (valid.source.to_string(), digest, bytes.len(), exports, false)
+    };
+    let metadata = component_metadata(&bytes, &exports).map_err(named)?;
+    let world = world_of(&exports);
+    if output == InspectOutput::Json {
+        let json = serde_json::json!({
+            "plugin": source,
+            "world": world.as_ref().map(|(world, _)| *world),
+            "package": world.as_ref().map(|(_, package)| package),
+            "exports": exports,
+            "sha256": digest,
+            "size": size,
+            "precompiled": precompiled,
+            "metadata": metadata,
+        });
+        println!("{}", serde_json::to_string_pretty(&json)?);
+        return Ok(());
+    }
+    println!("plugin:      {source}");
+    match &world {
+        Some((world, package)) => println!("world:       {world} ({package})"),
+        None => println!("world:       none: not a Perennial policy (it exports {})", listed(&exports)),
+    }
+    println!("sha256:      {digest}");
+    println!("size:        {size} bytes");
+    let Some(metadata) = metadata else {
+        if precompiled {
+            println!("metadata:    none (a precompiled policy keeps none: inspect its component)");
+        } else {
+            println!("metadata:    none (`perennial plugin annotate` writes it)");
+        }
+        return Ok(());
+    };
+    println!("name:        {}", metadata.name);
+    println!("kind:        {}", metadata.kind);
+    println!("version:     {}", metadata.version);
+    if let Some(author) = &metadata.author {
+        println!("author:      {author}");
+    }
+    if !metadata.description.is_empty() {
+        println!("description: {}", metadata.description);
+    }
+    match &metadata.config_schema {
+        Some(schema) => print!("config:\n{}", plugin_meta::describe_schema(schema)),
+        None => println!("config:      no schema"),
     }
     Ok(())
 }

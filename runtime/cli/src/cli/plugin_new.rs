@@ -106,6 +106,9 @@ pub fn make(kind: PolicyKind, name: &str, lang: Lang, dir: &Path) -> anyhow::Res
         Lang::Rust => format!("target/wasm32-wasip2/release/{file}.wasm"),
         Lang::Python | Lang::Js => format!("{file}.wasm"),
     };
+    // The example config inside a JSON string (package.json's scripts).
+    let quoted = serde_json::to_string(kind.example_config()).expect("a string is JSON");
+    let config_in_json = &quoted[1..quoted.len() - 1];
     let fill = |template: &str| {
         template
             .replace("{{name}}", name)
@@ -116,11 +119,30 @@ pub fn make(kind: PolicyKind, name: &str, lang: Lang, dir: &Path) -> anyhow::Res
             .replace("{{config}}", kind.example_config())
             .replace("{{call}}", &kind.example_call(&wasm))
             .replace("{{componentize_js}}", COMPONENTIZE_JS)
+            .replace("{{config_in_json}}", config_in_json)
     };
-    let mut files: Vec<(String, String)> = Vec::new();
+    // Every project: its metadata (written into the component by the build) and fixtures (run
+    // by its test command).
+    let (metadata, fixtures) = match kind {
+        PolicyKind::Trigger => (
+            include_str!("../../templates/common/metadata_trigger.yaml.in"),
+            include_str!("../../templates/common/fixtures_trigger.json"),
+        ),
+        PolicyKind::Splitter => (
+            include_str!("../../templates/common/metadata_splitter.yaml.in"),
+            include_str!("../../templates/common/fixtures_splitter.json"),
+        ),
+        PolicyKind::Selector => (
+            include_str!("../../templates/common/metadata_selector.yaml.in"),
+            include_str!("../../templates/common/fixtures_selector.json"),
+        ),
+    };
+    let mut files: Vec<(String, String)> =
+        vec![("metadata.yaml".into(), fill(metadata)), ("fixtures/decisions.json".into(), fixtures.into())];
     let next_steps = match lang {
         Lang::Rust => {
             files.push(("Cargo.toml".into(), fill(include_str!("../../templates/rust/Cargo.toml.in"))));
+            files.push(("Makefile".into(), fill(include_str!("../../templates/common/Makefile_rust.in"))));
             files.push(("README.md".into(), fill(include_str!("../../templates/rust/README.md.in"))));
             files.push((".gitignore".into(), include_str!("../../templates/rust/gitignore").into()));
             let policy = match kind {
@@ -132,7 +154,7 @@ pub fn make(kind: PolicyKind, name: &str, lang: Lang, dir: &Path) -> anyhow::Res
             for (path, text) in RUST_SDK {
                 files.push((format!("vendor/perennial-guest/{path}"), (*text).into()));
             }
-            vec!["cargo test".into(), "cargo build --release --target wasm32-wasip2".into()]
+            vec!["make test".into(), "make".into()]
         }
         Lang::Python => {
             let (policy, app, test) = match kind {
@@ -160,12 +182,10 @@ pub fn make(kind: PolicyKind, name: &str, lang: Lang, dir: &Path) -> anyhow::Res
                 include_str!("../../templates/python/perennial_policy.py").into(),
             ));
             files.push(("README.md".into(), fill(include_str!("../../templates/python/README.md.in"))));
+            files.push(("Makefile".into(), fill(include_str!("../../templates/common/Makefile_python.in"))));
             files.push((".gitignore".into(), include_str!("../../templates/python/gitignore").into()));
             files.push(("wit/policy.wit".into(), WIT.into()));
-            vec![
-                "python3 -m unittest".into(),
-                format!("componentize-py -d wit -w {world} componentize app -o {file}.wasm"),
-            ]
+            vec!["make test".into(), "make".into()]
         }
         Lang::Js => {
             let (policy, app, test) = match kind {
@@ -234,6 +254,18 @@ mod tests {
                 make(kind, "my-policy", lang, &dir).unwrap();
                 let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
                 assert!(!readme.contains("{{"), "{kind:?} {lang:?}: a placeholder is left in the README");
+                for made in ["metadata.yaml", "Makefile", "package.json"] {
+                    if let Ok(text) = std::fs::read_to_string(dir.join(made)) {
+                        assert!(!text.contains("{{"), "{kind:?} {lang:?}: a placeholder is left in {made}");
+                    }
+                }
+                // The metadata is what `plugin annotate` accepts, of the project's kind.
+                let metadata = crate::cli::plugin_meta::read_file(&dir.join("metadata.yaml")).unwrap();
+                assert_eq!((metadata.name.as_str(), metadata.kind.as_str()), ("my-policy", kind.name()));
+                let fixtures: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(dir.join("fixtures/decisions.json")).unwrap())
+                        .unwrap();
+                assert!(fixtures.as_array().unwrap().iter().all(|d| d["kind"] == kind.name()), "{fixtures}");
                 let wit = if lang == Lang::Rust { "vendor/perennial-guest/wit/policy.wit" } else { "wit/policy.wit" };
                 assert_eq!(std::fs::read_to_string(dir.join(wit)).unwrap(), WIT);
             }

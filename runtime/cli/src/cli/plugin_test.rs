@@ -63,11 +63,34 @@ struct SplitInput {
 /// how many decisions of other kinds there were.
 type Fixtures = (Vec<Record>, Vec<Option<Vec<String>>>, usize);
 
+/// The fixture files: each file given, and a folder's `.json` files (in name order).
+fn fixture_files(given: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in given {
+        if !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("{}", path.display()))?
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|file| file.extension().is_some_and(|ext| ext == "json") && file.is_file())
+            .collect();
+        if found.is_empty() {
+            bail!("{}: a folder with no .json fixture files", path.display());
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
+}
+
 fn read_fixtures(files: &[PathBuf], kind: DecisionKind) -> anyhow::Result<Fixtures> {
+    let files = fixture_files(files)?;
     let mut records = Vec::new();
     let mut samples = Vec::new();
     let mut others = 0;
-    for file in files {
+    for file in &files {
         let text = read_bounded(file)?;
         let value: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("{}: not JSON", file.display()))?;
