@@ -122,6 +122,7 @@ struct Inner {
     artifacts: OnceLock<Arc<dyn ArtifactFetch>>,
     /// The disk cache took a child's compile once and kept nothing (a read-only or full
     /// filesystem): children compile into a scratch folder since.
+    #[cfg(feature = "compiler")]
     cache_takes_nothing: std::sync::atomic::AtomicBool,
 }
 
@@ -163,6 +164,7 @@ impl PolicyHost {
             compiler: OnceLock::new(),
             trusted: OnceLock::new(),
             artifacts: OnceLock::new(),
+            #[cfg(feature = "compiler")]
             cache_takes_nothing: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(PolicyHost { inner: Arc::new(inner) })

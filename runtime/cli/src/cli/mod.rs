@@ -15,7 +15,7 @@ mod fetch;
 mod operator;
 #[cfg(feature = "edge-precompiled")]
 mod plugin;
-#[cfg(feature = "edge-precompiled")]
+#[cfg(feature = "authoring")]
 mod plugin_meta;
 #[cfg(feature = "edge-precompiled")]
 mod plugin_new;

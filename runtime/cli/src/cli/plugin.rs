@@ -15,6 +15,7 @@ use perennial_storage::S3Credentials;
 use serde::Deserialize;
 
 use super::decisions;
+#[cfg(feature = "authoring")]
 use super::plugin_meta::{self, Metadata};
 use super::plugin_new::{self, Lang, PolicyKind};
 use super::precompiled;
@@ -98,6 +99,7 @@ pub enum PluginCommand {
     /// a valid JSON Schema of an object); nothing is written when it is refused. A section the
     /// component had is replaced. Annotating changes the component's bytes, so its sha256:
     /// pin the annotated component's digest (printed).
+    #[cfg(feature = "authoring")]
     Annotate {
         /// The component file (.wasm).
         #[arg(value_name = "COMPONENT")]
@@ -113,6 +115,7 @@ pub enum PluginCommand {
     /// Show what a plugin is, without running it: its world, sha256, size and metadata (name,
     /// description, kind, version, author, the config's fields with their types, defaults and
     /// descriptions). A component without metadata says so.
+    #[cfg(feature = "authoring")]
     Inspect {
         #[command(flatten)]
         plugin: PluginArgs,
@@ -189,6 +192,7 @@ pub enum PluginCommand {
 }
 
 /// How `plugin inspect` prints.
+#[cfg(feature = "authoring")]
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum InspectOutput {
     Text,
@@ -359,7 +363,9 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
         PluginCommand::Push(args) => super::plugin_oci::push(args).await,
         PluginCommand::Pull(args) => super::plugin_oci::pull(args).await,
         PluginCommand::Check { plugin } => check(&plugin).await,
+        #[cfg(feature = "authoring")]
         PluginCommand::Annotate { component, metadata, output } => annotate(&component, &metadata, output.as_deref()),
+        #[cfg(feature = "authoring")]
         PluginCommand::Inspect { plugin, output } => inspect(&plugin, output).await,
         PluginCommand::Call { plugin, input } => call(&plugin, input).await,
         PluginCommand::Bench { plugin, iterations, batch } => bench(&plugin, iterations, batch).await,
@@ -435,29 +441,8 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
             println!("compile:  {:.1} ms ({origin})", ms(inspection.compile_time));
         }
     }
-    let metadata =
-        component_metadata(&bytes, &inspection.exports).map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
-    match &metadata {
-        Some(metadata) => println!("metadata: {} {} ({})", metadata.name, metadata.version, metadata.kind),
-        None if inspection.precompiled.is_some() => println!("metadata: none (a precompiled policy keeps none)"),
-        None => println!("metadata: none (no config schema to check a config against)"),
-    }
+    check_metadata(args, &valid, &bytes, &inspection)?;
     if args.config.is_some() {
-        // The schema first: what the config lacks, in the SDKs' words, before the policy runs.
-        if let Some(schema) = metadata.as_ref().and_then(|m| m.config_schema.as_ref()) {
-            // An empty config is `{}`, as the SDKs read it.
-            let text = if valid.config.trim().is_empty() { "{}" } else { valid.config.as_str() };
-            let config: serde_json::Value =
-                serde_json::from_str(text).map_err(|err| anyhow::anyhow!("config: not JSON ({err})"))?;
-            let errors = plugin_meta::config_errors(schema, &config);
-            if !errors.is_empty() {
-                bail!(
-                    "{}: the config does not match the policy's config schema (the policy was not run): {}",
-                    args.plugin,
-                    errors.join("; ")
-                );
-            }
-        }
         off_runtime(move || load_as(world, &host, &valid, &bytes)).await?;
         println!("config:   accepted");
     } else {
@@ -466,6 +451,52 @@ async fn check(args: &PluginArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Says the component's metadata, and checks a config given against its config schema first:
+/// what the config lacks, in the SDKs' words, before the policy runs.
+#[cfg(feature = "authoring")]
+fn check_metadata(
+    args: &PluginArgs,
+    valid: &ValidRef,
+    bytes: &[u8],
+    inspection: &perennial_policy::Inspection,
+) -> anyhow::Result<()> {
+    let metadata =
+        component_metadata(bytes, &inspection.exports).map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
+    match &metadata {
+        Some(metadata) => println!("metadata: {} {} ({})", metadata.name, metadata.version, metadata.kind),
+        None if inspection.precompiled.is_some() => println!("metadata: none (a precompiled policy keeps none)"),
+        None => println!("metadata: none (no config schema to check a config against)"),
+    }
+    let schema = metadata.as_ref().and_then(|m| m.config_schema.as_ref());
+    if let (Some(_), Some(schema)) = (&args.config, schema) {
+        // An empty config is `{}`, as the SDKs read it.
+        let text = if valid.config.trim().is_empty() { "{}" } else { valid.config.as_str() };
+        let config: serde_json::Value =
+            serde_json::from_str(text).map_err(|err| anyhow::anyhow!("config: not JSON ({err})"))?;
+        let errors = plugin_meta::config_errors(schema, &config);
+        if !errors.is_empty() {
+            bail!(
+                "{}: the config does not match the policy's config schema (the policy was not run): {}",
+                args.plugin,
+                errors.join("; ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The compiler-free build reads no metadata: the precompiled policies it runs keep none.
+#[cfg(not(feature = "authoring"))]
+fn check_metadata(
+    _args: &PluginArgs,
+    _valid: &ValidRef,
+    _bytes: &[u8],
+    _inspection: &perennial_policy::Inspection,
+) -> anyhow::Result<()> {
+    Ok(())
+}
+
+#[cfg(feature = "authoring")]
 /// The metadata a component carries, if any, checked against the world it exports (a
 /// precompiled policy keeps none).
 fn component_metadata(bytes: &[u8], exports: &[String]) -> Result<Option<Metadata>, String> {
@@ -483,6 +514,7 @@ fn component_metadata(bytes: &[u8], exports: &[String]) -> Result<Option<Metadat
     }
 }
 
+#[cfg(feature = "authoring")]
 /// `plugin annotate`: the metadata file checked, then the component written with it (to a
 /// temporary file beside the output, renamed over it), or nothing written.
 fn annotate(
@@ -542,10 +574,12 @@ fn annotate(
     Ok(())
 }
 
+#[cfg(feature = "authoring")]
 fn listed(exports: &[String]) -> String {
     if exports.is_empty() { "nothing".into() } else { exports.join(", ") }
 }
 
+#[cfg(feature = "authoring")]
 /// `plugin inspect`: what the component says of itself, read without compiling it (a
 /// precompiled policy is verified and loaded as `check` does).
 async fn inspect(args: &PluginArgs, output: InspectOutput) -> anyhow::Result<()> {

@@ -260,7 +260,9 @@ mod tests {
                     }
                 }
                 // The metadata is what `plugin annotate` accepts, of the project's kind.
+                #[cfg(feature = "authoring")]
                 let metadata = crate::cli::plugin_meta::read_file(&dir.join("metadata.yaml")).unwrap();
+                #[cfg(feature = "authoring")]
                 assert_eq!((metadata.name.as_str(), metadata.kind.as_str()), ("my-policy", kind.name()));
                 let fixtures: serde_json::Value =
                     serde_json::from_str(&std::fs::read_to_string(dir.join("fixtures/decisions.json")).unwrap())
