@@ -105,6 +105,27 @@ fn push_then_pull_by_tag_and_digest_and_the_refusals() {
     assert!(err.contains("policies/absent:v1 is not in the registry"), "{err}");
     let err = failed(&perennial(&["plugin", "pull", "oci://host:port/x"], &nobody));
     assert!(err.contains("\"host:port\" is not a registry host"), "{err}");
+    // Credentials written into a reference: refused, never echoed.
+    let with_login = format!("oci://alice:Secret-9@{}/policies/trigger:v1", registry.address);
+    let err = failed(&perennial(&["plugin", "pull", &with_login], &nobody));
+    assert!(err.contains("credentials in a reference (USER:PASSWORD@HOST) are refused"), "{err}");
+    assert!(!err.contains("alice") && !err.contains("Secret-9"), "{err}");
+
+    // A failed pull leaves the file `-o` names as it was, and no temporary file beside it.
+    let kept = dir.path().join("kept");
+    std::fs::create_dir_all(&kept).unwrap();
+    let existing = kept.join("existing.wasm");
+    std::fs::write(&existing, b"the previous component").unwrap();
+    let absent = registry.reference("policies/absent:v1");
+    failed(&perennial(&["plugin", "pull", &absent, "-o", existing.to_str().unwrap()], &nobody));
+    let wrong_pin = ["plugin", "pull", &reference, "--sha256", &wrong, "-o", existing.to_str().unwrap()];
+    failed(&perennial(&wrong_pin, &nobody));
+    assert_eq!(std::fs::read(&existing).unwrap(), b"the previous component");
+    // A successful one replaces it whole.
+    ok(&perennial(&["plugin", "pull", &pinned, "-o", existing.to_str().unwrap()], &nobody));
+    assert_eq!(sha256_of(&existing), sha256);
+    let names: Vec<_> = std::fs::read_dir(&kept).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["existing.wasm"], "no temporary file left");
     // A job's reference to it needs a pin.
     let err = failed(&perennial(&["plugin", "check", &reference], &nobody));
     assert!(err.contains("sha256: required for a remote plugin") && err.contains("@sha256:"), "{err}");
@@ -159,6 +180,17 @@ fn a_private_repository_needs_the_docker_config_credentials_and_never_shows_them
     assert!(err.contains("refused the credentials of user \"ann\""), "{err}");
     let all = format!("{err}{}", String::from_utf8_lossy(&out.stdout));
     assert!(!all.contains(PASSWORD) && !all.contains(&auth), "a credential in: {all}");
+
+    // A credential helper named instead: said to be unsupported.
+    let helper = dir.path().join("helper");
+    std::fs::create_dir_all(&helper).unwrap();
+    std::fs::write(helper.join("config.json"), r#"{"auths": {}, "credsStore": "desktop"}"#).unwrap();
+    let err = failed(&perennial(&["plugin", "pull", &reference], &helper));
+    assert!(
+        err.contains("credential helper \"desktop\"") && err.contains("credential helpers are not supported"),
+        "{err}"
+    );
+    assert!(!err.contains("writes them"), "{err}");
 }
 
 fn http_get(address: &str, path: &str) -> String {

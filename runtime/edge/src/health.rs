@@ -177,7 +177,7 @@ pub fn clear_rejected(store: &mut Store, job: &str) -> rusqlite::Result<()> {
 pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, found: &Health) {
     let policy = policies.entry(found.kind.clone()).or_default();
     if let Some(plugin) = &found.plugin {
-        policy.plugin = plugin.clone();
+        policy.plugin = perennial_types::policy::shown_plugin(plugin).into_owned();
     }
     if let Some(digest) = &found.digest {
         policy.digest = digest.clone();
@@ -193,7 +193,7 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
         policy.shadow = found.shadow.clone();
     }
     policy.loading = found.loading.as_ref().map(|(plugin, digest, since)| perennial_types::PolicyLoading {
-        plugin: plugin.clone(),
+        plugin: perennial_types::policy::shown_plugin(plugin).into_owned(),
         digest: digest.clone(),
         since: jiff::Timestamp::from_second(*since as i64).map(|t| t.to_string()).unwrap_or_default(),
     });

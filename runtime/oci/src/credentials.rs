@@ -24,6 +24,12 @@ impl std::fmt::Debug for Credentials {
 struct ConfigFile {
     #[serde(default)]
     auths: std::collections::BTreeMap<String, AuthEntry>,
+    /// The credential helper for every registry (`docker-credential-NAME`): not run.
+    #[serde(default, rename = "credsStore")]
+    creds_store: Option<String>,
+    /// Each registry's credential helper: not run.
+    #[serde(default, rename = "credHelpers")]
+    cred_helpers: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -101,6 +107,15 @@ impl DockerConfig {
     }
 }
 
+impl DockerConfig {
+    /// The credential helper the file names for `registry` (`credHelpers`, else `credsStore`),
+    /// which is not run: for messages.
+    pub fn helper(&self, registry: &str) -> Option<String> {
+        let named = self.file.cred_helpers.iter().find(|(key, _)| registry_of(key) == registry).map(|(_, name)| name);
+        named.or(self.file.creds_store.as_ref()).filter(|name| !name.is_empty()).cloned()
+    }
+}
+
 /// `HOST[:PORT]` of an `auths` key: the key itself, or the host of a URL.
 fn registry_of(key: &str) -> &str {
     let key = key.split_once("://").map_or(key, |(_, rest)| rest);
@@ -130,6 +145,14 @@ mod tests {
         assert!(!format!("{creds:?}").contains("s3cret"), "Debug hides the password");
         assert_eq!(file.credentials("index.docker.io").unwrap().unwrap().username, "bo");
         assert_eq!(file.credentials("ghcr.io").unwrap(), None);
+        assert_eq!(file.helper("ghcr.io"), None);
+    }
+
+    #[test]
+    fn credential_helpers_are_named() {
+        let file = config(r#"{"credsStore": "desktop", "credHelpers": {"ghcr.io": "gh"}, "auths": {}}"#);
+        assert_eq!(file.helper("ghcr.io").as_deref(), Some("gh"));
+        assert_eq!(file.helper("127.0.0.1:5000").as_deref(), Some("desktop"));
     }
 
     #[test]

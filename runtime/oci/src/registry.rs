@@ -1,19 +1,21 @@
-//! Push and pull a component. Every request has a timeout and the whole operation one more; a
-//! pull reads at most [`Options::max_bytes`]. Errors name the reference and what to do; they are
-//! built here from what the registry said, never from a credential.
+//! Push and pull a component. Every request has a timeout and the whole operation one more. A
+//! pull (and a resolve) is [`crate::pull`]'s own client: every reply it reads is bounded in size,
+//! the component by [`Options::max_bytes`]. A push is oci-client's (the author's tool against
+//! their own registry). Errors name the reference and what to do; they are built here from what
+//! the registry said, never from a credential.
 
 use std::time::Duration;
 
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::errors::OciDistributionError;
-use oci_client::manifest::{OciDescriptor, OciImageManifest};
+use oci_client::manifest::OciImageManifest;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use sha2::{Digest as _, Sha256};
-use tokio::io::AsyncWrite;
 
 use crate::credentials::{Credentials, DockerConfig};
 use crate::layout::{self, ComponentInfo, WasmConfig};
+use crate::pull::Session;
 use perennial_types::policy::OciRef;
 
 /// How long connecting to a registry may take, and waiting for any one read.
@@ -29,6 +31,9 @@ pub struct Options {
     pub credentials: Option<Credentials>,
     /// Where the credentials came from (or would have), for messages: a file's path.
     pub credentials_from: String,
+    /// The credential helper the docker config names for the registry (`credsStore`,
+    /// `credHelpers`), for messages: helpers are not run.
+    pub credential_helper: Option<String>,
     /// The most a component may be.
     pub max_bytes: u64,
     /// The whole push or pull.
@@ -44,6 +49,7 @@ impl Options {
             plain_http: false,
             credentials: config.credentials(&oci.registry)?,
             credentials_from: config.path().display().to_string(),
+            credential_helper: config.helper(&oci.registry),
             max_bytes,
             timeout,
         })
@@ -51,7 +57,14 @@ impl Options {
 
     /// Anonymous.
     pub fn anonymous(max_bytes: u64, timeout: Duration) -> Options {
-        Options { plain_http: false, credentials: None, credentials_from: String::new(), max_bytes, timeout }
+        Options {
+            plain_http: false,
+            credentials: None,
+            credentials_from: String::new(),
+            credential_helper: None,
+            max_bytes,
+            timeout,
+        }
     }
 
     fn auth(&self) -> RegistryAuth {
@@ -74,6 +87,13 @@ pub enum RegistryError {
          move?); it is not pulled"
     )]
     Moved { expected: String, actual: String },
+    /// A reference pinned by its manifest's digest, whose component is not the `sha256:` pin:
+    /// the two pins disagree (a manifest named by digest never changes).
+    #[error(
+        "its manifest holds the component with sha256 {actual}, but the reference pins sha256 {expected}: the \
+         two pins disagree (a manifest named by digest never changes); it is not pulled"
+    )]
+    PinsDisagree { expected: String, actual: String },
     /// Anything else: refused, absent, not a Wasm artifact, too large.
     #[error("{0}")]
     Refused(String),
@@ -86,7 +106,8 @@ pub struct Resolved {
     pub manifest_digest: String,
     /// Hex SHA-256 of the component (the layer's digest).
     pub component_sha256: String,
-    layer: OciDescriptor,
+    /// The component's size as the manifest declares it.
+    pub component_size: u64,
 }
 
 /// A pulled component, verified against its layer digest (and the manifest's, when pinned).
@@ -132,7 +153,6 @@ fn client(oci: &OciRef, options: &Options) -> Result<Client, RegistryError> {
 /// What went wrong, said for `oci`: `Unreachable` when a copy held may serve instead.
 fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> RegistryError {
     let registry = &oci.registry;
-    let repository = &oci.repository;
     match err {
         OciDistributionError::RequestError(err) => {
             let what = if err.is_timeout() {
@@ -149,21 +169,7 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> Regis
         }
         OciDistributionError::UnauthorizedError { .. }
         | OciDistributionError::AuthenticationFailure(_)
-        | OciDistributionError::ServerError { code: 401 | 403, .. } => {
-            RegistryError::Refused(match &options.credentials {
-                None => format!(
-                    "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
-                     and {} has no credentials for {registry} (`docker login {registry}` writes them)",
-                    shown(&options.credentials_from)
-                ),
-                Some(creds) => format!(
-                    "the registry {registry} refused the credentials of user {:?} (from {}) for the repository \
-                     {repository}",
-                    creds.username,
-                    shown(&options.credentials_from)
-                ),
-            })
-        }
+        | OciDistributionError::ServerError { code: 401 | 403, .. } => denied(oci, options),
         OciDistributionError::RegistryError { envelope, .. } => {
             let codes: Vec<String> = envelope.errors.iter().map(|e| format!("{:?}: {}", e.code, e.message)).collect();
             let denied = envelope.errors.iter().any(|e| {
@@ -203,12 +209,36 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> Regis
     }
 }
 
-fn shown(path: &str) -> &str {
+/// The registry refused access: said with where credentials were looked for, and the user's
+/// name if some were sent (never the password).
+pub(crate) fn denied(oci: &OciRef, options: &Options) -> RegistryError {
+    let (registry, repository) = (&oci.registry, &oci.repository);
+    let from = shown(&options.credentials_from);
+    RegistryError::Refused(match (&options.credentials, &options.credential_helper) {
+        (None, None) => format!(
+            "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
+             and {from} has no credentials for {registry} (`docker login {registry}` writes them)"
+        ),
+        (None, Some(helper)) => format!(
+            "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
+             and {from} has no credentials for {registry}: it names the credential helper {helper:?} \
+             (credsStore/credHelpers), and credential helpers are not supported: write the registry's `auths` \
+             entry (`podman login --authfile {from} {registry}` does)"
+        ),
+        (Some(creds), _) => format!(
+            "the registry {registry} refused the credentials of user {:?} (from {from}) for the repository \
+             {repository}",
+            creds.username
+        ),
+    })
+}
+
+pub(crate) fn shown(path: &str) -> &str {
     if path.is_empty() { "no docker config.json" } else { path }
 }
 
 /// An error and its causes on one line (reqwest's own says only "error sending request").
-fn cause(err: &dyn std::error::Error) -> String {
+pub(crate) fn cause(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(next) = source {
@@ -236,75 +266,119 @@ async fn bounded<T>(
 
 /// The manifest `oci` names and its component layer; refuses what is not a Wasm artifact.
 pub async fn resolve(oci: &OciRef, options: &Options) -> Result<Resolved, RegistryError> {
-    let client = client(oci, options)?;
-    bounded(oci, options, resolve_with(&client, oci, options)).await
+    let mut session = Session::new(oci, options)?;
+    bounded(oci, options, resolve_with(&mut session, oci)).await
 }
 
-async fn resolve_with(client: &Client, oci: &OciRef, options: &Options) -> Result<Resolved, RegistryError> {
-    let image = reference(oci);
-    let (manifest, manifest_digest) =
-        client.pull_image_manifest(&image, &options.auth()).await.map_err(|err| explain(oci, options, &err))?;
-    let layers: Vec<&OciDescriptor> = manifest.layers.iter().filter(|l| layout::is_wasm_layer(&l.media_type)).collect();
+#[derive(serde::Deserialize)]
+struct Manifest {
+    #[serde(default)]
+    config: Option<Descriptor>,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+    /// An index's (a multi-platform image's), not an artifact's.
+    #[serde(default)]
+    manifests: Option<serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct Descriptor {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+    #[serde(default)]
+    digest: String,
+    #[serde(default)]
+    size: i64,
+}
+
+async fn resolve_with(session: &mut Session<'_>, oci: &OciRef) -> Result<Resolved, RegistryError> {
+    let bytes = session.manifest().await?;
+    let manifest_digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    if let Some(pinned) = &oci.digest
+        && *pinned != manifest_digest
+    {
+        return Err(RegistryError::Refused(format!(
+            "{oci}: what the registry sent as the manifest has digest {manifest_digest}, not the one pinned"
+        )));
+    }
+    let manifest: Manifest = serde_json::from_slice(&bytes).map_err(|err| {
+        RegistryError::Refused(format!(
+            "{oci}: what the registry sent is not an OCI image manifest (line {}, column {})",
+            err.line(),
+            err.column()
+        ))
+    })?;
+    if manifest.manifests.is_some() {
+        return Err(RegistryError::Refused(format!(
+            "{oci} is an image index (several platforms' manifests), not a Wasm component artifact"
+        )));
+    }
+    let layers: Vec<&Descriptor> = manifest.layers.iter().filter(|l| layout::is_wasm_layer(&l.media_type)).collect();
+    let config_type = manifest.config.as_ref().map_or("none", |c| c.media_type.as_str());
     let [layer] = layers.as_slice() else {
-        let types: Vec<&str> = manifest.layers.iter().map(|l| l.media_type.as_str()).collect();
+        let types: Vec<String> = manifest.layers.iter().take(10).map(|l| format!("{:?}", l.media_type)).collect();
         return Err(RegistryError::Refused(format!(
             "{oci} is not a Wasm component artifact: it needs one layer of type {} (config {}); it has {} \
-             (config {})",
+             (config {config_type:?})",
             layout::LAYER_MEDIA_TYPE,
             layout::CONFIG_MEDIA_TYPE,
             if types.is_empty() { "no layers".to_owned() } else { types.join(", ") },
-            manifest.config.media_type
         )));
     };
     let component_sha256 = layer
         .digest
         .strip_prefix("sha256:")
         .filter(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| RegistryError::Refused(format!("{oci}: its layer's digest {:?} is not sha256", layer.digest)))?
+        .ok_or_else(|| {
+            let digest: String = layer.digest.chars().take(80).collect();
+            RegistryError::Refused(format!("{oci}: its layer's digest {digest:?} is not sha256"))
+        })?
         .to_ascii_lowercase();
-    Ok(Resolved { manifest_digest, component_sha256, layer: (*layer).clone() })
+    let component_size = u64::try_from(layer.size)
+        .map_err(|_| RegistryError::Refused(format!("{oci}: its layer's size {} is not a size", layer.size)))?;
+    Ok(Resolved { manifest_digest, component_sha256, component_size })
 }
 
 /// Pulls the component `oci` names: when `expected` (hex SHA-256) is given, refuses other
-/// content before reading it ([`RegistryError::Moved`]).
+/// content before reading it ([`RegistryError::Moved`]; [`RegistryError::PinsDisagree`] when the
+/// reference is pinned by its manifest's digest too).
 pub async fn pull(oci: &OciRef, expected: Option<&str>, options: &Options) -> Result<Pulled, RegistryError> {
-    let client = client(oci, options)?;
+    let mut session = Session::new(oci, options)?;
     bounded(oci, options, async {
-        let resolved = resolve_with(&client, oci, options).await?;
+        let resolved = resolve_with(&mut session, oci).await?;
         if let Some(expected) = expected
             && !expected.eq_ignore_ascii_case(&resolved.component_sha256)
         {
-            return Err(RegistryError::Moved {
-                expected: expected.to_ascii_lowercase(),
-                actual: resolved.component_sha256,
+            let (expected, actual) = (expected.to_ascii_lowercase(), resolved.component_sha256);
+            return Err(if oci.digest.is_some() {
+                RegistryError::PinsDisagree { expected, actual }
+            } else {
+                RegistryError::Moved { expected, actual }
             });
         }
-        let size = u64::try_from(resolved.layer.size).unwrap_or(0);
+        let size = resolved.component_size;
         if size > options.max_bytes {
             return Err(RegistryError::Refused(format!(
                 "{oci}: the component is {size} bytes, more than the {} a policy may be",
                 options.max_bytes
             )));
         }
-        let mut out = Bounded { bytes: Vec::new(), max: options.max_bytes };
-        client.pull_blob(&reference(oci), &resolved.layer, &mut out).await.map_err(|err| match err {
-            OciDistributionError::IoError(io) if io.kind() == std::io::ErrorKind::FileTooLarge => {
-                RegistryError::Refused(format!(
-                    "{oci}: the component is more than the {} bytes a policy may be",
-                    options.max_bytes
-                ))
-            }
-            err => explain(oci, options, &err),
-        })?;
-        // pull_blob checked the layer digest; checked again here, where it matters.
-        let actual = hex::encode(Sha256::digest(&out.bytes));
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        let mut hasher = Sha256::new();
+        session
+            .blob(&format!("sha256:{}", resolved.component_sha256), options.max_bytes, |chunk| {
+                hasher.update(chunk);
+                bytes.extend_from_slice(chunk);
+            })
+            .await?;
+        let actual = hex::encode(hasher.finalize());
         if actual != resolved.component_sha256 {
             return Err(RegistryError::Refused(format!(
                 "{oci}: the component read has sha256 {actual}, not its layer's {}",
                 resolved.component_sha256
             )));
         }
-        Ok(Pulled { bytes: out.bytes, manifest_digest: resolved.manifest_digest, component_sha256: actual })
+        Ok(Pulled { bytes, manifest_digest: resolved.manifest_digest, component_sha256: actual })
     })
     .await
 }
@@ -349,38 +423,4 @@ pub async fn push(
         Ok(Pushed { manifest_digest: served, component_sha256 })
     })
     .await
-}
-
-/// A buffer that refuses to grow past `max` bytes.
-struct Bounded {
-    bytes: Vec<u8>,
-    max: u64,
-}
-
-impl AsyncWrite for Bounded {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if (self.bytes.len() + buf.len()) as u64 > self.max {
-            return std::task::Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "too large")));
-        }
-        self.bytes.extend_from_slice(buf);
-        std::task::Poll::Ready(Ok(buf.len()))
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
 }

@@ -29,8 +29,24 @@ impl ComponentStore {
 
     /// The component of hex `sha256`, if kept and intact.
     pub fn get(&self, sha256: &str) -> Option<Vec<u8>> {
-        let bytes = std::fs::read(self.dir.join(format!("{sha256}.wasm"))).ok()?;
-        (hex::encode(Sha256::digest(&bytes)) == sha256).then_some(bytes)
+        match self.kept(sha256) {
+            Kept::Intact(bytes) => Some(bytes),
+            Kept::Damaged | Kept::Absent => None,
+        }
+    }
+
+    /// The copy of the component of hex `sha256`: a damaged one (its bytes are not that digest)
+    /// is removed.
+    pub fn kept(&self, sha256: &str) -> Kept {
+        let path = self.dir.join(format!("{sha256}.wasm"));
+        let Ok(bytes) = std::fs::read(&path) else { return Kept::Absent };
+        if hex::encode(Sha256::digest(&bytes)) == sha256 {
+            return Kept::Intact(bytes);
+        }
+        if let Err(err) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), "cannot remove the damaged copy of a component: {err}");
+        }
+        Kept::Damaged
     }
 
     /// Keeps a component; a failure only costs the copy, so it is logged.
@@ -56,6 +72,14 @@ impl ComponentStore {
             tracing::warn!(dir = %dir.display(), "cannot keep the pulled manifest's digest: {err}");
         }
     }
+}
+
+/// A kept copy of a component.
+pub enum Kept {
+    Intact(Vec<u8>),
+    /// There was one, but its bytes were not the digest's: it was removed.
+    Damaged,
+    Absent,
 }
 
 fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -90,15 +114,23 @@ pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentS
         // The registry down, or its tag moved to other content: the pinned component, if kept,
         // serves (and the reason is said); the other content is never pulled.
         Err(err @ (RegistryError::Unreachable(_) | RegistryError::Moved { .. })) => {
-            let kept = pinned.as_deref().and_then(|sha| store.and_then(|store| store.get(sha)));
+            let kept = match (pinned.as_deref(), store) {
+                (Some(sha), Some(store)) => store.kept(sha),
+                _ => Kept::Absent,
+            };
             match (kept, &pinned, store) {
-                (Some(bytes), Some(sha), Some(store)) => {
+                (Kept::Intact(bytes), Some(sha), Some(store)) => {
                     tracing::warn!(
                         "{oci}: {err}; the component it pins (sha256 {sha}) is served from the copy kept in {}",
                         store.dir().display()
                     );
                     Ok(bytes)
                 }
+                (Kept::Damaged, Some(sha), Some(store)) => Err(format!(
+                    "{err}, and the copy of the component it pins (sha256 {sha}) kept in {} is damaged: it was \
+                     removed",
+                    store.dir().display()
+                )),
                 _ if matches!(err, RegistryError::Unreachable(_)) => {
                     Err(format!("{err}, and no copy of the component it pins is kept here"))
                 }
@@ -106,5 +138,26 @@ pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentS
             }
         }
         Err(err) => Err(err.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_copy_is_told_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ComponentStore::new(dir.path().to_owned());
+        let bytes = b"\0asm a component".to_vec();
+        let sha = hex::encode(Sha256::digest(&bytes));
+        store.put(&sha, &bytes);
+        assert!(matches!(store.kept(&sha), Kept::Intact(kept) if kept == bytes));
+        let mut flipped = bytes.clone();
+        flipped[3] ^= 1;
+        std::fs::write(dir.path().join(format!("{sha}.wasm")), flipped).unwrap();
+        assert!(matches!(store.kept(&sha), Kept::Damaged));
+        assert!(!dir.path().join(format!("{sha}.wasm")).exists(), "removed");
+        assert!(matches!(store.kept(&sha), Kept::Absent));
     }
 }

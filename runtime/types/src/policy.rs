@@ -161,12 +161,33 @@ impl OciRef {
     /// Parses what follows `oci://`; the error says what is wrong.
     pub fn parse(rest: &str) -> Result<OciRef, String> {
         const FORM: &str = "expected oci://HOST[:PORT]/REPO[:TAG][@sha256:DIGEST]";
+        // `USER:PASSWORD@HOST`: refused, and never quoted (a message may be logged or stored in
+        // a job's status). A password with a `/` puts the `@` after the first `/`, but then
+        // what follows it is no digest: it holds a `/`.
+        if has_credentials(rest) {
+            return Err(format!(
+                "credentials in a reference (USER:PASSWORD@HOST) are refused: put them in the docker config.json; {FORM}"
+            ));
+        }
         let (registry, path) = rest.split_once('/').ok_or_else(|| format!("no repository; {FORM}"))?;
         let host_ok =
             |host: &str| !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
-        let registry_ok = match registry.rsplit_once(':') {
-            Some((host, port)) => host_ok(host) && !port.is_empty() && port.parse::<u16>().is_ok(),
-            None => host_ok(registry),
+        // An IPv6 address in brackets: `[::1]:5000`.
+        let ipv6_ok = |host: &str| {
+            host.strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
+        };
+        let registry_ok = if registry.starts_with('[') {
+            match registry.rsplit_once("]:") {
+                Some((host, port)) => ipv6_ok(&format!("{host}]")) && port.parse::<u16>().is_ok(),
+                None => ipv6_ok(registry),
+            }
+        } else {
+            match registry.rsplit_once(':') {
+                Some((host, port)) => host_ok(host) && !port.is_empty() && port.parse::<u16>().is_ok(),
+                None => host_ok(registry),
+            }
         };
         if !registry_ok {
             return Err(format!("{registry:?} is not a registry host (HOST or HOST:PORT); {FORM}"));
@@ -213,20 +234,48 @@ impl OciRef {
         })
     }
 
-    /// The host without its port.
+    /// The host without its port (an IPv6 address in its brackets, `[::1]`).
     pub fn host(&self) -> &str {
+        if self.registry.starts_with('[') {
+            return match self.registry.rsplit_once("]:") {
+                Some((host, _)) => &self.registry[..host.len() + 1],
+                None => &self.registry,
+            };
+        }
         match self.registry.rsplit_once(':') {
             Some((host, port)) if port.parse::<u16>().is_ok() => host,
             _ => &self.registry,
         }
     }
 
-    /// Whether the registry is this machine (`localhost`, `127.x.x.x`, `::1`): the only one
+    /// Whether the registry is this machine (`localhost`, `127.x.x.x`, `[::1]`): the only one
     /// reached over plain HTTP unless asked otherwise.
     pub fn is_loopback(&self) -> bool {
-        let host = self.host();
-        host == "localhost" || host.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
+        is_this_machine(self.host())
     }
+}
+
+/// Whether what follows `oci://` holds credentials (`USER:PASSWORD@HOST`). A password with a
+/// `/` puts the `@` after the first `/`, but then what follows it is no digest: it holds a `/`.
+fn has_credentials(rest: &str) -> bool {
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    authority.contains('@') || path.split_once('@').is_some_and(|(_, digest)| digest.contains('/'))
+}
+
+/// A plugin reference as it may be shown (a status, a message, a log): an `oci://` one holding
+/// credentials is not.
+pub fn shown_plugin(plugin: &str) -> std::borrow::Cow<'_, str> {
+    match plugin.trim().strip_prefix("oci://") {
+        Some(rest) if has_credentials(rest) => "oci://(a reference holding credentials: not shown)".into(),
+        _ => plugin.into(),
+    }
+}
+
+/// Whether `host` (a name, an IPv4 address, or an IPv6 one, bracketed or not) names this machine
+/// by itself: `localhost`, `127.x.x.x`, `::1`. A name is not resolved.
+pub fn is_this_machine(host: &str) -> bool {
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl std::fmt::Display for OciRef {
@@ -570,9 +619,36 @@ mod tests {
             ("oci://ghcr.io/p:", "tag \"\" must be"),
             ("oci://ghcr.io/p@sha256:abc", "digest \"sha256:abc\" is not sha256: and 64"),
             ("oci://ghcr.io/p@md5:abc", "digest \"md5:abc\""),
+            ("oci://[::1/p", "\"[::1\" is not a registry host"),
         ] {
             let err = parse_source(bad).unwrap_err();
             assert!(err.contains(why), "{bad}: {err}");
+        }
+        // This machine, by name or address, IPv6 too.
+        for (reference, host) in [
+            ("oci://localhost:5000/p", "localhost"),
+            ("oci://127.0.0.2/p", "127.0.0.2"),
+            ("oci://[::1]:5000/p", "[::1]"),
+        ] {
+            let Ok(Source::Oci(oci)) = parse_source(reference) else { panic!("{reference}") };
+            assert_eq!(oci.host(), host);
+            assert!(oci.is_loopback(), "{reference}");
+        }
+        let Ok(Source::Oci(v6)) = parse_source("oci://[::1]:5000/p:v1") else { panic!() };
+        assert_eq!((v6.registry.as_str(), v6.tag.as_deref()), ("[::1]:5000", Some("v1")));
+        assert!(!is_this_machine("ghcr.io") && !is_this_machine("10.0.0.1") && is_this_machine("::1"));
+        assert_eq!(shown_plugin("oci://ghcr.io/p:v1"), "oci://ghcr.io/p:v1");
+        // Credentials in a reference: refused, never quoted.
+        for bad in [
+            "oci://alice:Secret@127.0.0.1:45002/p:v1",
+            "oci://alice:Se/cret@127.0.0.1:45002/p:v1",
+            "oci://alice:Secret@host",
+            "oci://alice@host/p",
+        ] {
+            let err = parse_source(bad).unwrap_err();
+            assert!(err.starts_with("credentials in a reference (USER:PASSWORD@HOST) are refused"), "{bad}: {err}");
+            assert!(!err.contains("alice") && !err.contains("Se"), "{bad}: {err}");
+            assert!(!shown_plugin(bad).contains("alice"), "{bad}");
         }
         let err = reference(serde_json::json!({"plugin": "oci://ghcr.io//p"})).unwrap_err();
         assert!(err.starts_with("plugin: repository"), "{err}");

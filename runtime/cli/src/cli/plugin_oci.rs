@@ -48,7 +48,8 @@ fn oci_ref(reference: &str) -> anyhow::Result<OciRef> {
     match policy::parse_source(reference) {
         Ok(Source::Oci(oci)) => Ok(oci),
         Ok(_) => bail!("{reference}: not an oci:// reference (oci://HOST[:PORT]/REPO[:TAG])"),
-        Err(err) => bail!("{reference}: {err}"),
+        // One holding credentials is refused, and not shown.
+        Err(err) => bail!("{}: {err}", perennial_types::policy::shown_plugin(reference)),
     }
 }
 
@@ -119,10 +120,25 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<()> {
         let name = oci.repository.rsplit('/').next().unwrap_or("policy");
         PathBuf::from(format!("{name}.wasm"))
     });
-    std::fs::write(&output, &pulled.bytes).with_context(|| format!("writing {}", output.display()))?;
+    write_whole(&output, &pulled.bytes).with_context(|| format!("writing {}", output.display()))?;
     println!("pulled {oci} into {} ({} bytes)", output.display(), pulled.bytes.len());
     println!("  manifest  {}", pulled.manifest_digest);
     println!("  sha256    {}", pulled.component_sha256);
+    Ok(())
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, renamed over
+/// it once written and synced. A failure (a full disk) leaves what was there.
+fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let mut file = tempfile::Builder::new().prefix(".perennial-pull-").suffix(".tmp").tempfile_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|err| err.error)?;
     Ok(())
 }
 
