@@ -126,6 +126,15 @@ fn push_then_pull_by_tag_and_digest_and_the_refusals() {
     assert_eq!(sha256_of(&existing), sha256);
     let names: Vec<_> = std::fs::read_dir(&kept).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, ["existing.wasm"], "no temporary file left");
+    // Readable as a pulled file is (0644 when new; an existing file's mode kept), not 0600.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let fresh = dir.path().join("fresh.wasm");
+    ok(&perennial(&["plugin", "pull", &pinned, "-o", fresh.to_str().unwrap()], &nobody));
+    assert_eq!(mode(&fresh), 0o644, "a new file");
+    std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o640)).unwrap();
+    ok(&perennial(&["plugin", "pull", &pinned, "-o", existing.to_str().unwrap()], &nobody));
+    assert_eq!(mode(&existing), 0o640, "the mode it had");
     // A job's reference to it needs a pin.
     let err = failed(&perennial(&["plugin", "check", &reference], &nobody));
     assert!(err.contains("sha256: required for a remote plugin") && err.contains("@sha256:"), "{err}");

@@ -109,8 +109,10 @@ pub(crate) fn realm_may_have_credentials(realm: &Url, oci: &OciRef, plain_http: 
     match realm.scheme() {
         "https" => true,
         "http" => {
+            // This machine's realm only for a registry on this machine: a remote registry naming
+            // `http://127.0.0.1:PORT` would have them sent in clear to whatever listens there.
             let host = realm.host_str().unwrap_or_default();
-            is_this_machine(host) || (plain_http && host.eq_ignore_ascii_case(oci.host()))
+            (is_this_machine(host) && oci.is_loopback()) || (plain_http && host.eq_ignore_ascii_case(oci.host()))
         }
         _ => false,
     }
@@ -155,6 +157,16 @@ impl<'a> Session<'a> {
     }
 
     fn transport(&self, err: &reqwest::Error) -> RegistryError {
+        // A redirect refused (to plain HTTP, or too many) is the registry's doing, not a network
+        // fault: no kept copy stands in for it.
+        if err.is_redirect() {
+            return RegistryError::Refused(format!(
+                "the registry {} redirected {} wrongly: {}",
+                self.oci.registry,
+                self.oci,
+                cause(err)
+            ));
+        }
         let what = if err.is_timeout() {
             "timed out".to_owned()
         } else if err.is_connect() {
@@ -447,6 +459,9 @@ mod tests {
         assert!(!realm_may_have_credentials(&url("http://registry.example.org/token"), &remote, false));
         assert!(realm_may_have_credentials(&url("http://registry.example.org/token"), &remote, true), "--insecure");
         assert!(!realm_may_have_credentials(&url("ftp://auth.example.com/token"), &remote, false));
+        // A remote registry naming a realm on this machine: whatever listens there is no one's.
+        assert!(!realm_may_have_credentials(&url("http://127.0.0.1:5001/token"), &remote, false));
+        assert!(!realm_may_have_credentials(&url("http://localhost/token"), &remote, true));
         let local = oci("127.0.0.1:5000/p");
         assert!(realm_may_have_credentials(&url("http://127.0.0.1:5001/token"), &local, false));
         assert!(realm_may_have_credentials(&url("http://localhost:5001/token"), &local, false));

@@ -258,8 +258,23 @@ impl OciRef {
 /// Whether what follows `oci://` holds credentials (`USER:PASSWORD@HOST`). A password with a
 /// `/` puts the `@` after the first `/`, but then what follows it is no digest: it holds a `/`.
 fn has_credentials(rest: &str) -> bool {
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    authority.contains('@') || path.split_once('@').is_some_and(|(_, digest)| digest.contains('/'))
+    // Any `@` but the one before a manifest digest: a password may hold `/` or `:`, so the text
+    // is not split at its first `/` (`alice:se/cret@host` would show `alice:se`).
+    // A digest is `ALG:ENCODED` after the repository; `HOST:PORT` (a port is all digits) is not.
+    let digest_like = |after: &str| {
+        after.split_once(':').is_some_and(|(alg, encoded)| {
+            !alg.is_empty()
+                && alg.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+._-".contains(&b))
+                && !encoded.is_empty()
+                && !encoded.contains('/')
+                && !encoded.bytes().all(|b| b.is_ascii_digit())
+        })
+    };
+    let without_digest = match rest.rsplit_once('@') {
+        Some((before, after)) if before.contains('/') && digest_like(after) => before,
+        _ => rest,
+    };
+    without_digest.contains('@')
 }
 
 /// A plugin reference as it may be shown (a status, a message, a log): an `oci://` one holding
@@ -643,6 +658,9 @@ mod tests {
             "oci://alice:Secret@127.0.0.1:45002/p:v1",
             "oci://alice:Se/cret@127.0.0.1:45002/p:v1",
             "oci://alice:Secret@host",
+            "oci://alice:Se/cret@host",
+            "oci://alice:Se/cret@host:5000",
+            "oci://alice:pw@host/p@sha256:0000000000000000000000000000000000000000000000000000000000000000",
             "oci://alice@host/p",
         ] {
             let err = parse_source(bad).unwrap_err();

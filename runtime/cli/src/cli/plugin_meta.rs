@@ -177,13 +177,17 @@ fn check_fields(metadata: &Metadata) -> Result<(), String> {
     let line = |field: &str, value: &str, max: usize| {
         if value.trim().is_empty() {
             Err(format!("{field}: missing (empty)"))
-        } else if value.len() > max || value.contains('\n') {
-            Err(format!("{field}: one line of at most {max} characters"))
+        } else if value.len() > max || value.chars().any(char::is_control) {
+            Err(format!("{field}: one line of at most {max} bytes, without control characters"))
         } else {
             Ok(())
         }
     };
     line("name", &metadata.name, 128)?;
+    // Shown on terminals: no escape sequences (lines and tabs are text).
+    if metadata.description.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return Err("description: control characters (other than new lines and tabs) are refused".into());
+    }
     line("version", &metadata.version, 64)?;
     if let Some(author) = &metadata.author {
         line("author", author, 256)?;
@@ -333,7 +337,9 @@ pub fn describe_schema(schema: &Value) -> String {
     if out.is_empty() {
         out.push_str("  (no fields)\n");
     }
-    out
+    // The schema's names and descriptions are the component's text, shown on a terminal: no
+    // escape sequences.
+    out.chars().map(|c| if c.is_control() && c != '\n' { '?' } else { c }).collect()
 }
 
 fn fields(schema: &Value, prefix: &str, out: &mut String, depth: usize) {
@@ -397,6 +403,22 @@ mod tests {
     }
 
     const EMPTY_COMPONENT: [u8; 8] = COMPONENT_PREAMBLE;
+
+    /// A component's text reaches a terminal: no escape sequences, by `annotate` or `inspect`.
+    #[test]
+    fn control_characters_are_refused_or_not_shown() {
+        let mut coloured = metadata(json!({"type": "object"}));
+        coloured.name = "p\u{1b}[31m".into();
+        assert!(check_fields(&coloured).unwrap_err().starts_with("name:"));
+        let mut described = metadata(json!({"type": "object"}));
+        described.description = "two\nlines\tand a tab".into();
+        assert!(check_fields(&described).is_ok());
+        described.description = "bell\u{7}".into();
+        assert!(check_fields(&described).unwrap_err().starts_with("description:"));
+        let shown =
+            describe_schema(&json!({"properties": {"a\u{1b}]0;x": {"type": "string", "description": "\u{1b}[2J"}}}));
+        assert!(!shown.contains('\u{1b}'), "{shown}");
+    }
 
     #[test]
     fn annotating_replaces_the_section_and_keeps_the_rest() {

@@ -128,14 +128,18 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<()> {
 }
 
 /// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, renamed over
-/// it once written and synced. A failure (a full disk) leaves what was there.
+/// it once written and synced. A failure (a full disk) leaves what was there. The file keeps the
+/// mode it had; a new one is 0644 (a component is no secret), not the temporary file's 0600.
 fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => std::path::Path::new("."),
     };
     let mut file = tempfile::Builder::new().prefix(".perennial-pull-").suffix(".tmp").tempfile_in(dir)?;
+    let mode = std::fs::metadata(path).map(|m| m.permissions()).unwrap_or_else(|_| PermissionsExt::from_mode(0o644));
+    file.as_file().set_permissions(mode)?;
     file.write_all(bytes)?;
     file.as_file().sync_all()?;
     file.persist(path).map_err(|err| err.error)?;
