@@ -180,7 +180,8 @@ fn what_a_worker_started_dies_with_a_killed_run() {
     assert!(running(grandchild), "the grandchild runs");
     run.kill().unwrap(); // SIGKILL
     run.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // The reaper acts at once; the bound is for a loaded machine (CI's plugin builds beside it).
+    let deadline = Instant::now() + Duration::from_secs(15);
     while running(grandchild) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
