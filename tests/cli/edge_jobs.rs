@@ -4,7 +4,7 @@
 //! compile cache that keeps nothing costs a warning, not the policies.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::embedded::{dies_with_its_test, wait_exit};
@@ -49,6 +49,26 @@ fn taken(root: &Path, job: &str) -> i64 {
     db.query_row("SELECT cursor_samples FROM jobs WHERE name = ?1", [job], |r| r.get(0)).unwrap_or(0)
 }
 
+/// Waits (up to 60 s) until `job` has taken its 20 samples, the agent running all along.
+fn wait_for_samples(root: &Path, job: &str, agent: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while taken(root, job) < 20 {
+        assert!(agent.try_wait().unwrap().is_none(), "the agent exited before {job} took its samples");
+        assert!(Instant::now() < deadline, "{job} never took its samples");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Stops the agent as its service manager would (SIGTERM): it ends cleanly; its log.
+fn stop(mut agent: Child) -> String {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let out = wait_exit(&mut agent, Duration::from_secs(15));
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    log
+}
+
 #[test]
 fn a_job_whose_policy_cannot_load_stops_alone_and_the_others_run() {
     let root = tempfile::tempdir().unwrap();
@@ -58,12 +78,7 @@ fn a_job_whose_policy_cannot_load_stops_alone_and_the_others_run() {
         job(root.path(), "steady", "builtin:threshold-trigger"),
     ]);
     let mut agent = edge(root.path(), &jobs).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while taken(root.path(), "default/steady") < 20 {
-        assert!(agent.try_wait().unwrap().is_none(), "the agent exited over another job's policy");
-        assert!(Instant::now() < deadline, "the steady job never took its samples");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_samples(root.path(), "default/steady", &mut agent);
     // Why, on the job's status (what the link reports, and `perennial status` shows).
     let db = rusqlite::Connection::open(root.path().join("state/edge.db")).unwrap();
     db.busy_timeout(Duration::from_secs(5)).unwrap();
@@ -73,11 +88,7 @@ fn a_job_whose_policy_cannot_load_stops_alone_and_the_others_run() {
         })
         .expect("the broken job's trigger on its status");
     assert!(rejected.contains("no such file") && rejected.contains("not-built-yet.wasm"), "{rejected}");
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-    let out = wait_exit(&mut agent, Duration::from_secs(15));
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
+    let log = stop(agent);
     assert_eq!(log.matches("job default/broken cannot run on this node yet").count(), 1, "said once: {log}");
 }
 
@@ -113,15 +124,8 @@ fn a_compile_cache_that_keeps_nothing_still_serves_the_policies() {
     let jobs = serde_json::json!([job(root.path(), "steady", "builtin:threshold-trigger")]);
     // A first agent, to learn the names its compiles are kept under.
     let mut first = edge(root.path(), &jobs).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while taken(root.path(), "default/steady") < 20 {
-        assert!(first.try_wait().unwrap().is_none(), "the first agent exited");
-        assert!(Instant::now() < deadline, "the first agent never took its samples");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
-    wait_exit(&mut first, Duration::from_secs(15));
+    wait_for_samples(root.path(), "default/steady", &mut first);
+    stop(first);
     let entries = cache_entries(&root.path().join("cache"));
     assert!(!entries.is_empty(), "the first agent kept its compiles");
 
@@ -131,17 +135,8 @@ fn a_compile_cache_that_keeps_nothing_still_serves_the_policies() {
     }
     let jobs = serde_json::json!([job(second_root.path(), "steady", "builtin:threshold-trigger")]);
     let mut second = edge(second_root.path(), &jobs).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while taken(second_root.path(), "default/steady") < 20 {
-        assert!(second.try_wait().unwrap().is_none(), "the agent exited over a cache that keeps nothing");
-        assert!(Instant::now() < deadline, "the job never took its samples");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(second.id() as i32, libc::SIGTERM) };
-    let out = wait_exit(&mut second, Duration::from_secs(15));
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
+    wait_for_samples(second_root.path(), "default/steady", &mut second);
+    let log = stop(second);
     assert_eq!(log.matches("the compile cache keeps nothing").count(), 1, "said once: {log}");
 }
 
@@ -169,25 +164,11 @@ fn a_job_whose_registry_comes_up_late_starts_when_it_does() {
     late["trigger"]["sha256"] = sha256.into();
     let jobs = serde_json::json!([late, job(root.path(), "steady", "builtin:threshold-trigger")]);
     let mut agent = edge(root.path(), &jobs).env("DOCKER_CONFIG", nobody.path()).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while taken(root.path(), "default/steady") < 20 {
-        assert!(agent.try_wait().unwrap().is_none(), "the agent exited");
-        assert!(Instant::now() < deadline, "the steady job never took its samples");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_samples(root.path(), "default/steady", &mut agent);
     assert_eq!(taken(root.path(), "default/late"), 0, "the late job waits for its registry");
     registry.resume();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while taken(root.path(), "default/late") < 20 {
-        assert!(agent.try_wait().unwrap().is_none(), "the agent exited");
-        assert!(Instant::now() < deadline, "the late job never started once its registry was up");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-    let out = wait_exit(&mut agent, Duration::from_secs(15));
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
+    wait_for_samples(root.path(), "default/late", &mut agent);
+    let log = stop(agent);
     assert_eq!(log.matches("cannot run on this node yet").count(), 1, "said once: {log}");
     assert!(log.contains("the job came to this node"), "{log}");
 }

@@ -6,7 +6,8 @@ use perennial_policy::builtin;
 
 const SEDNA_TRIGGER: &str = r#"{"condition":{"operator":">","threshold":500,"metric":"num_of_samples"}}"#;
 
-fn perennial(args: &[&str]) -> Output {
+/// `perennial ARGS` with a compile cache of this test process's own.
+pub(crate) fn perennial(args: &[&str]) -> Output {
     let cache = std::env::temp_dir().join(format!("perennial-cli-test-cache-{}", std::process::id()));
     Command::new(env!("CARGO_BIN_EXE_perennial"))
         .args(args)
@@ -22,7 +23,7 @@ fn stdout_json(output: &Output) -> serde_json::Value {
 }
 
 /// A user error: exit code 2 and one line on stderr that contains `expected`.
-fn assert_user_error(output: &Output, expected: &str) {
+pub(crate) fn assert_user_error(output: &Output, expected: &str) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");

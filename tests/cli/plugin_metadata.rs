@@ -3,31 +3,15 @@
 //! config against its schema before the policy runs. Real components built from `plugins/`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use perennial_policy::builtin;
 
-fn perennial(args: &[&str]) -> Output {
-    let cache = std::env::temp_dir().join(format!("perennial-cli-test-cache-{}", std::process::id()));
-    Command::new(env!("CARGO_BIN_EXE_perennial"))
-        .args(args)
-        .env("PERENNIAL_CACHE_DIR", cache)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run perennial")
-}
+use crate::plugin::{assert_user_error, perennial};
 
 fn stdout(output: &Output) -> String {
     assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// A user error: exit code 2 and one line on stderr that contains `expected`.
-fn assert_user_error(output: &Output, expected: &str) {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.contains(expected), "{stderr:?} should contain {expected:?}");
 }
 
 /// A copy of the built test trigger (which carries no metadata) in `dir`.

@@ -14,7 +14,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use reqwest::{Client, Method, Response, StatusCode, Url};
 use serde::Deserialize;
 
-use crate::registry::{CONNECT_TIMEOUT, Options, READ_TIMEOUT, RegistryError, cause, denied};
+use crate::registry::{CONNECT_TIMEOUT, Options, READ_TIMEOUT, RegistryError, cause, denied, unanswered};
 use perennial_types::policy::{OciRef, is_this_machine};
 
 /// The most a manifest may be (containers/image's `MaxManifestBodySize`).
@@ -167,14 +167,7 @@ impl<'a> Session<'a> {
                 cause(err)
             ));
         }
-        let what = if err.is_timeout() {
-            "timed out".to_owned()
-        } else if err.is_connect() {
-            format!("cannot be reached ({})", cause(err))
-        } else {
-            cause(err)
-        };
-        RegistryError::Unreachable(format!("the registry {} {what}", self.oci.registry))
+        unanswered(&self.oci.registry, err)
     }
 
     /// `METHOD /v2/REPO/PATH`, authorized as the registry asks (once).

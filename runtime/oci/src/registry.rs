@@ -154,16 +154,7 @@ fn client(oci: &OciRef, options: &Options) -> Result<Client, RegistryError> {
 fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> RegistryError {
     let registry = &oci.registry;
     match err {
-        OciDistributionError::RequestError(err) => {
-            let what = if err.is_timeout() {
-                "timed out".to_owned()
-            } else if err.is_connect() {
-                format!("cannot be reached ({})", cause(err))
-            } else {
-                cause(err)
-            };
-            RegistryError::Unreachable(format!("the registry {registry} {what}"))
-        }
+        OciDistributionError::RequestError(err) => unanswered(registry, err),
         OciDistributionError::ServerError { code, .. } if *code >= 500 => {
             RegistryError::Unreachable(format!("the registry {registry} failed (HTTP {code})"))
         }
@@ -235,6 +226,19 @@ pub(crate) fn denied(oci: &OciRef, options: &Options) -> RegistryError {
 
 pub(crate) fn shown(path: &str) -> &str {
     if path.is_empty() { "no docker config.json" } else { path }
+}
+
+/// A request to `registry` that got no answer (a timeout, no connection, a broken one):
+/// `Unreachable`, so that a copy held may serve instead.
+pub(crate) fn unanswered(registry: &str, err: &reqwest::Error) -> RegistryError {
+    let what = if err.is_timeout() {
+        "timed out".to_owned()
+    } else if err.is_connect() {
+        format!("cannot be reached ({})", cause(err))
+    } else {
+        cause(err)
+    };
+    RegistryError::Unreachable(format!("the registry {registry} {what}"))
 }
 
 /// An error and its causes on one line (reqwest's own says only "error sending request").

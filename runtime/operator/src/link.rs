@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
+use serde::Deserialize as _;
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_rustls::rustls::ServerConfig;
@@ -190,8 +191,8 @@ impl NodeBook {
 fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Option<&Arc<Artifacts>>) -> NodeDesired {
     let mut desired = desired.clone();
     for job in desired.jobs.values_mut() {
-        let Some(config) = job.get("config").cloned() else { continue };
-        let Ok(config) = serde_json::from_value::<JobConfig>(config) else { continue };
+        // Read in place: no copy of the config per node and publish.
+        let Some(Ok(config)) = job.get("config").map(JobConfig::deserialize) else { continue };
         let mut offers = BTreeMap::new();
         for reference in config.policy_plugins() {
             if offers.contains_key(&reference.plugin) {

@@ -522,7 +522,7 @@ fn annotate(
     metadata_file: &std::path::Path,
     output: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let metadata =
         plugin_meta::read_file(metadata_file).map_err(|err| anyhow::anyhow!("{}: {err}", metadata_file.display()))?;
     let named = |err: String| anyhow::anyhow!("{}: {err}", component.display());
@@ -549,20 +549,11 @@ fn annotate(
     }
     let annotated = plugin_meta::annotated(&bytes, &scan, &metadata);
     let output = output.unwrap_or(component);
-    let dir = match output.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => std::path::Path::new("."),
-    };
-    let written = |err: std::io::Error| anyhow::anyhow!("{}: cannot write it: {err}", output.display());
-    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(written)?;
-    // The mode the file had (or the component's), not the temporary file's 0600.
-    let mode = std::fs::metadata(output).or_else(|_| std::fs::metadata(component)).map(|m| m.permissions());
-    if let Ok(mode) = mode {
-        file.as_file().set_permissions(mode).map_err(written)?;
-    }
-    file.write_all(&annotated).map_err(written)?;
-    file.as_file().sync_all().map_err(written)?;
-    file.persist(output).map_err(|err| written(err.error))?;
+    // A new output file takes the component's mode.
+    let mode =
+        std::fs::metadata(component).map(|m| m.permissions()).unwrap_or_else(|_| super::plugin_oci::readable_by_all());
+    super::plugin_oci::write_whole(output, &annotated, mode)
+        .map_err(|err| anyhow::anyhow!("{}: cannot write it: {err}", output.display()))?;
     println!(
         "annotated {}: {} {} ({kind}); sha256 {} (was {}: pin the new one)",
         output.display(),

@@ -120,30 +120,34 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<()> {
         let name = oci.repository.rsplit('/').next().unwrap_or("policy");
         PathBuf::from(format!("{name}.wasm"))
     });
-    write_whole(&output, &pulled.bytes).with_context(|| format!("writing {}", output.display()))?;
+    write_whole(&output, &pulled.bytes, readable_by_all()).with_context(|| format!("writing {}", output.display()))?;
     println!("pulled {oci} into {} ({} bytes)", output.display(), pulled.bytes.len());
     println!("  manifest  {}", pulled.manifest_digest);
     println!("  sha256    {}", pulled.component_sha256);
     Ok(())
 }
 
-/// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, renamed over
-/// it once written and synced. A failure (a full disk) leaves what was there. The file keeps the
-/// mode it had; a new one is 0644 (a component is no secret), not the temporary file's 0600.
-fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes a component to `path` whole or not at all: into a temporary file beside it, renamed
+/// over it once written and synced. A failure (a full disk) leaves what was there. The file keeps
+/// the mode it had; a new one gets `new_mode` (not the temporary file's 0600).
+pub(super) fn write_whole(path: &std::path::Path, bytes: &[u8], new_mode: std::fs::Permissions) -> std::io::Result<()> {
     use std::io::Write as _;
-    use std::os::unix::fs::PermissionsExt;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => std::path::Path::new("."),
     };
-    let mut file = tempfile::Builder::new().prefix(".perennial-pull-").suffix(".tmp").tempfile_in(dir)?;
-    let mode = std::fs::metadata(path).map(|m| m.permissions()).unwrap_or_else(|_| PermissionsExt::from_mode(0o644));
+    let mut file = tempfile::Builder::new().prefix(".perennial-").suffix(".tmp").tempfile_in(dir)?;
+    let mode = std::fs::metadata(path).map(|m| m.permissions()).unwrap_or(new_mode);
     file.as_file().set_permissions(mode)?;
     file.write_all(bytes)?;
     file.as_file().sync_all()?;
     file.persist(path).map_err(|err| err.error)?;
     Ok(())
+}
+
+/// A component is no secret: 0644.
+pub(super) fn readable_by_all() -> std::fs::Permissions {
+    std::os::unix::fs::PermissionsExt::from_mode(0o644)
 }
 
 #[cfg(feature = "edge")]
