@@ -1,8 +1,8 @@
 //! deploy/helm/perennial, the Helm chart, as a user meets it. `helm lint` passes. `helm template`
 //! renders what kustomize renders, object for object, parsed (not text): deploy/operator, with the
 //! CRDs; the namespaced values, deploy/operator-namespaced with watched/'s Role in the namespace
-//! watched; `edge.enabled`, deploy/edge; `operator.signKey`, deploy/operator's commented option
-//! taken in. On the real API server, `helm install` into a fresh namespace installs the operator,
+//! watched; `edge.enabled`, deploy/edge; `operator.signKey`, deploy/operator-compiling;
+//! `edge.trustKey`, deploy/edge-trusting. On the real API server, `helm install` into a fresh namespace installs the operator,
 //! whose Deployment rolls out with the test playing the kubelet (rollout.rs's: a real `perennial
 //! operator` for each pod, as the chart's ServiceAccount), the leader alone behind the chart's
 //! Service; `helm upgrade --set` rolls out the changed Deployment; `helm uninstall` takes away
@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
-use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -144,7 +143,10 @@ fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
             }
         }
         (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            for (index, (left, right)) in x.iter().zip(y).enumerate() {
+            // A list of named items (env, volumes, mounts) is a set to Kubernetes: a kustomize
+            // patch puts its items first, the chart where they read best.
+            let (x, y) = (by_name(x), by_name(y));
+            for (index, (left, right)) in x.iter().zip(&y).enumerate() {
                 differences(left, right, &format!("{path}/{index}"), out);
             }
         }
@@ -153,6 +155,15 @@ fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
         (left, right) if left == right => {}
         (left, right) => out.push(format!("{path}: kustomize {left}, helm {right}")),
     }
+}
+
+/// `items` sorted by their `name` when each has one; else as they are.
+fn by_name(items: &[Value]) -> Vec<&Value> {
+    let mut items: Vec<&Value> = items.iter().collect();
+    if items.iter().all(|item| item["name"].is_string()) {
+        items.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    }
+    items
 }
 
 /// The chart renders the same objects as kustomize, each equal but for who installed it.
@@ -254,63 +265,24 @@ fn edge_enabled_renders_what_deploy_edge_renders() {
     assert!(edge.is_empty(), "the edge agent is rendered without edge.enabled: {edge:?}");
 }
 
-/// `operator.signKey.secretName`: deploy/operator's Deployment with its commented signing-key
-/// lines uncommented, and the memory limit raised to 1Gi as their comment says.
+/// `operator.signKey.secretName`: deploy/operator-compiling's objects (the signing key, the
+/// artifacts' volume, the compiles' memory).
 #[test]
-fn the_signing_key_value_is_deploy_operators_commented_option() {
+fn the_signing_key_value_renders_what_deploy_operator_compiling_renders() {
     let cluster = cluster();
-    let copy = tempfile::tempdir().expect("tempdir");
-    for folder in ["deploy/operator", "deploy/crds"] {
-        copy_dir(&repo().join(folder), &copy.path().join(folder));
-    }
-    let file = copy.path().join("deploy/operator/base/deployment.yaml");
-    let text = std::fs::read_to_string(&file).expect("deployment.yaml");
-    std::fs::write(file, uncommented(&text)).expect("write");
-    let folder = copy.path().join("deploy/operator");
-    let mut kustomized = kustomize(cluster, &folder.display().to_string(), &["Namespace", "CustomResourceDefinition"]);
-    let mut expected = deployment(&kustomized).clone();
-    expected["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = json!("1Gi");
-    kustomized.retain(|_, object| object["kind"] != "Deployment");
-    kustomized.insert(id(&expected), expected);
+    let kustomized = kustomize(cluster, "deploy/operator-compiling", &["Namespace", "CustomResourceDefinition"]);
     let charted = objects(&template(cluster, &["--set=operator.signKey.secretName=perennial-policy-signing"]), &[]);
     assert_same_objects("the signing key", &kustomized, &charted);
 }
 
-/// Each commented list item (`# - name: ...`) and the commented lines that continue it, taken in.
-fn uncommented(text: &str) -> String {
-    let mut out = String::new();
-    // The column of the `#` of the item being taken in.
-    let mut item: Option<usize> = None;
-    for line in text.lines() {
-        let indent = line.len() - line.trim_start().len();
-        match line.trim_start().strip_prefix("# ") {
-            Some(rest) if rest.starts_with("- ") => {
-                item = Some(indent);
-                out.push_str(&format!("{}{rest}", &line[..indent]));
-            }
-            Some(rest) if item == Some(indent) && rest.starts_with(' ') => {
-                out.push_str(&format!("{}{rest}", &line[..indent]));
-            }
-            _ => {
-                item = None;
-                out.push_str(line);
-            }
-        }
-        out.push('\n');
-    }
-    out
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("a folder");
-    for entry in std::fs::read_dir(from).expect("read a folder").flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).expect("copy");
-        }
-    }
+/// `edge.trustKey.secretName`: deploy/edge-trusting's objects.
+#[test]
+fn the_trust_key_value_renders_what_deploy_edge_trusting_renders() {
+    let cluster = cluster();
+    let kustomized = kustomize(cluster, "deploy/edge-trusting", &[]);
+    let args = ["--set=edge.enabled=true", "--set=edge.trustKey.secretName=perennial-policy-trust"];
+    let charted = objects(&template(cluster, &[&args[..], &["--show-only=templates/edge.yaml"]].concat()), &[]);
+    assert_same_objects("the trust key", &kustomized, &charted);
 }
 
 // ---- On the API server ----

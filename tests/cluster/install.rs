@@ -5,7 +5,8 @@ use crate::harness::{cluster, repo};
 
 /// `kubectl apply -f deploy/crds/` and `kubectl apply -k deploy/operator`, client-side
 /// validation on, with each kubectl of `PERENNIAL_TEST_KUBECTL` (Debian's 1.20 and a current one
-/// in CI); applied twice, as an upgrade would (the last-applied annotation must fit).
+/// in CI); applied twice, as an upgrade would (the last-applied annotation must fit); and
+/// deploy/operator-compiling and deploy/edge-trusting valid to both.
 #[tokio::test]
 async fn the_crds_and_the_operator_apply_with_every_kubectl() {
     let cluster = cluster();
@@ -22,6 +23,17 @@ async fn the_crds_and_the_operator_apply_with_every_kubectl() {
         }
     }
     drop(applying);
+    // The installs that compile for the nodes and trust the compiles: valid as they are, to
+    // each kubectl and against the API server's schemas (a dry run: perennial-edge, which
+    // other tests make and remove, need not exist).
+    for kubectl in cluster.kubectls() {
+        for folder in ["deploy/operator-compiling", "deploy/edge-trusting"] {
+            let args = ["apply", "--dry-run=client", "--validate=true", "-k", folder];
+            let output = cluster.kubectl_with(&kubectl, &args);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success() && !stderr.contains("rror"), "{kubectl} {}: {stderr}", args.join(" "));
+        }
+    }
     let crd = cluster.kubectl_ok(&["get", "crd", "lifelonglearningjobs.sedna.io", "-o", "json"]);
     let crd: serde_json::Value = serde_json::from_str(&crd).expect("json");
     assert!(

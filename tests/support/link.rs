@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,6 +46,9 @@ pub struct TestCloud {
     /// Each chunk asked for: (sha256, offset, bytes served, the connection asking: its index in
     /// `platforms`).
     pub artifact_gets: Mutex<Vec<(String, u64, usize, usize)>>,
+    /// Chunks being read now, and the most read at once.
+    reading: AtomicUsize,
+    pub most_read_at_once: AtomicUsize,
 }
 
 impl TestCloud {
@@ -62,6 +66,8 @@ impl TestCloud {
             artifact_delay: Mutex::default(),
             platforms: Mutex::default(),
             artifact_gets: Mutex::default(),
+            reading: AtomicUsize::new(0),
+            most_read_at_once: AtomicUsize::new(0),
         }
     }
 
@@ -119,7 +125,10 @@ impl CloudSide for TestCloud {
     async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
         let connection = self.platforms.lock().unwrap().len().saturating_sub(1);
         let delay = *self.artifact_delay.lock().unwrap();
+        let now = self.reading.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_read_at_once.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(delay).await;
+        self.reading.fetch_sub(1, Ordering::SeqCst);
         let piece = self.artifacts.lock().unwrap().get(sha256).map(|bytes| {
             let from = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
             let to = from.saturating_add(max).min(bytes.len());

@@ -20,10 +20,21 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 
 /// VmRSS of a process, in MiB (NaN if it cannot be read).
 pub fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// RssAnon of a process, in MiB: the memory it holds, without the pages of its files (its
+/// program's code, read in as it first runs each part) that VmRSS also counts.
+#[allow(dead_code)]
+pub fn rss_anon_mib(pid: u32) -> f64 {
+    status_mib(pid, "RssAnon:")
+}
+
+fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }

@@ -65,6 +65,13 @@ pub fn daemonset() -> Option<&'static DaemonSet> {
     RENDERED.get_or_init(|| crate::kustomize("deploy/edge").map(|text| only_daemonset(&text))).as_ref()
 }
 
+/// `kubectl kustomize deploy/edge-trusting`'s DaemonSet (the agents running the operator's
+/// compiles), read once.
+pub fn trusting_daemonset() -> Option<&'static DaemonSet> {
+    static RENDERED: OnceLock<Option<DaemonSet>> = OnceLock::new();
+    RENDERED.get_or_init(|| crate::kustomize("deploy/edge-trusting").map(|text| only_daemonset(&text))).as_ref()
+}
+
 /// The rendered documents: the Namespace, the ServiceAccount, the operator's Role and its
 /// binding, and the DaemonSet.
 fn only_daemonset(text: &str) -> DaemonSet {
@@ -178,18 +185,8 @@ fn env_value<'a>(container: &'a Container, name: &str) -> &'a str {
 
 /// The mount that holds `path` (the deepest one) and its volume.
 fn mount_of<'a>(daemonset: &'a DaemonSet, path: &str) -> (&'a VolumeMount, &'a Volume) {
-    let holds = |mount: &&VolumeMount| {
-        let base = mount.mount_path.trim_end_matches('/');
-        path == base || path.starts_with(&format!("{base}/"))
-    };
-    let mounts = agent(daemonset).volume_mounts.iter().flatten();
-    let mount = mounts
-        .filter(holds)
-        .max_by_key(|m| m.mount_path.len())
-        .unwrap_or_else(|| panic!("nothing is mounted at {path}"));
-    let mut volumes = pod_spec(daemonset).volumes.iter().flatten();
-    let volume = volumes.find(|v| v.name == mount.name);
-    (mount, volume.unwrap_or_else(|| panic!("the mount at {} names no volume {}", mount.mount_path, mount.name)))
+    crate::mount_holding(pod_spec(daemonset), agent(daemonset), path)
+        .unwrap_or_else(|| panic!("nothing is mounted at {path}"))
 }
 
 #[test]
@@ -740,4 +737,39 @@ fn verify_with_systemd() {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Every path the agent is given is on a volume (its root filesystem is read-only), in both
+/// DaemonSets.
+#[test]
+fn every_path_the_agent_is_given_is_on_a_volume() {
+    for (folder, daemonset) in [("deploy/edge", daemonset()), ("deploy/edge-trusting", trusting_daemonset())] {
+        let Some(daemonset) = daemonset else { return };
+        let unmounted = crate::paths_on_no_volume(pod_spec(daemonset), agent(daemonset));
+        assert!(unmounted.is_empty(), "{folder}: on no volume: {unmounted:?}");
+    }
+}
+
+/// deploy/edge compiles on the node: its memory limit fits a Python policy's compile (~550 MiB).
+/// deploy/edge-trusting runs what the operator signed: the key from its Secret, and the memory of
+/// a node that compiles nothing; the rest as deploy/edge.
+#[test]
+fn the_trusting_agents_take_the_key_from_its_secret_and_compile_nothing() {
+    let (Some(compiling), Some(trusting)) = (daemonset(), trusting_daemonset()) else { return };
+    let limit = |daemonset: &DaemonSet| {
+        let limits = agent(daemonset).resources.as_ref().and_then(|r| r.limits.as_ref());
+        crate::bytes(&limits.and_then(|l| l.get("memory")).expect("a memory limit").0)
+    };
+    assert!(limit(compiling) >= 1 << 30, "deploy/edge compiles on the node: {} bytes", limit(compiling));
+    assert!(limit(trusting) <= 256 << 20, "deploy/edge-trusting compiles nothing: {} bytes", limit(trusting));
+
+    let key = env_value(agent(trusting), "PERENNIAL_TRUST_KEY");
+    let (mount, volume) = mount_of(trusting, key);
+    assert_eq!(mount.read_only, Some(true), "PERENNIAL_TRUST_KEY: mounted read only");
+    let secret = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref());
+    assert_eq!(secret, Some("perennial-policy-trust"), "PERENNIAL_TRUST_KEY: from its Secret");
+    assert!(!env(agent(compiling)).contains_key("PERENNIAL_TRUST_KEY"), "deploy/edge trusts no key");
+    let mut plain = env(agent(compiling));
+    plain.insert("PERENNIAL_TRUST_KEY", env(agent(trusting))["PERENNIAL_TRUST_KEY"]);
+    assert_eq!(env(agent(trusting)), plain, "deploy/edge-trusting's env: deploy/edge's and the key");
 }

@@ -15,6 +15,8 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use k8s_openapi::api::core::v1::{Container, PodSpec, Volume, VolumeMount};
+
 pub mod edge;
 #[cfg(test)]
 mod helm;
@@ -63,4 +65,43 @@ pub fn kustomize(folder: &str) -> Option<String> {
         String::from_utf8_lossy(&output.stderr)
     );
     Some(String::from_utf8(output.stdout).expect("kustomize prints UTF-8"))
+}
+
+/// The mount of `container` that holds `path` (the deepest one) and its volume in `pod`; `None`
+/// when nothing mounted holds it (it would be on the image's filesystem, read-only in deploy/).
+pub fn mount_holding<'a>(
+    pod: &'a PodSpec,
+    container: &'a Container,
+    path: &str,
+) -> Option<(&'a VolumeMount, &'a Volume)> {
+    let holds = |mount: &&VolumeMount| {
+        let base = mount.mount_path.trim_end_matches('/');
+        path == base || path.starts_with(&format!("{base}/"))
+    };
+    let mount = container.volume_mounts.iter().flatten().filter(holds).max_by_key(|m| m.mount_path.len())?;
+    let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name);
+    Some((mount, volume.unwrap_or_else(|| panic!("the mount at {} names no volume {}", mount.mount_path, mount.name))))
+}
+
+/// Each variable of `container` whose value is an absolute path that no mount holds.
+pub fn paths_on_no_volume(pod: &PodSpec, container: &Container) -> Vec<String> {
+    let paths = container.env.iter().flatten().filter_map(|var| Some((&var.name, var.value.as_deref()?)));
+    paths
+        .filter(|(_, value)| value.starts_with('/') && mount_holding(pod, container, value).is_none())
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect()
+}
+
+/// A quantity deploy/ writes (`64Mi`, `1Gi`, plain bytes), in bytes.
+pub fn bytes(quantity: &str) -> u64 {
+    let (number, unit) = quantity.split_at(quantity.find(|c: char| !c.is_ascii_digit()).unwrap_or(quantity.len()));
+    let number: u64 = number.parse().unwrap_or_else(|_| panic!("{quantity:?} is not a quantity deploy/ writes"));
+    let scale = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => panic!("{quantity:?}: the unit {other:?} is not one deploy/ writes"),
+    };
+    number * scale
 }

@@ -92,6 +92,13 @@ pub fn rendered_namespaced() -> Option<&'static Rendered> {
     RENDERED.get_or_init(|| crate::kustomize("deploy/operator-namespaced").map(|text| read(&text))).as_ref()
 }
 
+/// `kubectl kustomize deploy/operator-compiling` (the cluster-wide install compiling for the
+/// nodes), read once.
+pub fn rendered_compiling() -> Option<&'static Rendered> {
+    static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
+    RENDERED.get_or_init(|| crate::kustomize("deploy/operator-compiling").map(|text| read(&text))).as_ref()
+}
+
 /// `kubectl kustomize deploy/operator-namespaced/watched`, read once.
 fn rendered_watched() -> Option<&'static Rendered> {
     static RENDERED: OnceLock<Option<Rendered>> = OnceLock::new();
@@ -454,4 +461,67 @@ fn the_namespaced_install_grants_nothing_cluster_wide_but_reviews() {
     let binding = only(&watched.role_bindings, "RoleBinding");
     assert_eq!(binding.subjects.as_deref(), Some(std::slice::from_ref(&subject)), "RoleBinding subjects");
     assert_eq!((binding.role_ref.kind.as_str(), Some(&binding.role_ref.name)), ("Role", role.metadata.name.as_ref()));
+}
+
+/// Every path the operator is given is on a volume (its root filesystem is read-only), in each
+/// install.
+#[test]
+fn every_path_the_operator_is_given_is_on_a_volume() {
+    let installs = [
+        ("deploy/operator", rendered()),
+        ("deploy/operator-namespaced", rendered_namespaced()),
+        ("deploy/operator-compiling", rendered_compiling()),
+    ];
+    for (folder, rendered) in installs {
+        let Some(rendered) = rendered else { return };
+        let deployment = deployment(rendered);
+        let unmounted = crate::paths_on_no_volume(pod_spec(deployment), operator_container(deployment));
+        assert!(unmounted.is_empty(), "{folder}: on no volume: {unmounted:?}");
+    }
+}
+
+/// deploy/operator-compiling: the operator (not root) can read its signing key and no one else
+/// can; the artifacts (~30 MB a Python policy) are on a volume of their own, not the 64 MiB
+/// /tmp; the memory limit fits a Python policy's compile (~550 MiB, in a child process); the
+/// rest as deploy/operator.
+#[test]
+fn the_compiling_install_reads_its_key_and_has_room_for_the_compiles() {
+    let (Some(plain), Some(compiling)) = (rendered(), rendered_compiling()) else { return };
+    let deployment = deployment(compiling);
+    let (pod, container) = (pod_spec(deployment), operator_container(deployment));
+    let env = env(container);
+    let path = |name: &str| env.get(name).and_then(|v| v.value.as_deref()).unwrap_or_else(|| panic!("no {name}"));
+    let mounted =
+        |name: &str| crate::mount_holding(pod, container, path(name)).unwrap_or_else(|| panic!("{name}: on no volume"));
+
+    let (mount, volume) = mounted("PERENNIAL_SIGN_KEY");
+    assert_eq!(mount.read_only, Some(true), "the signing key: mounted read only");
+    let secret = volume.secret.as_ref().expect("the signing key: a Secret's file");
+    assert_eq!(secret.secret_name.as_deref(), Some("perennial-policy-signing"));
+    let mode = secret.default_mode.unwrap_or(0o644);
+    let security = pod.security_context.as_ref().expect("a pod security context");
+    // A Secret's files are root's, and the fsGroup's when one is set.
+    let operator_reads = security.run_as_user == Some(0)
+        || mode & 0o040 != 0 && security.fs_group.is_some() && security.fs_group == security.run_as_group;
+    assert!(
+        operator_reads,
+        "the operator (user {:?}) cannot read its key: mode {mode:o}, {security:?}",
+        security.run_as_user
+    );
+    assert_eq!(mode & 0o007, 0, "the signing key is readable by others: mode {mode:o}");
+
+    let (mount, volume) = mounted("PERENNIAL_ARTIFACT_DIR");
+    assert_ne!(mount.read_only, Some(true), "the artifacts are written");
+    let size = volume.empty_dir.as_ref().and_then(|dir| dir.size_limit.as_ref()).map(|q| crate::bytes(&q.0));
+    assert!(volume.name != "tmp" && size >= Some(1 << 30), "the artifacts' volume {}: {size:?} bytes", volume.name);
+
+    let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
+    let memory = crate::bytes(&limits.and_then(|l| l.get("memory")).expect("a memory limit").0);
+    assert!(memory >= 1 << 30, "the compiles' memory: a limit of {memory} bytes");
+
+    let mut expected = super::operator::env(operator_container(super::operator::deployment(plain)));
+    for name in ["PERENNIAL_SIGN_KEY", "PERENNIAL_ARTIFACT_DIR"] {
+        expected.insert(name.to_owned(), env[name]);
+    }
+    assert_eq!(env, expected, "deploy/operator-compiling's env: deploy/operator's and the compiles'");
 }

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 
 use super::desired::{DesiredSender, Kind};
 use super::heartbeat::{Heartbeat, HeartbeatAction};
-use super::messages::{ARTIFACT_CHUNK_BYTES, Message, PolicyPlatform, check_sha256};
+use super::messages::{ARTIFACT_CHUNK_BYTES, Message, PolicyPlatform, check_sha256, encode};
 use super::receiver::{Receiver, Verdict};
 use super::refusals::Refusals;
 use super::scope;
@@ -81,6 +81,9 @@ pub trait CloudSide: Send + Sync + 'static {
     ) -> impl Future<Output = Result<ArtifactPiece, String>> + Send {
         async { Err("this cloud serves no policy artifacts".into()) }
     }
+    /// An artifact's last chunk was sent to a node: the memory its transfer used may be given
+    /// back.
+    fn artifact_sent(&self) {}
 }
 
 pub struct ServerSettings {
@@ -102,7 +105,7 @@ type SessionLock = Arc<tokio::sync::Mutex<()>>;
 type Applying<'a> = Pin<Box<dyn Future<Output = (u64, Applied)> + Send + 'a>>;
 
 /// An artifact chunk being read: once read, the frame that answers its `artifactGet`.
-type Serving<'a> = Pin<Box<dyn Future<Output = Message> + Send + 'a>>;
+type Serving<'a> = Pin<Box<dyn Future<Output = Result<Answer, LinkError>> + Send + 'a>>;
 
 /// One running connection per node: a way to end it, and a lock its session holds.
 #[derive(Default)]
@@ -291,7 +294,12 @@ async fn connection<C: CloudSide>(
         tokio::select! {
             answer = async { serving.as_mut().expect("guarded by the branch's condition").await }, if serving.is_some() => {
                 serving = None;
-                write(&mut ws, &answer, interval * 2, &node).await?;
+                // Sent before the next chunk is read: the edge asks for one at a time.
+                let Answer { text, last, _sending } = answer?;
+                write_text(&mut ws, text, interval * 2, &node).await?;
+                if last {
+                    side.artifact_sent();
+                }
             }
             done = async { applying.as_mut().expect("guarded by the branch's condition").await }, if applying.is_some() => {
                 applying = None;
@@ -384,19 +392,43 @@ fn admit_artifact_get(fetches_artifacts: bool, sha256: &str, waiting: usize) -> 
     Ok(())
 }
 
+/// The artifact chunks read, encoded or being sent at once, over every connection: each holds a
+/// few MiB until it is sent (its bytes, their base64, the frame's text), so a fleet fetching a
+/// new policy at once costs the process at most this many.
+pub const ARTIFACT_SENDS_AT_ONCE: usize = 16;
+
+static ARTIFACT_SENDS: Semaphore = Semaphore::const_new(ARTIFACT_SENDS_AT_ONCE);
+
+/// An `artifactGet`'s answer, encoded, and its place among [`ARTIFACT_SENDS_AT_ONCE`] until sent.
+struct Answer {
+    text: String,
+    /// The artifact's last chunk.
+    last: bool,
+    _sending: SemaphorePermit<'static>,
+}
+
 /// The answer to an `artifactGet`: a chunk of at most [`ARTIFACT_CHUNK_BYTES`], or why not.
-async fn serve_artifact<C: CloudSide>(side: &C, node: &str, sha256: String, offset: u64) -> Message {
-    match side.artifact_chunk(&sha256, offset, ARTIFACT_CHUNK_BYTES).await {
+async fn serve_artifact<C: CloudSide>(side: &C, node: &str, sha256: String, offset: u64) -> Result<Answer, LinkError> {
+    let sending = ARTIFACT_SENDS.acquire().await.map_err(|err| LinkError::WebSocket(err.to_string()))?;
+    let (text, last) = match side.artifact_chunk(&sha256, offset, ARTIFACT_CHUNK_BYTES).await {
+        // A megabyte's base64 and JSON: made off the runtime's threads, which run the reconciles.
         Ok(ArtifactPiece { total, mut data }) => {
             data.truncate(ARTIFACT_CHUNK_BYTES);
-            let data = base64::engine::general_purpose::STANDARD.encode(&data);
-            Message::ArtifactChunk { sha256, offset, total, data }
+            let last = offset + data.len() as u64 >= total;
+            let text = tokio::task::spawn_blocking(move || {
+                let data = base64::engine::general_purpose::STANDARD.encode(&data);
+                encode(&Message::ArtifactChunk { sha256, offset, total, data })
+            })
+            .await
+            .map_err(|err| LinkError::WebSocket(format!("an artifact chunk's encoding stopped: {err}")))??;
+            (text, last)
         }
         Err(reason) => {
             tracing::warn!(node, sha256, offset, "an artifact the node asked for is not sent: {reason}");
-            Message::ArtifactMissing { sha256, reason }
+            (encode(&Message::ArtifactMissing { sha256, reason })?, false)
         }
-    }
+    };
+    Ok(Answer { text, last, _sending: sending })
 }
 
 /// Moves the sender from `before` to `after`.
@@ -415,7 +447,11 @@ fn sync_desired(sender: &mut DesiredSender, before: &NodeDesired, after: &NodeDe
 }
 
 async fn write(ws: &mut ServerStream, frame: &Message, limit: Duration, node: &str) -> Result<(), SessionError> {
-    match tokio::time::timeout(limit, socket::send(ws, frame)).await {
+    write_text(ws, encode(frame).map_err(LinkError::from)?, limit, node).await
+}
+
+async fn write_text(ws: &mut ServerStream, text: String, limit: Duration, node: &str) -> Result<(), SessionError> {
+    match tokio::time::timeout(limit, socket::send_text(ws, text)).await {
         Ok(sent) => Ok(sent?),
         Err(_) => Err(SessionError::Silent { node: node.to_owned() }),
     }

@@ -32,6 +32,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::protocol::frame::Frame as WsFrame;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::{self, Message as Frame};
 
 use super::handshake::{Accepted, HandshakeError, Welcomed, accept_hello, read_welcome};
@@ -155,11 +157,19 @@ fn digest(token: &str) -> [u8; 32] {
 /// a minute, and a larger frame grows the buffer as it needs.
 const READ_BUFFER_BYTES: usize = 8 * 1024;
 
+/// The largest frame sent: a longer message goes in fragments of this. tungstenite keeps each
+/// connection's write buffer (and the peer its read buffer) at the largest frame it ever
+/// handled, for the connection's life: an artifact's megabyte chunk sent whole would stay held
+/// per node that fetched one (gigabytes at fleet size).
+pub const FRAGMENT_BYTES: usize = 16 * 1024;
+
 fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
         .read_buffer_size(READ_BUFFER_BYTES)
+        // Written once a fragment is buffered, so the buffer stays about a fragment's size.
+        .write_buffer_size(FRAGMENT_BYTES)
 }
 
 /// Checks a bearer token that is not one of the static node tokens (e.g. through the
@@ -423,8 +433,31 @@ pub async fn send<S: AsyncRead + AsyncWrite + Unpin>(
     ws: &mut WebSocketStream<S>,
     message: &Message,
 ) -> Result<(), LinkError> {
-    let text = encode(message)?;
-    ws.send(Frame::text(text)).await.map_err(|err| LinkError::WebSocket(err.to_string()))
+    send_text(ws, encode(message)?).await
+}
+
+/// Sends a message already encoded (by [`encode`]): in fragments of [`FRAGMENT_BYTES`] when it
+/// is larger (one message to the peer all the same).
+pub async fn send_text<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: &mut WebSocketStream<S>,
+    text: String,
+) -> Result<(), LinkError> {
+    let failed = |err: tungstenite::Error| LinkError::WebSocket(err.to_string());
+    if text.len() <= FRAGMENT_BYTES {
+        return ws.send(Frame::text(text)).await.map_err(failed);
+    }
+    // Slices of one buffer: the fragments copy nothing.
+    let text = tungstenite::Bytes::from(text);
+    let mut opcode = OpCode::Data(Data::Text);
+    for start in (0..text.len()).step_by(FRAGMENT_BYTES) {
+        let end = (start + FRAGMENT_BYTES).min(text.len());
+        let fragment = WsFrame::message(text.slice(start..end), opcode, end == text.len());
+        // `feed` waits while the socket is full: the write buffer never holds more than a fragment
+        // beyond its threshold.
+        ws.feed(Frame::Frame(fragment)).await.map_err(failed)?;
+        opcode = OpCode::Data(Data::Continue);
+    }
+    ws.flush().await.map_err(failed)
 }
 
 /// The next message; `None` when the peer closed. WebSocket pings are answered by the library;
@@ -486,5 +519,32 @@ mod tests {
         tokio::io::AsyncWriteExt::write_all(&mut client, b"\x16\x03\x01 not http\r\n\r\n").await.expect("write");
         let err = read_request_head(&mut server, "peer").await.expect_err("not HTTP");
         assert!(err.to_string().contains("not an HTTP upgrade request"), "{err}");
+    }
+
+    /// A message larger than a fragment reaches the peer whole, though no frame on the wire is
+    /// larger than a fragment (the peer here refuses any larger frame); a small one in one frame.
+    #[tokio::test]
+    async fn a_long_message_goes_in_fragments_and_arrives_whole() {
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let mut server = WebSocketStream::from_raw_socket(server, Role::Server, Some(ws_config())).await;
+        // A frame's header is at most 14 bytes.
+        let strict = ws_config().max_frame_size(Some(FRAGMENT_BYTES + 14));
+        let mut client = WebSocketStream::from_raw_socket(client, Role::Client, Some(strict)).await;
+        let data: String = (0..3 * FRAGMENT_BYTES + 100).map(|n| char::from(b'a' + (n % 26) as u8)).collect();
+        let long = Message::ArtifactMissing { sha256: "0".repeat(64), reason: data };
+        let short = Message::Ping { nonce: 7 };
+        let sending = async {
+            send(&mut server, &long).await.expect("the long one");
+            send(&mut server, &short).await.expect("the short one");
+        };
+        let receiving = async {
+            let first = recv(&mut client).await.expect("a message whole").expect("not closed");
+            let second = recv(&mut client).await.expect("a message").expect("not closed");
+            (first, second)
+        };
+        let ((), (first, second)) = tokio::join!(sending, receiving);
+        assert_eq!(first, long);
+        assert_eq!(second, short);
     }
 }

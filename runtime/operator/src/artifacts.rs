@@ -203,16 +203,8 @@ impl Artifacts {
     pub async fn chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
         let path = self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(sha256).cloned();
         let path = path.ok_or_else(|| format!("this operator has no artifact {sha256}"))?;
-        tokio::task::spawn_blocking(move || {
-            let piece = read_piece(&path, offset, max);
-            // A whole artifact went through this process a piece at a time: give the pieces back.
-            if piece.as_ref().is_ok_and(|piece| offset + piece.data.len() as u64 >= piece.total) {
-                release_freed_memory();
-            }
-            piece
-        })
-        .await
-        .map_err(|err| err.to_string())?
+        // Freed memory is given back once the last piece is sent (the link's `artifact_sent`).
+        tokio::task::spawn_blocking(move || read_piece(&path, offset, max)).await.map_err(|err| err.to_string())?
     }
 
     /// A sound artifact for `key` left by an earlier compile (this run or an earlier one).
@@ -304,7 +296,10 @@ impl Artifacts {
         if size > MAX_ARTIFACT_BYTES {
             return Err(format!("the artifact is {size} bytes, over the {MAX_ARTIFACT_BYTES} byte limit"));
         }
-        let checked = self.check(&made, key)?;
+        let checked = self.check(&made, key);
+        // The check read the whole artifact, a megabyte at a time.
+        release_freed_memory();
+        let checked = checked?;
         let path = self.dir.join(key.file_name());
         std::fs::rename(&made, &path).map_err(|err| format!("{}: {err}", path.display()))?;
         Ok((checked, path))

@@ -389,6 +389,12 @@ impl CloudSide for OperatorSide {
     async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
         self.book.artifact_chunk(sha256, offset, max).await
     }
+
+    fn artifact_sent(&self) {
+        // A whole artifact went through this process a megabyte at a time (glibc keeps what a
+        // thread freed): give it back. Off the runtime's threads: a trim walks every arena.
+        tokio::task::spawn_blocking(perennial_artifact::child::release_freed_memory);
+    }
 }
 
 /// The reported kinds as the status holds them: read through their type, so that a report and

@@ -397,8 +397,10 @@ mod artifacts {
     use std::time::Duration;
 
     use perennial_edge::sqlite::Store;
+    use perennial_link::cloud_server::ARTIFACT_SENDS_AT_ONCE;
     use perennial_link::edge_client::{self, ClientSettings};
     use perennial_link::handshake::hello;
+    use perennial_link::socket::NodeTokens;
     use perennial_link::socket::{self, client_tls};
     use perennial_link::{ARTIFACT_CHUNK_BYTES, DownloadError, Downloads, Message, PolicyPlatform, sha256_hex};
     use tokio::sync::{Notify, watch};
@@ -429,14 +431,25 @@ mod artifacts {
         dir: &std::path::Path,
         policy_platform: Option<PolicyPlatform>,
     ) -> (Edge, Arc<Downloads>) {
+        start_fetching_node(pki, url, dir, policy_platform, ("edge-1", "token-one"))
+    }
+
+    /// [`start_fetching_edge`] as `node`, with its token.
+    fn start_fetching_node(
+        pki: &Pki,
+        url: String,
+        dir: &std::path::Path,
+        policy_platform: Option<PolicyPlatform>,
+        (node, token): (&str, &str),
+    ) -> (Edge, Arc<Downloads>) {
         let downloads = Downloads::new(dir.join("artifacts")).expect("downloads");
         let store = Arc::new(Mutex::new(Store::open(&dir.join("edge.db")).expect("edge db")));
         let settings = ClientSettings {
             url,
             server_name: None,
-            token: "token-one".into(),
+            token: token.into(),
             tls: client_tls(pki.ca_pem.as_bytes()).expect("client TLS"),
-            node: "edge-1".into(),
+            node: node.into(),
             min_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_millis(200),
             policy_platform,
@@ -507,6 +520,44 @@ mod artifacts {
         assert!(std::fs::read(downloads.dir().join(format!("{sha}.bin"))).expect("read") == bytes);
         assert_eq!(*side.platforms.lock().unwrap(), [("edge-1".to_owned(), Some(platform()))]);
         stop(edge).await;
+    }
+
+    /// A fleet fetching a new policy at once: the cloud reads (and holds, until sent) at most
+    /// `ARTIFACT_SENDS_AT_ONCE` chunks, whatever the number of nodes; each node gets it whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fleet_fetching_at_once_costs_the_cloud_a_bounded_number_of_chunks() {
+        const NODES: usize = 24;
+        let pki = pki();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+        let (sha, bytes) = artifact(2 * MIB, 5);
+        side.artifacts.lock().unwrap().insert(sha.clone(), bytes.clone());
+        *side.artifact_delay.lock().unwrap() = Duration::from_millis(200);
+        let cloud = start_cloud(&pki, side.clone(), 2).await;
+        let nodes: Vec<(String, String)> = (0..NODES).map(|n| (format!("node-{n}"), format!("token-{n}"))).collect();
+        let tokens = NodeTokens::new(nodes.iter().map(|(node, token)| (node.as_str(), token.as_str())));
+        cloud.tokens.send_replace(Arc::new(tokens));
+        let url = format!("wss://localhost:{}/v1/link", cloud.address.port());
+        let mut edges = Vec::new();
+        let mut fetches = Vec::new();
+        for (node, token) in &nodes {
+            let folder = dir.path().join(node);
+            std::fs::create_dir_all(&folder).expect("a node's folder");
+            let (edge, downloads) = start_fetching_node(&pki, url.clone(), &folder, Some(platform()), (node, token));
+            fetches.push(fetch(&downloads, &sha, 2 * MIB, Duration::from_secs(60)));
+            edges.push(edge);
+        }
+        for fetched in fetches {
+            assert!(fetched.await.expect("join").expect("the artifact") == bytes, "every node gets it whole");
+        }
+        let most = side.most_read_at_once.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            (2..=ARTIFACT_SENDS_AT_ONCE).contains(&most),
+            "{most} chunks read at once for {NODES} nodes (at most {ARTIFACT_SENDS_AT_ONCE})"
+        );
+        for edge in edges {
+            stop(edge).await;
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
