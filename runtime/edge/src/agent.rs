@@ -163,7 +163,8 @@ async fn load_saying<K: Kind>(
             say(valid.sha256.as_deref().unwrap_or_default());
             // What the fetch says (a registry down, a kept copy serving) names the job.
             let span = tracing::info_span!("policy", job = %job.name);
-            let bytes = tracing::Instrument::instrument(host.fetch_ref(&valid), span).await?;
+            let bytes =
+                tracing::Instrument::instrument(host.fetch_ref_for_job(&valid, &job.registry_auth), span).await?;
             // A precompiled artifact's own digest is not the component's: said once loaded.
             if !artifact::is_artifact(&bytes) {
                 say(&artifact::sha256_hex(&bytes));

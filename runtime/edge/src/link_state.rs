@@ -31,6 +31,20 @@ pub fn desired_jobs(store: &Store) -> Result<Vec<NodeJob>, rusqlite::Error> {
     Ok(jobs)
 }
 
+/// A desired job as this node keeps it: without its registry logins (`config.registryAuth`),
+/// which live in memory only. After a restart, the components they pulled serve from the copies
+/// kept by digest until the link brings them again.
+fn kept_form(object: &Value) -> std::borrow::Cow<'_, Value> {
+    if object.pointer("/config/registryAuth").is_none() {
+        return std::borrow::Cow::Borrowed(object);
+    }
+    let mut kept = object.clone();
+    if let Some(config) = kept.get_mut("config").and_then(Value::as_object_mut) {
+        config.remove("registryAuth");
+    }
+    std::borrow::Cow::Owned(kept)
+}
+
 fn sql(err: rusqlite::Error) -> String {
     format!("edge state database: {err}")
 }
@@ -117,7 +131,7 @@ impl EdgeState for Store {
             };
             tx.execute(
                 "INSERT OR REPLACE INTO desired (kind, key, body) VALUES ('job', ?1, ?2)",
-                params![key, object.to_string()],
+                params![key, kept_form(object).to_string()],
             )
             .map_err(sql)?;
             register_in(&tx, key, &job.metadata.uid, &job.config.spec).map_err(sql)?;
@@ -146,5 +160,22 @@ impl EdgeState for Store {
         }
         tx.execute("UPDATE link SET desired_seq = ?1", [changes.seq as i64]).map_err(sql)?;
         tx.commit().map_err(sql)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_kept_without_its_registry_logins() {
+        let login = serde_json::json!({"secret": "ml/regcred", "username": "ann", "password": "pw-9"});
+        let object = serde_json::json!({"metadata": {"name": "j"}, "config": {
+            "name": "ml/j", "registryAuth": {"logins": {"127.0.0.1:5000": login}}}});
+        let kept = kept_form(&object).to_string();
+        assert!(!kept.contains("pw-9") && !kept.contains("registryAuth"), "{kept}");
+        assert!(kept.contains("ml/j"), "{kept}");
+        let plain = serde_json::json!({"config": {"name": "ml/j"}});
+        assert!(matches!(kept_form(&plain), std::borrow::Cow::Borrowed(_)), "no copy when there is nothing to strip");
     }
 }

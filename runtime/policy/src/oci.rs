@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::engine::COMPONENT_READ;
-use perennial_oci::{OciRef, Options, RegistryError};
+use perennial_oci::{Credentials, OciRef, Options, RegistryError};
+use perennial_types::RegistryAuth;
 
 /// Components pulled from registries, by SHA-256 (`<hex>.wasm`), and which component each
 /// manifest digest pulled held (`manifests/<hex>`: a manifest named by digest never changes).
@@ -92,11 +93,46 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
     Ok(())
 }
 
+/// How to reach `oci`'s registry: with the job's login for it (from its `imagePullSecrets`),
+/// preferred over this machine's docker `config.json` (not even read then); else with that file's.
+fn options(oci: &OciRef, auth: Option<&RegistryAuth>) -> Result<Options, String> {
+    let (max_bytes, timeout) = (COMPONENT_READ.max_bytes, COMPONENT_READ.timeout);
+    match auth.and_then(|auth| auth.login(&oci.registry)) {
+        Some(login) => Ok(Options {
+            credentials: Some(Credentials {
+                username: login.username.clone(),
+                password: login.password.expose().into(),
+            }),
+            credentials_from: format!("the Secret {} (the job's imagePullSecrets)", login.secret),
+            ..Options::anonymous(max_bytes, timeout)
+        }),
+        None => Options::from_docker_config(oci, max_bytes, timeout),
+    }
+}
+
 /// Pulls `oci` (checked against `sha256`, the component's pin, if given), or, when the registry
-/// cannot be reached, takes the pinned component from `store`. The message of a failure names
-/// what to do; it never holds a credential.
-pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentStore>) -> Result<Vec<u8>, String> {
-    let options = Options::from_docker_config(oci, COMPONENT_READ.max_bytes, COMPONENT_READ.timeout)?;
+/// cannot be reached, takes the pinned component from `store`; with the job's registry logins
+/// (`auth`) if it has some. The message of a failure names what to do, and the job's Secrets that
+/// gave nothing; it never holds a credential.
+pub async fn fetch(
+    oci: &OciRef,
+    sha256: Option<&str>,
+    store: Option<&ComponentStore>,
+    auth: Option<&RegistryAuth>,
+) -> Result<Vec<u8>, String> {
+    let problems = auth.map(|auth| &auth.problems[..]).unwrap_or_default();
+    pull_or_keep(oci, sha256, store, auth).await.map_err(|err| {
+        if problems.is_empty() { err } else { format!("{err} (the job's imagePullSecrets: {})", problems.join("; ")) }
+    })
+}
+
+async fn pull_or_keep(
+    oci: &OciRef,
+    sha256: Option<&str>,
+    store: Option<&ComponentStore>,
+    auth: Option<&RegistryAuth>,
+) -> Result<Vec<u8>, String> {
+    let options = options(oci, auth)?;
     // The component the reference pins: its `sha256:`, else what its manifest digest held.
     let pinned = sha256
         .map(str::to_owned)
