@@ -719,7 +719,7 @@ mod tests {
         Arc::make_mut(job.jobs.get_mut("ml/a").unwrap())["metadata"]["uid"] = json!("u1");
         book.set("edge-1", job);
         book.set("edge-2", with_config("b"));
-        let (mut one, mut two) = (book.subscribe("edge-1"), book.subscribe("edge-2"));
+        let (mut one, two) = (book.subscribe("edge-1"), book.subscribe("edge-2"));
         let auth_of = |seen: &mut watch::Receiver<Arc<NodeDesired>>, key: &str| {
             seen.borrow_and_update().jobs[key]["config"].get("registryAuth").cloned()
         };

@@ -335,28 +335,29 @@ mod tests {
     #[test]
     fn a_bad_secret_is_named_and_never_quoted() {
         let password = "Sup3r-s3cret";
-        let refused = |secret: Secret| logins_of(&secret, "ml/regcred", &hosts()).unwrap_err();
-        let err = refused(secret(DOCKER_CONFIG_JSON.0, ".dockerconfigjson", &format!(r#"{{"auths": {{"{password}"#)));
-        assert!(
-            err.starts_with("the Secret ml/regcred (imagePullSecrets): its .dockerconfigjson is not a docker config"),
-            "{err}"
-        );
+        let mut said = Vec::new();
+        let mut refused = |secret: Secret| {
+            let err = logins_of(&secret, "ml/regcred", &hosts()).unwrap_err();
+            said.push(err.clone());
+            err
+        };
+        let config = |data: &str| secret(DOCKER_CONFIG_JSON.0, ".dockerconfigjson", data);
+        let err = refused(config(&format!(r#"{{"auths": {{"{password}"#)));
+        let start = "the Secret ml/regcred (imagePullSecrets): its .dockerconfigjson is not a docker config";
+        assert!(err.starts_with(start), "{err}");
         let err = refused(secret(DOCKER_CONFIG_JSON.0, ".dockercfg", "{}"));
         assert_eq!(err, "the Secret ml/regcred (imagePullSecrets) has no .dockerconfigjson key");
         let err = refused(secret("Opaque", ".dockerconfigjson", "{}"));
         assert!(err.contains("is of type Opaque, not kubernetes.io/dockerconfigjson"), "{err}");
         let err = refused(Secret { type_: Some(DOCKER_CONFIG_JSON.0.into()), ..Secret::default() });
         assert!(err.ends_with("has no .dockerconfigjson key"), "{err}");
-        let json = format!(r#"{{"auths": {{"{HOST}": {{"auth": "{password}!"}}}}}}"#);
-        let err = refused(secret(DOCKER_CONFIG_JSON.0, ".dockerconfigjson", &json));
+        let err = refused(config(&format!(r#"{{"auths": {{"{HOST}": {{"auth": "{password}!"}}}}}}"#)));
         assert!(err.ends_with(&format!("auths entry for {HOST} has an auth that is not base64")), "{err}");
-        let json = format!(r#"{{"auths": {{"{HOST}": {{"auth": "{}"}}}}}}"#, base64(password));
-        let err = refused(secret(DOCKER_CONFIG_JSON.0, ".dockerconfigjson", &json));
+        let err = refused(config(&format!(r#"{{"auths": {{"{HOST}": {{"auth": "{}"}}}}}}"#, base64(password))));
         assert!(err.ends_with("has an auth that is not base64 of user:password"), "{err}");
-        let json = format!(r#"{{"auths": {{"{HOST}": {{"username": "ann"}}}}}}"#);
-        let err = refused(secret(DOCKER_CONFIG_JSON.0, ".dockerconfigjson", &json));
+        let err = refused(config(&format!(r#"{{"auths": {{"{HOST}": {{"username": "ann"}}}}}}"#)));
         assert!(err.ends_with("has neither an auth nor a username and password"), "{err}");
-        for err in [err] {
+        for err in said {
             assert!(!err.contains(password) && !err.contains(&base64(password)), "{err}");
         }
     }
