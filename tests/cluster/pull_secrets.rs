@@ -121,11 +121,11 @@ async fn a_private_oci_policy_is_pulled_with_the_jobs_image_pull_secret_never_lo
     let nobody = world.file("no-docker-config").display().to_string();
     let link_port = free_port();
     let trace = [("RUST_LOG", "trace,hyper=debug,h2=debug,rustls=debug"), ("DOCKER_CONFIG", nobody.as_str())];
-    let _operator = world.start_operator_env("pull", (free_port(), link_port), &[], &trace);
+    let operator = world.start_operator_env("pull", (free_port(), link_port), &[], &trace);
     let edge_cache = world.file("edge-cache").display().to_string();
     let mut env = trace.to_vec();
     env.push(("PERENNIAL_CACHE_DIR", edge_cache.as_str()));
-    let _edge = world.start_edge_with(link_port, &[], &env);
+    let edge = world.start_edge_with(link_port, &[], &env);
     let _kubelet = world.kubelet();
     let policy = serde_json::json!({
         "plugin": reference, "sha256": sha256,
@@ -169,6 +169,26 @@ async fn a_private_oci_policy_is_pulled_with_the_jobs_image_pull_secret_never_lo
     let events = world.cluster.kubectl_ok(&["-n", &world.namespace, "get", "events", "-o", "json"]);
     assert!(events.contains("RegistryCredentials") && events.contains(&missing), "no Event said it:\n{events}");
     assert!(!events.contains(PASSWORD));
+
+    // The agent restarted while the operator is away: the login was not kept, and the component
+    // kept by its digest serves the job.
+    drop((operator, edge));
+    let _edge = world.start_edge_with(link_port, &[], &env);
+    let restarted = world.file("edge-1.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = std::fs::read_to_string(&restarted).unwrap_or_default();
+        if log.contains("is served from the copy kept in") {
+            assert!(log.contains("is not kept on this node"), "{log}");
+            // The job then starts on it (a refusal would follow at once).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let log = std::fs::read_to_string(&restarted).unwrap_or_default();
+            assert!(!log.contains("cannot run on this node yet"), "{log}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted agent does not serve the kept copy:\n{log}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     nowhere(&world, &[&world.file("edge-state"), Path::new(&edge_cache)]);
 }
 

@@ -726,7 +726,7 @@ mod tests {
         assert_eq!(auth_of(&mut one, "ml/a"), None);
         let login =
             RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw") };
-        let auth = RegistryAuth { logins: BTreeMap::from([("127.0.0.1:5000".into(), login)]), problems: vec![] };
+        let auth = RegistryAuth { logins: BTreeMap::from([("127.0.0.1:5000".into(), login)]), ..Default::default() };
         pull_secrets.set("ml/a", "u1", auth);
         book.refresh_jobs(&BTreeSet::from(["ml/a".to_owned()]));
         assert!(one.has_changed().unwrap() && !two.has_changed().unwrap(), "only the job's node hears of it");

@@ -173,8 +173,30 @@ async fn pull_or_keep(
                 _ => Err(err.to_string()),
             }
         }
+        // Refused for want of the job's login, which this node does not keep (read back from its
+        // state, before the link brings it again): the pinned component, if kept, serves.
+        Err(err @ RegistryError::Denied(_)) if withheld(oci, auth) => match (pinned.as_deref(), store) {
+            (Some(sha), Some(store)) => match store.kept(sha) {
+                Kept::Intact(bytes) => {
+                    tracing::warn!(
+                        "{oci}: the job's login for {} is not kept on this node and the link has not brought it \
+                         yet; the component it pins (sha256 {sha}) is served from the copy kept in {}",
+                        oci.registry,
+                        store.dir().display()
+                    );
+                    Ok(bytes)
+                }
+                Kept::Damaged | Kept::Absent => Err(err.to_string()),
+            },
+            _ => Err(err.to_string()),
+        },
         Err(err) => Err(err.to_string()),
     }
+}
+
+/// Whether the job had a login for `oci`'s registry that this node did not keep.
+fn withheld(oci: &OciRef, auth: Option<&RegistryAuth>) -> bool {
+    auth.is_some_and(|auth| auth.login(&oci.registry).is_none() && auth.withheld.contains(&oci.registry))
 }
 
 #[cfg(test)]

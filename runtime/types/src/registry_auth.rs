@@ -3,7 +3,7 @@
 //! job's config. Only the entries for the registries the job's references name; never stored by
 //! the edge; never shown (`Debug` hides each password, and nothing here has a `Display`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -16,11 +16,23 @@ pub struct RegistryAuth {
     pub logins: BTreeMap<String, RegistryLogin>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// The registries whose login the job had and this node did not keep (the job as read back
+    /// from the edge's state): a pull refused for want of it may take the copy kept by digest,
+    /// until the link brings the login again.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub withheld: BTreeSet<String>,
 }
 
 impl RegistryAuth {
     pub fn is_empty(&self) -> bool {
-        self.logins.is_empty() && self.problems.is_empty()
+        self.logins.is_empty() && self.problems.is_empty() && self.withheld.is_empty()
+    }
+
+    /// What a node keeps of it: the registries of its logins, as withheld; nothing else.
+    pub fn kept_form(&self) -> RegistryAuth {
+        let mut withheld = self.withheld.clone();
+        withheld.extend(self.logins.keys().cloned());
+        RegistryAuth { withheld, ..RegistryAuth::default() }
     }
 
     /// The login for `registry`, if a Secret gave one.
@@ -68,12 +80,15 @@ mod tests {
     fn the_password_travels_and_is_never_shown() {
         let login =
             RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw-9") };
-        let auth = RegistryAuth { logins: BTreeMap::from([("127.0.0.1:5000".into(), login)]), problems: vec![] };
+        let auth = RegistryAuth { logins: BTreeMap::from([("127.0.0.1:5000".into(), login)]), ..Default::default() };
         let shown = format!("{auth:?} {auth:#?}");
         assert!(!shown.contains("pw-9") && shown.contains("<hidden>") && shown.contains("ml/regcred"), "{shown}");
         let wire = serde_json::to_value(&auth).unwrap();
         assert_eq!(wire["logins"]["127.0.0.1:5000"]["password"], "pw-9");
         assert_eq!(serde_json::from_value::<RegistryAuth>(wire).unwrap(), auth);
         assert!(RegistryAuth::default().is_empty());
+        let kept = auth.kept_form();
+        assert_eq!(kept.withheld, BTreeSet::from(["127.0.0.1:5000".to_owned()]));
+        assert!(kept.logins.is_empty() && !serde_json::to_string(&kept).unwrap().contains("pw-9"));
     }
 }
