@@ -204,6 +204,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_jobs_login_for_the_registry_is_used_and_named_never_shown() {
+        use perennial_types::{Password, RegistryLogin};
+        let oci = OciRef::parse("127.0.0.1:5000/team/trigger:v1").unwrap();
+        let login =
+            RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw-9") };
+        let mut auth = RegistryAuth::default();
+        auth.logins.insert("127.0.0.1:5000".into(), login);
+        let options = options(&oci, Some(&auth)).unwrap();
+        assert_eq!(options.credentials.as_ref().map(|c| c.username.as_str()), Some("ann"));
+        assert_eq!(options.credentials_from, "the Secret ml/regcred (the job's imagePullSecrets)");
+        assert!(!format!("{options:?} {auth:?}").contains("pw-9"));
+        assert!(!withheld(&oci, Some(&auth)), "a login held is used, not withheld");
+        let kept = auth.kept_form();
+        assert!(withheld(&oci, Some(&kept)), "read back from the edge's state: withheld");
+        let other = OciRef::parse("ghcr.io/team/trigger:v1").unwrap();
+        assert!(!withheld(&other, Some(&kept)) && !withheld(&oci, None));
+    }
+
+    #[test]
     fn a_damaged_copy_is_told_and_removed() {
         let dir = tempfile::tempdir().unwrap();
         let store = ComponentStore::new(dir.path().to_owned());
