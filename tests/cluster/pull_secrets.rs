@@ -198,7 +198,7 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
     let world = World::new("pullc").await;
     let (reference, sha256) = push_trigger(&registry, &world);
     let nobody = world.file("no-docker-config").display().to_string();
-    create_pull_secret(&world, &registry, PASSWORD);
+    create_pull_secret(&world, &registry, &format!("{PASSWORD}-wrong"));
 
     let keys = world.file("operator").display().to_string();
     perennial(&["plugin", "keygen", &keys], Path::new(&nobody));
@@ -226,6 +226,18 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
         "config": {"condition": {"operator": ">=", "threshold": 50}}
     });
     world.apply_job_pulling(50, Some(policy), &[SECRET]);
+    // A wrong password: the operator's compile is refused, naming the user and the Secret (not
+    // the temporary docker config it pulled with), never the password.
+    let said = until_trigger(&world, "said the compile's credentials were refused", |trigger| {
+        trigger["message"].as_str().is_some_and(|message| message.contains("refused the credentials"))
+    })
+    .await;
+    let message = said["message"].as_str().unwrap_or_default();
+    let from = format!("user \"{USER}\" (from the Secret {}/{SECRET} (the job's imagePullSecrets))", world.namespace);
+    assert!(message.contains(&from) && !message.contains(PASSWORD), "{message}");
+    // Fixed: compiled once the refusal is tried again (a minute), and the round runs on it.
+    create_pull_secret(&world, &registry, PASSWORD);
+    touch_job(&world, "1");
     world.append_samples(100);
     world.until_deployed(1, Duration::from_secs(240)).await;
     let serving = until_trigger(&world, "served", |trigger| trigger["health"] == "Serving").await;

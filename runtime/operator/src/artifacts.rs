@@ -297,8 +297,8 @@ impl Artifacts {
         let out = tempfile::tempdir_in(self.dir.join("tmp")).map_err(|err| format!("a working folder: {err}"))?;
         let mut command = Command::new(&self.exe);
         // The job's login reaches the child as a docker config of its own (never on its command
-        // line), removed when the compile ends (`_docker_config` dropped).
-        let _docker_config = match (login, plugin_registry(plugin)) {
+        // line), removed when the compile ends (`docker_config` dropped).
+        let docker_config = match (login, plugin_registry(plugin)) {
             (Some(login), Some(registry)) => {
                 let dir = docker_config_with(&registry, login)
                     .map_err(|err| format!("a docker config for the job's login to {registry}: {err}"))?;
@@ -317,7 +317,14 @@ impl Artifacts {
         }
         // The lowest priority: the operator's reconciles (and the API server beside it) come
         // first; a compile is never what a round waits for.
-        run_low_priority(command, &[], Priority::Idle)?;
+        run_low_priority(command, &[], Priority::Idle).map_err(|err| match (&docker_config, login) {
+            // A refusal names the docker config it pulled with: the job's Secret, not a temporary file.
+            (Some(dir), Some(login)) => err.replace(
+                &dir.path().join("config.json").display().to_string(),
+                &format!("the Secret {} (the job's imagePullSecrets)", login.secret),
+            ),
+            _ => err,
+        })?;
         let made = std::fs::read_dir(out.path())
             .map_err(|err| err.to_string())?
             .filter_map(Result::ok)
