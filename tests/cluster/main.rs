@@ -37,6 +37,7 @@ mod helm;
 mod identity;
 mod install;
 mod oci;
+mod pull_secrets;
 mod rbac;
 mod restart;
 mod rollout;

@@ -123,6 +123,18 @@ impl World {
 
     /// [`World::start_operator_at`] with some flags given other values (`("--namespace", "a,b")`).
     pub fn start_operator_with(&self, identity: &str, ports: (u16, u16), overrides: &[(&str, &str)]) -> Operator {
+        self.start_operator_env(identity, ports, overrides, &[])
+    }
+
+    /// [`World::start_operator_with`] with some environment (`RUST_LOG` given replaces the
+    /// default one).
+    pub fn start_operator_env(
+        &self,
+        identity: &str,
+        ports: (u16, u16),
+        overrides: &[(&str, &str)],
+        env: &[(&str, &str)],
+    ) -> Operator {
         let (metrics_port, link_port) = ports;
         let file = |name: &str| self.file(name).display().to_string();
         let mut args: Vec<String> = [
@@ -161,7 +173,11 @@ impl World {
             }
         }
         let log = self.file(&format!("operator-{identity}-{}.log", self.operator_logs.fetch_add(1, Ordering::SeqCst)));
-        let process = Process::start(&args, log, &[("RUST_LOG", "info,perennial=debug")]);
+        let mut env = env.to_vec();
+        if !env.iter().any(|(name, _)| *name == "RUST_LOG") {
+            env.push(("RUST_LOG", "info,perennial=debug"));
+        }
+        let process = Process::start(&args, log, &env);
         Operator { process, metrics_port, link_port }
     }
 
@@ -196,7 +212,9 @@ impl World {
         .to_vec();
         args.extend(more.iter().map(|arg| (*arg).to_owned()));
         let mut env = env.to_vec();
-        env.push(("RUST_LOG", "info,perennial=debug"));
+        if !env.iter().any(|(name, _)| *name == "RUST_LOG") {
+            env.push(("RUST_LOG", "info,perennial=debug"));
+        }
         let log = match self.edge_logs.fetch_add(1, Ordering::SeqCst) {
             0 => self.file("edge.log"),
             n => self.file(&format!("edge-{n}.log")),
@@ -212,10 +230,26 @@ impl World {
 
     /// [`World::apply_job`] with `policy` as the trigger's policy reference.
     pub fn apply_job_with_trigger(&self, threshold: u32, policy: Option<serde_json::Value>) {
+        self.apply_job_pulling(threshold, policy, &[]);
+    }
+
+    /// [`World::apply_job_with_trigger`] with `pull_secrets` as the `imagePullSecrets` of the
+    /// train template (and the first of them the inference template's too).
+    pub fn apply_job_pulling(&self, threshold: u32, policy: Option<serde_json::Value>, pull_secrets: &[&str]) {
         let template = |name: &str| {
-            json!({"spec": {"nodeName": self.node, "containers": [
+            let mut template = json!({"spec": {"nodeName": self.node, "containers": [
                 {"name": name, "image": "kubeedge/sedna-example-lifelong-learning-atcii-classifier:v0.5.0",
-                 "args": [format!("{name}.py")], "env": [{"name": "metric_name", "value": "mlogloss"}]}]}})
+                 "args": [format!("{name}.py")], "env": [{"name": "metric_name", "value": "mlogloss"}]}]}});
+            let named: Vec<&str> = match name {
+                "train" => pull_secrets.to_vec(),
+                "infer" => pull_secrets.iter().take(1).copied().collect(),
+                _ => vec![],
+            };
+            if !named.is_empty() {
+                let names: Vec<Value> = named.iter().map(|name| json!({"name": name})).collect();
+                template["spec"]["imagePullSecrets"] = Value::Array(names);
+            }
+            template
         };
         let manifests = [
             json!({"apiVersion": "sedna.io/v1alpha1", "kind": "Dataset", "metadata": {"name": DATASET},

@@ -163,7 +163,8 @@ async fn load_saying<K: Kind>(
             say(valid.sha256.as_deref().unwrap_or_default());
             // What the fetch says (a registry down, a kept copy serving) names the job.
             let span = tracing::info_span!("policy", job = %job.name);
-            let bytes = tracing::Instrument::instrument(host.fetch_ref(&valid), span).await?;
+            let bytes =
+                tracing::Instrument::instrument(host.fetch_ref_for_job(&valid, &job.registry_auth), span).await?;
             // A precompiled artifact's own digest is not the component's: said once loaded.
             if !artifact::is_artifact(&bytes) {
                 say(&artifact::sha256_hex(&bytes));
@@ -173,9 +174,18 @@ async fn load_saying<K: Kind>(
     }
 }
 
-/// Whether the operator's offer for `plugin` differs between two versions of a job.
+/// Whether what the operator sends for `plugin` differs between two versions of a job: its offer,
+/// or, for an `oci://` one, the job's login for its registry (a Secret made or fixed since: a
+/// load refused for want of it is tried again).
 fn offer_changed(current: &JobConfig, next: &JobConfig, plugin: &str) -> bool {
-    current.policy_artifacts.get(plugin) != next.policy_artifacts.get(plugin)
+    let login_changed = match perennial_policy::parse_source(plugin) {
+        Ok(Source::Oci(oci)) => {
+            let login = |job: &JobConfig| job.registry_auth.login(&oci.registry).cloned();
+            login(current) != login(next) || current.registry_auth.problems != next.registry_auth.problems
+        }
+        _ => false,
+    };
+    login_changed || current.policy_artifacts.get(plugin) != next.policy_artifacts.get(plugin)
 }
 
 /// A reference without its shadow: what the serving policy is.
@@ -1167,5 +1177,26 @@ mod tests {
         assert!(matches!(woken.recv_timeout(Duration::from_secs(1)), Ok(Wake::Job(0))), "woken when watched");
         std::fs::write(folder.join("index.csv"), "a,b\n1,2\n").unwrap();
         assert!(matches!(woken.recv_timeout(Duration::from_secs(5)), Ok(Wake::Job(0))), "woken by a change");
+    }
+
+    #[test]
+    fn a_new_login_for_an_oci_policys_registry_loads_it_again() {
+        use perennial_types::{Password, RegistryLogin};
+        let oci = "oci://127.0.0.1:5000/team/trigger:v1";
+        let job: JobConfig = serde_json::from_value(serde_json::json!({
+            "name": "ml/j", "uid": "u", "trigger": {"plugin": oci},
+            "spec": {"datasetUrl": "/d/index.txt", "datasetFormat": "txt", "outputDir": "/o", "trainProb": 0.8}
+        }))
+        .unwrap();
+        let mut next = job.clone();
+        let login = RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("p") };
+        next.registry_auth.logins.insert("127.0.0.1:5000".into(), login);
+        assert!(offer_changed(&job, &next, oci), "a login came");
+        assert!(!offer_changed(&next, &next.clone(), oci));
+        assert!(!offer_changed(&job, &next, "builtin:first-select"), "not a registry's policy");
+        let mut elsewhere = job.clone();
+        elsewhere.registry_auth.logins = next.registry_auth.logins.clone();
+        elsewhere.registry_auth.logins.insert("ghcr.io".into(), next.registry_auth.logins["127.0.0.1:5000"].clone());
+        assert!(!offer_changed(&next, &elsewhere, oci), "another registry's login changed only");
     }
 }

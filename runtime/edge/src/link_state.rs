@@ -14,6 +14,7 @@ use crate::sqlite::Store;
 use perennial_link::edge_client::EdgeState;
 use perennial_link::{Changes, Delete};
 
+use perennial_types::RegistryAuth;
 pub use perennial_types::{NodeJob, NodeJobMeta, NodeWorker, StageNotice, node_job};
 
 /// The desired jobs held now, as last committed.
@@ -29,6 +30,30 @@ pub fn desired_jobs(store: &Store) -> Result<Vec<NodeJob>, rusqlite::Error> {
         }
     }
     Ok(jobs)
+}
+
+/// A desired job as this node keeps it: without its registry logins (`config.registryAuth`),
+/// which live in memory only; only which registries they were for (`withheld`). After a restart,
+/// the components they pulled serve from the copies kept by digest until the link brings them
+/// again.
+fn kept_form(object: &Value) -> std::borrow::Cow<'_, Value> {
+    let Some(auth) = object.pointer("/config/registryAuth") else {
+        return std::borrow::Cow::Borrowed(object);
+    };
+    // Unreadable: dropped whole (the job reads it anyway, or is left out).
+    let withheld = serde_json::from_value::<RegistryAuth>(auth.clone())
+        .ok()
+        .map(|auth| auth.kept_form())
+        .filter(|kept| !kept.is_empty())
+        .and_then(|kept| serde_json::to_value(kept).ok());
+    let mut kept = object.clone();
+    if let Some(config) = kept.get_mut("config").and_then(Value::as_object_mut) {
+        match withheld {
+            Some(withheld) => config.insert("registryAuth".into(), withheld),
+            None => config.remove("registryAuth"),
+        };
+    }
+    std::borrow::Cow::Owned(kept)
 }
 
 fn sql(err: rusqlite::Error) -> String {
@@ -117,7 +142,7 @@ impl EdgeState for Store {
             };
             tx.execute(
                 "INSERT OR REPLACE INTO desired (kind, key, body) VALUES ('job', ?1, ?2)",
-                params![key, object.to_string()],
+                params![key, kept_form(object).to_string()],
             )
             .map_err(sql)?;
             register_in(&tx, key, &job.metadata.uid, &job.config.spec).map_err(sql)?;
@@ -146,5 +171,23 @@ impl EdgeState for Store {
         }
         tx.execute("UPDATE link SET desired_seq = ?1", [changes.seq as i64]).map_err(sql)?;
         tx.commit().map_err(sql)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_kept_without_its_registry_logins() {
+        let login = serde_json::json!({"secret": "ml/regcred", "username": "ann", "password": "pw-9"});
+        let object = serde_json::json!({"metadata": {"name": "j"}, "config": {
+            "name": "ml/j", "registryAuth": {"logins": {"127.0.0.1:5000": login}}}});
+        let kept = kept_form(&object).to_string();
+        assert!(!kept.contains("pw-9") && !kept.contains("ann") && !kept.contains("ml/regcred"), "{kept}");
+        assert_eq!(kept_form(&object)["config"]["registryAuth"], serde_json::json!({"withheld": ["127.0.0.1:5000"]}));
+        assert!(kept.contains("ml/j"), "{kept}");
+        let plain = serde_json::json!({"config": {"name": "ml/j"}});
+        assert!(matches!(kept_form(&plain), std::borrow::Cow::Borrowed(_)), "no copy when there is nothing to strip");
     }
 }

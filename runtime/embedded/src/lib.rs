@@ -428,6 +428,7 @@ pub(crate) fn job_config(key: &str, stored: &Stored<LifelongLearningJob>, spec: 
         selector: stored.object.spec.select_policy(),
         fallback_trigger: stored.object.spec.fallback_trigger(),
         policy_artifacts: Default::default(),
+        registry_auth: Default::default(),
     }
 }
 

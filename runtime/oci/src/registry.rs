@@ -94,6 +94,9 @@ pub enum RegistryError {
          two pins disagree (a manifest named by digest never changes); it is not pulled"
     )]
     PinsDisagree { expected: String, actual: String },
+    /// The registry refused access (401, 403): no credentials, or not the right ones.
+    #[error("{0}")]
+    Denied(String),
     /// Anything else: refused, absent, not a Wasm artifact, too large.
     #[error("{0}")]
     Refused(String),
@@ -205,7 +208,7 @@ fn explain(oci: &OciRef, options: &Options, err: &OciDistributionError) -> Regis
 pub(crate) fn denied(oci: &OciRef, options: &Options) -> RegistryError {
     let (registry, repository) = (&oci.registry, &oci.repository);
     let from = shown(&options.credentials_from);
-    RegistryError::Refused(match (&options.credentials, &options.credential_helper) {
+    RegistryError::Denied(match (&options.credentials, &options.credential_helper) {
         (None, None) => format!(
             "the registry {registry} refused access to the repository {repository}: it is private (or absent), \
              and {from} has no credentials for {registry} (`docker login {registry}` writes them)"

@@ -20,7 +20,7 @@ use perennial_artifact::signing::{SigningKey, TrustedKey};
 use perennial_artifact::{artifact, target as platform};
 use perennial_link::cloud_server::ArtifactPiece;
 use perennial_link::messages::PolicyPlatform;
-use perennial_types::{PolicyArtifact, PolicyRef, Source};
+use perennial_types::{PolicyArtifact, PolicyRef, RegistryLogin, Source};
 use tokio::sync::{Semaphore, watch};
 
 /// How long a refused compile stands before a node's next look tries it again (a fetch that
@@ -128,8 +128,14 @@ impl Artifacts {
     }
 
     /// The offer for `reference` to `node`; `None` when the node loads it as it is (a signed
-    /// artifact named by the job). Starts the compile when none was made.
-    pub fn offer(self: &Arc<Self>, reference: &PolicyRef, node: &PolicyPlatform) -> Option<PolicyArtifact> {
+    /// artifact named by the job). Starts the compile when none was made, an `oci://` pull with
+    /// the job's `login` for its registry if it has one.
+    pub fn offer(
+        self: &Arc<Self>,
+        reference: &PolicyRef,
+        node: &PolicyPlatform,
+        login: Option<&RegistryLogin>,
+    ) -> Option<PolicyArtifact> {
         let refused = |reason: String| Some(PolicyArtifact::Refused { reason });
         if reference.plugin.ends_with(".pcwasm") {
             return None;
@@ -179,7 +185,7 @@ impl Artifacts {
                 let state = match self.cached(&key) {
                     Some(ready) => ready,
                     None => {
-                        self.start(key.clone(), reference);
+                        self.start(key.clone(), reference, login.cloned());
                         State::Compiling
                     }
                 };
@@ -240,16 +246,17 @@ impl Artifacts {
     }
 
     /// Compiles `key` in a child process, then makes the offers again.
-    fn start(self: &Arc<Self>, key: Key, reference: &PolicyRef) {
+    fn start(self: &Arc<Self>, key: Key, reference: &PolicyRef, login: Option<RegistryLogin>) {
         let (this, plugin, pin) = (self.clone(), reference.plugin.clone(), reference.sha256.clone());
         tokio::spawn(async move {
             let Ok(_permit) = this.compiles.clone().acquire_owned().await else { return };
             let started = Instant::now();
             let worker = this.clone();
             let job = key.clone();
-            let outcome = tokio::task::spawn_blocking(move || worker.compile(&job, &plugin, pin.as_deref()))
-                .await
-                .unwrap_or_else(|err| Err(format!("the compile stopped: {err}")));
+            let outcome =
+                tokio::task::spawn_blocking(move || worker.compile(&job, &plugin, pin.as_deref(), login.as_ref()))
+                    .await
+                    .unwrap_or_else(|err| Err(format!("the compile stopped: {err}")));
             let state = match outcome {
                 Ok((state, path)) => {
                     tracing::info!(
@@ -272,9 +279,26 @@ impl Artifacts {
 
     /// `perennial plugin compile` in a child, into a folder of its own; the artifact checked and
     /// moved into place.
-    fn compile(&self, key: &Key, plugin: &str, pin: Option<&str>) -> Result<((String, u64), PathBuf), String> {
+    fn compile(
+        &self,
+        key: &Key,
+        plugin: &str,
+        pin: Option<&str>,
+        login: Option<&RegistryLogin>,
+    ) -> Result<((String, u64), PathBuf), String> {
         let out = tempfile::tempdir_in(self.dir.join("tmp")).map_err(|err| format!("a working folder: {err}"))?;
         let mut command = Command::new(&self.exe);
+        // The job's login reaches the child as a docker config of its own (never on its command
+        // line), removed when the compile ends (`docker_config` dropped).
+        let docker_config = match (login, plugin_registry(plugin)) {
+            (Some(login), Some(registry)) => {
+                let dir = docker_config_with(&registry, login)
+                    .map_err(|err| format!("a docker config for the job's login to {registry}: {err}"))?;
+                command.env("DOCKER_CONFIG", dir.path());
+                Some(dir)
+            }
+            _ => None,
+        };
         command.args(["plugin", "compile", plugin, "--target", &key.platform, "--sign-key"]);
         command.arg(&self.sign_key).arg("--out-dir").arg(out.path());
         // One compile thread (wasmtime compiles in parallel on rayon's pool): a core stays free
@@ -285,7 +309,14 @@ impl Artifacts {
         }
         // The lowest priority: the operator's reconciles (and the API server beside it) come
         // first; a compile is never what a round waits for.
-        run_low_priority(command, &[], Priority::Idle)?;
+        run_low_priority(command, &[], Priority::Idle).map_err(|err| match (&docker_config, login) {
+            // A refusal names the docker config it pulled with: the job's Secret, not a temporary file.
+            (Some(dir), Some(login)) => err.replace(
+                &dir.path().join("config.json").display().to_string(),
+                &format!("the Secret {} (the job's imagePullSecrets)", login.secret),
+            ),
+            _ => err,
+        })?;
         let made = std::fs::read_dir(out.path())
             .map_err(|err| err.to_string())?
             .filter_map(Result::ok)
@@ -304,6 +335,29 @@ impl Artifacts {
         std::fs::rename(&made, &path).map_err(|err| format!("{}: {err}", path.display()))?;
         Ok((checked, path))
     }
+}
+
+/// The registry of an `oci://` plugin.
+fn plugin_registry(plugin: &str) -> Option<String> {
+    match perennial_types::parse_source(plugin) {
+        Ok(Source::Oci(oci)) => Some(oci.registry),
+        _ => None,
+    }
+}
+
+/// A folder (0700, in the system's temporary folder: not the artifacts' volume) holding a docker
+/// `config.json` (0600) with `login` for `registry` alone; removed when dropped.
+fn docker_config_with(registry: &str, login: &RegistryLogin) -> std::io::Result<tempfile::TempDir> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let dir = tempfile::Builder::new().prefix("perennial-pull-").tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+    let config = serde_json::json!({"auths": {registry: {
+        "username": login.username, "password": login.password.expose()}}});
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.path().join("config.json"))?;
+    file.write_all(config.to_string().as_bytes())?;
+    Ok(dir)
 }
 
 /// Whether this operator's compiler makes code that `node` runs: a platform it compiles for,
@@ -396,14 +450,16 @@ mod tests {
         let artifacts = Artifacts::new(&options).unwrap();
         let node = node("pulley64", platform::fingerprint("pulley64"));
         let file = PolicyRef::new("/opt/policies/mine.wasm");
-        let Some(PolicyArtifact::Refused { reason }) = artifacts.offer(&file, &node) else {
+        let Some(PolicyArtifact::Refused { reason }) = artifacts.offer(&file, &node, None) else {
             panic!("a path is refused")
         };
         assert!(reason.contains("is a path on the node"), "{reason}");
-        assert_eq!(artifacts.offer(&PolicyRef::new("https://x/p.pulley64.pcwasm"), &node), None);
+        assert_eq!(artifacts.offer(&PolicyRef::new("https://x/p.pulley64.pcwasm"), &node, None), None);
         let unknown = PolicyRef::new("builtin:nope");
         // This test's binary is not `perennial`: it cannot list built-ins, and says so.
-        let Some(PolicyArtifact::Refused { reason }) = artifacts.offer(&unknown, &node) else { panic!("refused") };
+        let Some(PolicyArtifact::Refused { reason }) = artifacts.offer(&unknown, &node, None) else {
+            panic!("refused")
+        };
         assert!(reason.contains("nope") || reason.contains("cannot list its built-ins"), "{reason}");
         let err = artifacts.chunk(&"a".repeat(64), 0, 10).await.unwrap_err();
         assert_eq!(err, format!("this operator has no artifact {}", "a".repeat(64)));

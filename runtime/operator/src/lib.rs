@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod node_state;
 pub mod observe;
 pub mod patch;
+pub mod pull_secrets;
 pub mod reconcile;
 pub mod scope;
 pub mod watches;
@@ -139,6 +140,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         written: Default::default(),
         written_jobs: Default::default(),
         finished_rounds_kept: options.finished_rounds_kept,
+        pull_secrets: Default::default(),
     });
     let stop_link = match (&options.link, link_tls, changes) {
         (Some(options), Some(tls), Some(changes)) => {
@@ -205,11 +207,13 @@ fn start_link(
     changes: futures::channel::mpsc::UnboundedReceiver<watches::Seen>,
     own_pod: Option<leader_label::OwnPod>,
 ) -> tokio::sync::watch::Sender<bool> {
-    let book = Arc::new(match &options.artifacts {
+    let book = match &options.artifacts {
         Some(artifacts) => link::NodeBook::compiling(artifacts.clone()),
         None => link::NodeBook::default(),
-    });
+    };
+    let book = Arc::new(book.with_pull_secrets(context.pull_secrets.clone()));
     tokio::spawn(link::follow_compiles(book.clone()));
+    tokio::spawn(link::follow_pull_secrets(book.clone()));
     let (complete, completed) = tokio::sync::oneshot::channel();
     tokio::spawn(link::follow_cluster(stores.clone(), changes, book.clone(), complete));
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));

@@ -27,6 +27,7 @@ use super::identity::{IdentitySettings, TokenReviewer};
 use super::inbox::Inbox;
 use super::node_state::DesiredNodes;
 use super::observe::UID_LABEL;
+use super::pull_secrets::PullSecrets;
 use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
 use super::written::WrittenJobs;
@@ -75,6 +76,8 @@ pub struct NodeBook {
     book: Mutex<Book>,
     /// `None`: the operator compiles nothing (no `--sign-key`).
     artifacts: Option<Arc<Artifacts>>,
+    /// The jobs' registry logins, added to each job's config (`registryAuth`).
+    pull_secrets: Option<Arc<PullSecrets>>,
 }
 
 #[derive(Default)]
@@ -90,7 +93,12 @@ struct Book {
 impl NodeBook {
     /// A book whose nodes get the policies `artifacts` compiles for them.
     pub fn compiling(artifacts: Arc<Artifacts>) -> NodeBook {
-        NodeBook { book: Mutex::default(), artifacts: Some(artifacts) }
+        NodeBook { artifacts: Some(artifacts), ..NodeBook::default() }
+    }
+
+    /// This book with each job's registry logins from `pull_secrets` in its config.
+    pub fn with_pull_secrets(self, pull_secrets: Arc<PullSecrets>) -> NodeBook {
+        NodeBook { pull_secrets: Some(pull_secrets), ..self }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
@@ -138,11 +146,31 @@ impl NodeBook {
         }
     }
 
-    /// Keeps `plain` as `node`'s state and sends it with the node's offers, if it changed.
+    /// The nodes holding any of the jobs `keys` made again (their registry logins changed).
+    pub fn refresh_jobs(&self, keys: &BTreeSet<String>) {
+        let mut book = self.lock();
+        let nodes: Vec<String> = book
+            .plain
+            .iter()
+            .filter(|(_, plain)| keys.iter().any(|key| plain.jobs.contains_key(key)))
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in nodes {
+            let plain = book.plain.get(&node).cloned().unwrap_or_default();
+            self.publish(&mut book, &node, plain);
+        }
+    }
+
+    /// Keeps `plain` as `node`'s state and sends it with its jobs' registry logins and the node's
+    /// offers, if it changed.
     fn publish(&self, book: &mut Book, node: &str, plain: NodeDesired) {
-        let next = match book.platforms.get(node) {
-            Some(platform) => with_offers(&plain, platform, self.artifacts.as_ref()),
+        let authed = match &self.pull_secrets {
+            Some(pull_secrets) => with_registry_auth(&plain, pull_secrets),
             None => plain.clone(),
+        };
+        let next = match book.platforms.get(node) {
+            Some(platform) => with_offers(&authed, platform, self.artifacts.as_ref()),
+            None => authed,
         };
         book.plain.insert(node.to_owned(), plain);
         match book.nodes.get(node) {
@@ -187,6 +215,29 @@ impl NodeBook {
     }
 }
 
+/// `desired` with, in each job's config, the job's registry logins (`registryAuth`) if it has
+/// some: a copy of those jobs only.
+fn with_registry_auth(desired: &NodeDesired, pull_secrets: &PullSecrets) -> NodeDesired {
+    let mut desired = desired.clone();
+    for (key, job) in desired.jobs.iter_mut() {
+        let uid = job.pointer("/metadata/uid").and_then(Value::as_str);
+        let Some(auth) = pull_secrets.auth_of(key, uid) else { continue };
+        if let Some(config) = Arc::make_mut(job).get_mut("config").and_then(Value::as_object_mut) {
+            config.insert("registryAuth".into(), serde_json::to_value(&*auth).unwrap_or_default());
+        }
+    }
+    desired
+}
+
+/// Makes the desired state of the nodes of a job whose registry logins changed again.
+pub async fn follow_pull_secrets(book: Arc<NodeBook>) {
+    let Some(pull_secrets) = book.pull_secrets.clone() else { return };
+    loop {
+        let changed = pull_secrets.changed().await;
+        book.refresh_jobs(&changed);
+    }
+}
+
 /// `desired` with, in each job's config, the offer of each of its policies for `platform`.
 fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Option<&Arc<Artifacts>>) -> NodeDesired {
     let mut desired = desired.clone();
@@ -198,8 +249,13 @@ fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Opti
             if offers.contains_key(&reference.plugin) {
                 continue;
             }
+            // The job's login for the registry of an oci:// reference: the compile pulls with it.
+            let login = match perennial_types::parse_source(&reference.plugin) {
+                Ok(perennial_types::Source::Oci(oci)) => config.registry_auth.login(&oci.registry),
+                _ => None,
+            };
             let offer = match artifacts {
-                Some(artifacts) => artifacts.offer(&reference, platform),
+                Some(artifacts) => artifacts.offer(&reference, platform, login),
                 // A node that compiles runs its jobs without the operator's compiles.
                 None if platform.compiles => None,
                 None => Some(PolicyArtifact::Refused {
@@ -652,11 +708,40 @@ mod tests {
             selector: perennial_types::PolicyRef::new("builtin:first-select"),
             fallback_trigger: None,
             policy_artifacts: BTreeMap::new(),
+            registry_auth: Default::default(),
         };
         let mut desired = NodeDesired::default();
         let object = json!({"metadata": {"namespace": "ml", "name": job}, "config": config});
         desired.jobs.insert(format!("ml/{job}"), object.into());
         desired
+    }
+
+    #[test]
+    fn a_jobs_registry_logins_reach_its_node_only_and_follow_each_change() {
+        use perennial_types::{Password, RegistryAuth, RegistryLogin};
+        let pull_secrets = Arc::new(PullSecrets::default());
+        let book = NodeBook::default().with_pull_secrets(pull_secrets.clone());
+        let mut job = with_config("a");
+        Arc::make_mut(job.jobs.get_mut("ml/a").unwrap())["metadata"]["uid"] = json!("u1");
+        book.set("edge-1", job);
+        book.set("edge-2", with_config("b"));
+        let (mut one, two) = (book.subscribe("edge-1"), book.subscribe("edge-2"));
+        let auth_of = |seen: &mut watch::Receiver<Arc<NodeDesired>>, key: &str| {
+            seen.borrow_and_update().jobs[key]["config"].get("registryAuth").cloned()
+        };
+        assert_eq!(auth_of(&mut one, "ml/a"), None);
+        let login =
+            RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw") };
+        let auth = RegistryAuth { logins: BTreeMap::from([("127.0.0.1:5000".into(), login)]), ..Default::default() };
+        pull_secrets.set("ml/a", "u1", auth);
+        book.refresh_jobs(&BTreeSet::from(["ml/a".to_owned()]));
+        assert!(one.has_changed().unwrap() && !two.has_changed().unwrap(), "only the job's node hears of it");
+        let sent = auth_of(&mut one, "ml/a").expect("the logins");
+        assert_eq!(sent["logins"]["127.0.0.1:5000"]["password"], "pw");
+        // Made again under its name (another uid): not its logins.
+        pull_secrets.set("ml/a", "u2", RegistryAuth { problems: vec!["x".into()], ..Default::default() });
+        book.refresh_jobs(&BTreeSet::from(["ml/a".to_owned()]));
+        assert_eq!(auth_of(&mut one, "ml/a"), None);
     }
 
     #[test]

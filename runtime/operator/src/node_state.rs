@@ -214,6 +214,7 @@ pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<Pod>])
         selector: job.spec.select_policy(),
         fallback_trigger: job.spec.fallback_trigger(),
         policy_artifacts: Default::default(),
+        registry_auth: Default::default(),
     };
     let mut workers: Vec<NodeWorker> = pods
         .iter()

@@ -72,6 +72,8 @@ pub struct Context {
     pub written_jobs: Arc<super::written::WrittenJobs>,
     /// Rounds whose finished Train and Eval pods are kept, the newest (0: all).
     pub finished_rounds_kept: u64,
+    /// The jobs' registry logins from their `imagePullSecrets`, read on each reconcile.
+    pub pull_secrets: Arc<super::pull_secrets::PullSecrets>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +245,7 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     }
     // Edited into a valid job: the former refusal goes.
     set_refusal(&jobs, job, ctx, None, &key).await?;
+    refresh_pull_secrets(job, ctx, &namespace, &key).await;
 
     let reports = ctx.inbox.peek(&namespace, &name);
     // The job comes from the watch's store (or as last written here, if the store is behind),
@@ -328,6 +331,20 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         Some(after) => Requeue::requeue(after.min(RESYNC)),
         None => Requeue::requeue(RESYNC),
     })
+}
+
+/// Reads the job's `imagePullSecrets` again for its `oci://` policies' registries; a Secret that
+/// gives nothing is said on the job (once per change), and the job goes on without it.
+async fn refresh_pull_secrets(job: &LifelongLearningJob, ctx: &Context, namespace: &str, key: &str) {
+    let Some(uid) = job.metadata.uid.as_deref() else { return };
+    let auth = super::pull_secrets::resolve(&ctx.client, namespace, job).await;
+    let problems = auth.problems.join("; ");
+    if ctx.pull_secrets.set(key, uid, auth) {
+        ctx.metrics.error("pull_secret");
+        tracing::warn!(job = key, "{problems}");
+        let note = format!("{problems}; its oci:// policies are pulled without them");
+        ctx.events.publish(&job.object_ref(&()), true, "RegistryCredentials", "ReadPullSecrets".into(), note);
+    }
 }
 
 /// How `status.message` starts while the job's spec is refused.
@@ -618,6 +635,7 @@ async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Er
         return Err(Error::PodsTerminating { job: key, pods: remaining.len() });
     }
     ctx.inbox.forget(&namespace, &name);
+    ctx.pull_secrets.forget(&key);
     ctx.written.forget(&uid);
     ctx.written_jobs.forget(&uid);
     let note = "the job's pods are deleted and its edge forgets it".to_owned();

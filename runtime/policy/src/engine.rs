@@ -25,6 +25,7 @@ use super::reference::{PolicyRef, Source, ValidRef};
 use super::sandbox::{HostState, PolicyEvents};
 use super::signing::TrustedKey;
 use perennial_storage::{self as storage, S3Credentials};
+use perennial_types::RegistryAuth;
 
 /// The most a component may be, and how long its fetch may take.
 pub const COMPONENT_READ: storage::ReadLimit =
@@ -291,15 +292,26 @@ impl PolicyHost {
     /// Fetches the component a checked reference names: [`PolicyHost::fetch`], with its pin
     /// (an `oci://` one is checked before it is read, and kept on disk by it).
     pub async fn fetch_ref(&self, valid: &ValidRef) -> Result<Arc<[u8]>, LoadError> {
-        self.fetch_pinned(&valid.source, valid.sha256.as_deref()).await
+        self.fetch_pinned(&valid.source, valid.sha256.as_deref(), None).await
+    }
+
+    /// [`PolicyHost::fetch_ref`] for a job: an `oci://` pull with the job's registry logins
+    /// (`auth`, from its `imagePullSecrets`), preferred over this machine's docker config.
+    pub async fn fetch_ref_for_job(&self, valid: &ValidRef, auth: &RegistryAuth) -> Result<Arc<[u8]>, LoadError> {
+        self.fetch_pinned(&valid.source, valid.sha256.as_deref(), Some(auth)).await
     }
 
     /// Fetches a component's bytes (at most [`COMPONENT_READ`]: a Python component is ~18 MB).
     pub async fn fetch(&self, source: &Source) -> Result<Arc<[u8]>, LoadError> {
-        self.fetch_pinned(source, None).await
+        self.fetch_pinned(source, None, None).await
     }
 
-    async fn fetch_pinned(&self, source: &Source, sha256: Option<&str>) -> Result<Arc<[u8]>, LoadError> {
+    async fn fetch_pinned(
+        &self,
+        source: &Source,
+        sha256: Option<&str>,
+        auth: Option<&RegistryAuth>,
+    ) -> Result<Arc<[u8]>, LoadError> {
         let fetch_error =
             |message: String| LoadError::new(Step::Fetch, PolicyError::Fetch { plugin: source.to_string(), message });
         match source {
@@ -339,7 +351,8 @@ impl PolicyHost {
                 .map(Arc::from)
                 .map_err(|err| fetch_error(err.to_string())),
             Source::Oci(reference) => {
-                oci::fetch(reference, sha256, self.inner.components.as_ref()).await.map(Arc::from).map_err(fetch_error)
+                let store = self.inner.components.as_ref();
+                oci::fetch(reference, sha256, store, auth).await.map(Arc::from).map_err(fetch_error)
             }
         }
     }

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::engine::COMPONENT_READ;
-use perennial_oci::{OciRef, Options, RegistryError};
+use perennial_oci::{Credentials, OciRef, Options, RegistryError};
+use perennial_types::RegistryAuth;
 
 /// Components pulled from registries, by SHA-256 (`<hex>.wasm`), and which component each
 /// manifest digest pulled held (`manifests/<hex>`: a manifest named by digest never changes).
@@ -92,11 +93,46 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
     Ok(())
 }
 
+/// How to reach `oci`'s registry: with the job's login for it (from its `imagePullSecrets`),
+/// preferred over this machine's docker `config.json` (not even read then); else with that file's.
+fn options(oci: &OciRef, auth: Option<&RegistryAuth>) -> Result<Options, String> {
+    let (max_bytes, timeout) = (COMPONENT_READ.max_bytes, COMPONENT_READ.timeout);
+    match auth.and_then(|auth| auth.login(&oci.registry)) {
+        Some(login) => Ok(Options {
+            credentials: Some(Credentials {
+                username: login.username.clone(),
+                password: login.password.expose().into(),
+            }),
+            credentials_from: format!("the Secret {} (the job's imagePullSecrets)", login.secret),
+            ..Options::anonymous(max_bytes, timeout)
+        }),
+        None => Options::from_docker_config(oci, max_bytes, timeout),
+    }
+}
+
 /// Pulls `oci` (checked against `sha256`, the component's pin, if given), or, when the registry
-/// cannot be reached, takes the pinned component from `store`. The message of a failure names
-/// what to do; it never holds a credential.
-pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentStore>) -> Result<Vec<u8>, String> {
-    let options = Options::from_docker_config(oci, COMPONENT_READ.max_bytes, COMPONENT_READ.timeout)?;
+/// cannot be reached, takes the pinned component from `store`; with the job's registry logins
+/// (`auth`) if it has some. The message of a failure names what to do, and the job's Secrets that
+/// gave nothing; it never holds a credential.
+pub async fn fetch(
+    oci: &OciRef,
+    sha256: Option<&str>,
+    store: Option<&ComponentStore>,
+    auth: Option<&RegistryAuth>,
+) -> Result<Vec<u8>, String> {
+    let problems = auth.map(|auth| &auth.problems[..]).unwrap_or_default();
+    pull_or_keep(oci, sha256, store, auth).await.map_err(|err| {
+        if problems.is_empty() { err } else { format!("{err} (the job's imagePullSecrets: {})", problems.join("; ")) }
+    })
+}
+
+async fn pull_or_keep(
+    oci: &OciRef,
+    sha256: Option<&str>,
+    store: Option<&ComponentStore>,
+    auth: Option<&RegistryAuth>,
+) -> Result<Vec<u8>, String> {
+    let options = options(oci, auth)?;
     // The component the reference pins: its `sha256:`, else what its manifest digest held.
     let pinned = sha256
         .map(str::to_owned)
@@ -137,13 +173,54 @@ pub async fn fetch(oci: &OciRef, sha256: Option<&str>, store: Option<&ComponentS
                 _ => Err(err.to_string()),
             }
         }
+        // Refused for want of the job's login, which this node does not keep (read back from its
+        // state, before the link brings it again): the pinned component, if kept, serves.
+        Err(err @ RegistryError::Denied(_)) if withheld(oci, auth) => match (pinned.as_deref(), store) {
+            (Some(sha), Some(store)) => match store.kept(sha) {
+                Kept::Intact(bytes) => {
+                    tracing::warn!(
+                        "{oci}: the job's login for {} is not kept on this node and the link has not brought it \
+                         yet; the component it pins (sha256 {sha}) is served from the copy kept in {}",
+                        oci.registry,
+                        store.dir().display()
+                    );
+                    Ok(bytes)
+                }
+                Kept::Damaged | Kept::Absent => Err(err.to_string()),
+            },
+            _ => Err(err.to_string()),
+        },
         Err(err) => Err(err.to_string()),
     }
+}
+
+/// Whether the job had a login for `oci`'s registry that this node did not keep.
+fn withheld(oci: &OciRef, auth: Option<&RegistryAuth>) -> bool {
+    auth.is_some_and(|auth| auth.login(&oci.registry).is_none() && auth.withheld.contains(&oci.registry))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_jobs_login_for_the_registry_is_used_and_named_never_shown() {
+        use perennial_types::{Password, RegistryLogin};
+        let oci = OciRef::parse("127.0.0.1:5000/team/trigger:v1").unwrap();
+        let login =
+            RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw-9") };
+        let mut auth = RegistryAuth::default();
+        auth.logins.insert("127.0.0.1:5000".into(), login);
+        let options = options(&oci, Some(&auth)).unwrap();
+        assert_eq!(options.credentials.as_ref().map(|c| c.username.as_str()), Some("ann"));
+        assert_eq!(options.credentials_from, "the Secret ml/regcred (the job's imagePullSecrets)");
+        assert!(!format!("{options:?} {auth:?}").contains("pw-9"));
+        assert!(!withheld(&oci, Some(&auth)), "a login held is used, not withheld");
+        let kept = auth.kept_form();
+        assert!(withheld(&oci, Some(&kept)), "read back from the edge's state: withheld");
+        let other = OciRef::parse("ghcr.io/team/trigger:v1").unwrap();
+        assert!(!withheld(&other, Some(&kept)) && !withheld(&oci, None));
+    }
 
     #[test]
     fn a_damaged_copy_is_told_and_removed() {

@@ -7,6 +7,7 @@ pub mod files;
 pub mod node;
 pub mod policy;
 pub mod records;
+pub mod registry_auth;
 pub mod round;
 pub mod stage;
 
@@ -19,5 +20,6 @@ pub use policy::{
     ShadowDisagreement, ShadowRef, ShadowStatus, Source, ValidRef, config_digest, config_text_digest, parse_source,
 };
 pub use records::RecordRetention;
+pub use registry_auth::{Password, RegistryAuth, RegistryLogin};
 pub use round::{ConditionData, Input, Model, Output};
 pub use stage::{Phase, Stage};

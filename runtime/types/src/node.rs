@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::policy::PolicyRef;
+use crate::registry_auth::RegistryAuth;
 use crate::round::{Input, Output};
 use crate::stage::{Phase, Stage};
 
@@ -79,6 +80,11 @@ pub struct JobConfig {
     /// Not for hand-written job files.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub policy_artifacts: BTreeMap<String, PolicyArtifact>,
+    /// Set by the operator: the logins for the registries of the job's `oci://` references, from
+    /// the Secrets its pod templates name in `imagePullSecrets`. Over the link only: the edge
+    /// strips it before it keeps the job. Not for hand-written job files.
+    #[serde(default, skip_serializing_if = "RegistryAuth::is_empty")]
+    pub registry_auth: RegistryAuth,
 }
 
 /// The operator's compile of one policy for one node's platform.

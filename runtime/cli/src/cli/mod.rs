@@ -131,8 +131,15 @@ pub fn init_tracing(cli: &Cli) {
     #[cfg(not(feature = "embedded"))]
     let running = false;
     let default = if terminal && running { "warn" } else { "info" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // The WebSocket library's trace lines print each frame of the link, whose desired state
+    // carries the jobs' registry logins: never on, whatever RUST_LOG says.
+    for quiet in ["tungstenite=debug", "tokio_tungstenite=debug"] {
+        if let Ok(directive) = quiet.parse() {
+            filter = filter.add_directive(directive);
+        }
+    }
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(log_writer());
     match cli.log_format {
         LogFormat::Text => {

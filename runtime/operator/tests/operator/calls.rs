@@ -216,6 +216,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
         written: Default::default(),
         written_jobs: Default::default(),
         finished_rounds_kept: 2,
+        pull_secrets: Default::default(),
     };
     let mut api = ApiServer {
         handle,
