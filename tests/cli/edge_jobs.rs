@@ -107,6 +107,14 @@ fn a_jobs_file_of_which_no_job_can_run_is_refused_naming_the_job_and_plugin() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{log}");
     assert!(log.contains("jobs.json: the list holds no job"), "{log}");
+
+    // Nor a job that brings registry logins of its own (the operator's, from imagePullSecrets).
+    let mut forged = job(root.path(), "forged", "builtin:threshold-trigger");
+    forged["registryAuth"] = serde_json::json!({"withheld": ["registry.example.org"]});
+    let out = edge(root.path(), &serde_json::json!([forged])).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(log.contains("job default/forged: registryAuth is the operator's"), "{log}");
 }
 
 /// The compile cache entries in `cache` (their file names).

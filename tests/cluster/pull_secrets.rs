@@ -120,7 +120,10 @@ async fn a_private_oci_policy_is_pulled_with_the_jobs_image_pull_secret_never_lo
     let (reference, sha256) = push_trigger(&registry, &world);
     let nobody = world.file("no-docker-config").display().to_string();
     let link_port = free_port();
-    let trace = [("RUST_LOG", "trace,hyper=debug,h2=debug,rustls=debug"), ("DOCKER_CONFIG", nobody.as_str())];
+    let trace = [
+        ("RUST_LOG", "trace,hyper=debug,h2=debug,rustls=debug,tungstenite::protocol=trace,tokio_tungstenite=trace"),
+        ("DOCKER_CONFIG", nobody.as_str()),
+    ];
     let operator = world.start_operator_env("pull", (free_port(), link_port), &[], &trace);
     let edge_cache = world.file("edge-cache").display().to_string();
     let mut env = trace.to_vec();

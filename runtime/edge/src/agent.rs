@@ -181,7 +181,8 @@ fn offer_changed(current: &JobConfig, next: &JobConfig, plugin: &str) -> bool {
     let login_changed = match perennial_policy::parse_source(plugin) {
         Ok(Source::Oci(oci)) => {
             let login = |job: &JobConfig| job.registry_auth.login(&oci.registry).cloned();
-            login(current) != login(next) || current.registry_auth.problems != next.registry_auth.problems
+            // Not the problems: they change only what a refusal says.
+            login(current) != login(next)
         }
         _ => false,
     };
@@ -687,8 +688,10 @@ fn commit(store: &Mutex<Store>, runner: &mut JobRunner, loaded: LoadedSwap) {
             say_shadow_change(&job, kind, before.as_ref(), now, &refused);
         }
     }
-    // The operator's offers as this swap saw them: an offer that changes later loads again.
+    // The operator's offers and the job's registry logins as this swap saw them: one that
+    // changes later loads again (and a login rotated or dropped is not held on to).
     runner.job.policy_artifacts = next.policy_artifacts.clone();
+    runner.job.registry_auth = next.registry_auth.clone();
     for (kind, reference, outcome) in outcomes {
         let plugin = &reference.plugin;
         let recorded = match &outcome {

@@ -219,6 +219,7 @@ fn start_link(
     let (tokens, read_tokens) = tokio::sync::watch::channel(Arc::new(perennial_link::socket::NodeTokens::default()));
     tokio::spawn(link::follow_tokens(client.clone(), options.clone(), tokens));
     let said_absent = (book.clone(), stores.clone(), context.events.clone());
+    let logins = (client.clone(), book.clone(), stores.clone(), context.pull_secrets.clone());
     let side = link::OperatorSide::new(book, context.inbox.clone(), client.clone(), context.written_jobs.clone());
     let side = Arc::new(side.with_stores(stores));
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -227,6 +228,10 @@ fn start_link(
         if completed.await.is_err() {
             return;
         }
+        // The nodes' first state carries their jobs' registry logins: read before the link opens.
+        let (client, book, stores, pull_secrets) = logins;
+        let with_logins = pull_secrets::resolve_all(&client, &stores.jobs.state(), &pull_secrets).await;
+        book.refresh_jobs(&with_logins);
         // From when the link opens: a node that holds jobs and does not connect is said on them.
         let (book, stores, events) = said_absent;
         tokio::spawn(absent_nodes::say_absent_nodes(book, stores, events));

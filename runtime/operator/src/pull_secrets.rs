@@ -115,27 +115,46 @@ pub fn registries(job: &LifelongLearningJob) -> BTreeSet<String> {
         .collect()
 }
 
-/// The Secrets the job's worker pod templates name in `imagePullSecrets`, each once.
-pub fn secret_names(job: &LifelongLearningJob) -> BTreeSet<String> {
+/// The most pull Secrets read for a job (each is a read on every reconcile).
+pub const MAX_PULL_SECRETS: usize = 8;
+
+/// The Secrets the job's worker pod templates name in `imagePullSecrets`, each once, in the
+/// order named (the first that has a registry's login gives it, as for the kubelet).
+pub fn secret_names(job: &LifelongLearningJob) -> Vec<String> {
     let spec = &job.spec;
     let templates: [&PodTemplateSpec; 3] =
         [&spec.train_spec.template, &spec.eval_spec.template, &spec.deploy_spec.template];
-    templates
-        .iter()
-        .filter_map(|template| template.spec.as_ref()?.image_pull_secrets.as_ref())
-        .flatten()
-        .map(|reference| reference.name.clone())
-        .filter(|name| !name.is_empty())
-        .collect()
+    let mut names: Vec<String> = Vec::new();
+    let named = templates.iter().filter_map(|template| template.spec.as_ref()?.image_pull_secrets.as_ref()).flatten();
+    for name in named.map(|reference| &reference.name).filter(|name| !name.is_empty()) {
+        if !names.contains(name) {
+            names.push(name.clone());
+        }
+    }
+    names
 }
 
 /// Reads the job's pull Secrets and keeps the logins for its registries; the problems named.
-pub async fn resolve(client: &Client, namespace: &str, job: &LifelongLearningJob) -> RegistryAuth {
+/// A Secret that cannot be read for a while (the API server busy or away) keeps the logins it
+/// gave before (`previous`): a hiccup takes no working login from the nodes.
+pub async fn resolve(
+    client: &Client,
+    namespace: &str,
+    job: &LifelongLearningJob,
+    previous: Option<&RegistryAuth>,
+) -> RegistryAuth {
     let registries = registries(job);
-    let names = secret_names(job);
+    let mut names = secret_names(job);
     let mut auth = RegistryAuth::default();
     if registries.is_empty() || names.is_empty() {
         return auth;
+    }
+    if names.len() > MAX_PULL_SECRETS {
+        auth.problems.push(format!(
+            "{} Secrets named in imagePullSecrets: only the first {MAX_PULL_SECRETS} are read",
+            names.len()
+        ));
+        names.truncate(MAX_PULL_SECRETS);
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     for name in names {
@@ -160,6 +179,10 @@ pub async fn resolve(client: &Client, namespace: &str, job: &LifelongLearningJob
             }
             Err(err) => {
                 auth.problems.push(format!("the Secret {shown} (imagePullSecrets) could not be read: {}", said(&err)));
+                let kept = previous.into_iter().flat_map(|previous| &previous.logins);
+                for (registry, login) in kept.filter(|(_, login)| login.secret == shown) {
+                    auth.logins.entry(registry.clone()).or_insert_with(|| login.clone());
+                }
                 continue;
             }
         };
@@ -174,6 +197,47 @@ pub async fn resolve(client: &Client, namespace: &str, job: &LifelongLearningJob
         }
     }
     auth
+}
+
+/// How many jobs' Secrets [`resolve_all`] reads at once.
+const RESOLVED_AT_ONCE: usize = 16;
+
+/// Reads the pull Secrets of every job that has `oci://` policies and names some, before the
+/// link opens, so that each node gets its jobs' logins with their first state (not a reconcile
+/// later, with a pull refused meanwhile); the keys of the jobs that got logins. Only the logins:
+/// the problems are said by the job's reconcile, once.
+pub async fn resolve_all(
+    client: &Client,
+    jobs: &[Arc<LifelongLearningJob>],
+    pull_secrets: &PullSecrets,
+) -> BTreeSet<String> {
+    use futures::StreamExt as _;
+    let wanted: Vec<Arc<LifelongLearningJob>> =
+        jobs.iter().filter(|job| !registries(job).is_empty() && !secret_names(job).is_empty()).cloned().collect();
+    // Owned, not borrowed, in each read: the future is spawned.
+    let resolved: Vec<(Arc<LifelongLearningJob>, RegistryAuth)> = futures::stream::iter(wanted)
+        .map(|job| {
+            let client = client.clone();
+            async move {
+                let namespace = job.metadata.namespace.clone().unwrap_or_default();
+                let auth = resolve(&client, &namespace, &job, None).await;
+                (job, auth)
+            }
+        })
+        .buffer_unordered(RESOLVED_AT_ONCE)
+        .collect()
+        .await;
+    let mut keys = BTreeSet::new();
+    for (job, auth) in resolved {
+        let Some(uid) = job.metadata.uid.as_deref() else { continue };
+        if auth.logins.is_empty() {
+            continue;
+        }
+        let key = perennial_api::key(&job.metadata);
+        pull_secrets.set(&key, uid, RegistryAuth { logins: auth.logins, ..RegistryAuth::default() });
+        keys.insert(key);
+    }
+    keys
 }
 
 /// What a failed read says, without a body the API server may have echoed.
@@ -370,7 +434,7 @@ mod tests {
             "spec": {
                 "dataset": {"name": "d", "trainProb": 0.8,
                             "splitPolicy": {"plugin": "oci://ghcr.io/a/split:1", "sha256": "0".repeat(64)}},
-                "trainSpec": {"template": {"spec": {"imagePullSecrets": [{"name": "a"}, {"name": "b"}], "containers": []}},
+                "trainSpec": {"template": {"spec": {"imagePullSecrets": [{"name": "b"}, {"name": "a"}], "containers": []}},
                               "trigger": {"policy": {"plugin": "builtin:threshold-trigger",
                                           "shadow": {"plugin": format!("oci://{HOST}/p/t:1")}}}},
                 "evalSpec": {"template": {"spec": {"imagePullSecrets": [{"name": "b"}], "containers": []}}},
@@ -379,7 +443,7 @@ mod tests {
         }))
         .expect("a job");
         assert_eq!(registries(&job), BTreeSet::from(["ghcr.io".to_owned(), HOST.to_owned()]));
-        assert_eq!(secret_names(&job), BTreeSet::from(["a".to_owned(), "b".to_owned(), "c".to_owned()]));
+        assert_eq!(secret_names(&job), ["b", "a", "c"], "each once, in the order named");
     }
 
     #[test]

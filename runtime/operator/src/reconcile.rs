@@ -337,7 +337,8 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
 /// gives nothing is said on the job (once per change), and the job goes on without it.
 async fn refresh_pull_secrets(job: &LifelongLearningJob, ctx: &Context, namespace: &str, key: &str) {
     let Some(uid) = job.metadata.uid.as_deref() else { return };
-    let auth = super::pull_secrets::resolve(&ctx.client, namespace, job).await;
+    let previous = ctx.pull_secrets.auth_of(key, Some(uid));
+    let auth = super::pull_secrets::resolve(&ctx.client, namespace, job, previous.as_deref()).await;
     let problems = auth.problems.join("; ");
     if ctx.pull_secrets.set(key, uid, auth) {
         ctx.metrics.error("pull_secret");

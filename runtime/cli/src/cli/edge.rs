@@ -104,6 +104,23 @@ pub(crate) fn host_path(rootfs: Option<&Path>, path: &str) -> String {
     }
 }
 
+/// The most a `--jobs` file may be: a list of job configs, not data.
+const MAX_JOBS_FILE_BYTES: u64 = 16 << 20;
+
+/// The `--jobs` file's text, bounded.
+fn read_jobs_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).with_context(|| format!("--jobs {}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_JOBS_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .with_context(|| format!("--jobs {}", path.display()))?;
+    if text.len() as u64 > MAX_JOBS_FILE_BYTES {
+        anyhow::bail!("--jobs {}: over {MAX_JOBS_FILE_BYTES} bytes: a list of jobs is far smaller", path.display());
+    }
+    Ok(text)
+}
+
 pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     // Jobs decide while policies compile: a compile gets one low-priority thread, never a core
     // the decisions need.
@@ -116,9 +133,17 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     store.counts_in_outbox = link.is_some();
     let configs: Vec<JobConfig> = match &args.jobs {
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("--jobs {}", path.display()))?;
+            let text = read_jobs_file(path)?;
             let jobs: Vec<JobConfig> =
                 serde_json::from_str(&text).with_context(|| format!("--jobs {}", path.display()))?;
+            if let Some(job) = jobs.iter().find(|job| !job.registry_auth.is_empty()) {
+                anyhow::bail!(
+                    "--jobs {}: job {}: registryAuth is the operator's (from a job's imagePullSecrets), not a job \
+                     file's: a node without a cloud pulls with its own docker config (DOCKER_CONFIG)",
+                    path.display(),
+                    job.name
+                );
+            }
             // Standalone, nothing else would ever bring it a job.
             if jobs.is_empty() && link.is_none() {
                 anyhow::bail!("--jobs {}: the list holds no job (and no --cloud-url would bring one)", path.display());

@@ -124,6 +124,9 @@ fn log_writer() -> fn() -> std::io::Stderr {
 }
 
 pub fn init_tracing(cli: &Cli) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     // On a terminal `run` shows live lines; its log says only what needs attention.
     #[cfg(feature = "embedded")]
@@ -131,21 +134,28 @@ pub fn init_tracing(cli: &Cli) {
     #[cfg(not(feature = "embedded"))]
     let running = false;
     let default = if terminal && running { "warn" } else { "info" };
-    let mut filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // The WebSocket library's trace lines print each frame of the link, whose desired state
-    // carries the jobs' registry logins: never on, whatever RUST_LOG says.
-    for quiet in ["tungstenite=debug", "tokio_tungstenite=debug"] {
-        if let Ok(directive) = quiet.parse() {
-            filter = filter.add_directive(directive);
-        }
-    }
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(log_writer());
+    // carries the jobs' registry logins: never shown, whatever RUST_LOG says (a filter after
+    // RUST_LOG's, so that no more specific target, e.g. `tungstenite::protocol=trace`, lifts it).
+    let no_frames = tracing_subscriber::filter::filter_fn(|meta| {
+        let websocket = meta.target().starts_with("tungstenite") || meta.target().starts_with("tokio_tungstenite");
+        !websocket || *meta.level() <= tracing::Level::DEBUG
+    });
+    let registry = tracing_subscriber::registry();
     match cli.log_format {
         LogFormat::Text => {
-            builder.with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init()
+            let layer = tracing_subscriber::fmt::layer()
+                .with_writer(log_writer())
+                .with_target(false)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+            registry.with(layer.with_filter(filter).with_filter(no_frames)).init()
         }
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Json => {
+            let layer = tracing_subscriber::fmt::layer().json().with_writer(log_writer());
+            registry.with(layer.with_filter(filter).with_filter(no_frames)).init()
+        }
     }
 }
 
