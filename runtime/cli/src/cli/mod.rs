@@ -125,6 +125,7 @@ fn log_writer() -> fn() -> std::io::Stderr {
 
 pub fn init_tracing(cli: &Cli) {
     use tracing_subscriber::Layer as _;
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -139,10 +140,17 @@ pub fn init_tracing(cli: &Cli) {
     // The WebSocket library's trace lines print each frame of the link, whose desired state
     // carries the jobs' registry logins: never shown, whatever RUST_LOG says (a filter after
     // RUST_LOG's, so that no more specific target, e.g. `tungstenite::protocol=trace`, lifts it).
-    let no_frames = tracing_subscriber::filter::filter_fn(|meta| {
+    let mut no_frames = tracing_subscriber::filter::filter_fn(|meta| {
         let websocket = meta.target().starts_with("tungstenite") || meta.target().starts_with("tokio_tungstenite");
         !websocket || *meta.level() <= tracing::Level::DEBUG
     });
+    // RUST_LOG's most verbose level stays the process's: the `log` records of the libraries
+    // (Cranelift's trace lines, a flood in a compile) are cut where they are made, not built
+    // and dropped.
+    if let Some(hint) = tracing_subscriber::Layer::<tracing_subscriber::Registry>::max_level_hint(&filter) {
+        no_frames = no_frames.with_max_level_hint(hint);
+    }
+    let filter = filter.and(no_frames);
     let registry = tracing_subscriber::registry();
     match cli.log_format {
         LogFormat::Text => {
@@ -150,11 +158,11 @@ pub fn init_tracing(cli: &Cli) {
                 .with_writer(log_writer())
                 .with_target(false)
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-            registry.with(layer.with_filter(filter).with_filter(no_frames)).init()
+            registry.with(layer.with_filter(filter)).init()
         }
         LogFormat::Json => {
             let layer = tracing_subscriber::fmt::layer().json().with_writer(log_writer());
-            registry.with(layer.with_filter(filter).with_filter(no_frames)).init()
+            registry.with(layer.with_filter(filter)).init()
         }
     }
 }
