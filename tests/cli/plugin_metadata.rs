@@ -185,6 +185,14 @@ fn check_names_what_a_config_lacks_before_the_policy_runs() {
     let out = perennial(&["plugin", "check", wasm, "--config", "{not json"]);
     assert_user_error(&out, "--config is not valid JSON");
 
+    // `plugin call` and `plugin test` check it too, in the same words, before the policy runs.
+    let lacking = r#"{"onlyWhen": 3}"#;
+    let not_run = "the config does not match the policy's config schema (the policy was not run): behaviour: missing";
+    assert_user_error(&perennial(&["plugin", "call", wasm, "--config", lacking, "--trigger", "{}"]), not_run);
+    let fixture = dir.path().join("fixture.json");
+    std::fs::write(&fixture, "[]").unwrap();
+    assert_user_error(&perennial(&["plugin", "test", wasm, "--config", lacking, path(&fixture)]), not_run);
+
     // A config the schema accepts goes on to the policy's configure.
     let ok = stdout(&perennial(&["plugin", "check", wasm, "--config", r#"{"behaviour": "ok"}"#]));
     assert!(ok.contains("metadata: hostile 1.2.3 (trigger)\n") && ok.contains("config:   accepted\n"), "{ok}");

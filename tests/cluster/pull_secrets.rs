@@ -85,6 +85,18 @@ async fn until_trigger(world: &World, what: &str, holds: impl Fn(&serde_json::Va
     }
 }
 
+/// How many times the operator has read a Secret (its `/metrics`).
+async fn secret_reads(metrics_port: u16) -> u64 {
+    let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let line = "perennial_operator_api_requests_total{verb=\"get\",resource=\"secrets\"} ";
+    text.lines().find_map(|l| l.strip_prefix(line)).map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
 /// Every file under `dir` that holds `needle`.
 fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut found = Vec::new();
@@ -158,9 +170,15 @@ async fn a_private_oci_policy_is_pulled_with_the_jobs_image_pull_secret_never_lo
 
     // The right one: the edge pulls with it, serves the policy by its digest, and a round runs.
     create_pull_secret(&world, &registry, PASSWORD);
+    let (reads_before, round_started) = (secret_reads(operator.metrics_port).await, Instant::now());
     touch_job(&world, "2");
     world.append_samples(100);
     world.until_deployed(1, Duration::from_secs(240)).await;
+    // The round's reconciles (a dozen and more) share the Secret's reads: the touch's, then one
+    // every 10 s at most (pull_secrets::READ_SERVES_FOR), not one a reconcile.
+    let reads = secret_reads(operator.metrics_port).await - reads_before;
+    let most = 2 + round_started.elapsed().as_secs() / 10;
+    assert!(reads <= most, "{reads} reads of the Secret in {:?}", round_started.elapsed());
     let serving = until_trigger(&world, "served", |trigger| trigger["health"] == "Serving").await;
     assert_eq!((serving["plugin"].as_str(), serving["digest"].as_str()), (Some(&*reference), Some(&*sha256)));
     assert!(
@@ -208,7 +226,7 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
     let (key, public) = (format!("{keys}.key"), format!("{keys}.pub"));
     let artifact_dir = world.file("operator-artifacts");
     let artifact_dir_arg = artifact_dir.display().to_string();
-    // The operator's temporary folder: the job's docker config lives there during a compile.
+    // The operator's temporary folder: the job's login is never written there (nor anywhere).
     let tmp = world.file("operator-tmp");
     std::fs::create_dir_all(&tmp).expect("tmp");
     let tmp_arg = tmp.display().to_string();
@@ -245,7 +263,7 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
     world.until_deployed(1, Duration::from_secs(240)).await;
     let serving = until_trigger(&world, "served", |trigger| trigger["health"] == "Serving").await;
     assert_eq!(serving["digest"].as_str(), Some(&*sha256), "{serving}");
-    // Compiled by the operator, with the job's login in a docker config removed after.
+    // Compiled by the operator, with the job's login given on the compile's standard input.
     let leftover: Vec<_> = std::fs::read_dir(&tmp).into_iter().flatten().flatten().map(|e| e.path()).collect();
     assert!(
         leftover
@@ -253,5 +271,5 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
             .all(|path| !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("perennial-pull-"))),
         "the compile's docker config was left: {leftover:?}"
     );
-    nowhere(&world, &[&world.file("edge-state"), Path::new(&edge_cache), &artifact_dir]);
+    nowhere(&world, &[&world.file("edge-state"), Path::new(&edge_cache), &artifact_dir, &tmp]);
 }

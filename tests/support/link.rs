@@ -122,7 +122,13 @@ impl CloudSide for TestCloud {
         self.platforms.lock().unwrap().push((node.to_owned(), platform.cloned()));
     }
 
-    async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+    async fn artifact_chunk(
+        &self,
+        _node: &str,
+        sha256: &str,
+        offset: u64,
+        max: usize,
+    ) -> Result<ArtifactPiece, String> {
         let connection = self.platforms.lock().unwrap().len().saturating_sub(1);
         let delay = *self.artifact_delay.lock().unwrap();
         let now = self.reading.fetch_add(1, Ordering::SeqCst) + 1;

@@ -1,9 +1,16 @@
-//! Running this program's compiling subcommand as a child process at a low priority, and giving
-//! freed memory back after a large piece of work. Without the Wasm runtime: the operator runs its
-//! compiles for the nodes this way.
+//! Running this program's compiling subcommand as a child process at a low priority (and, for
+//! the operator's, giving way to its control plane), and giving freed memory back after a large
+//! piece of work. Without the Wasm runtime: the operator runs its compiles for the nodes this way.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::give_way::{GiveWay, Pace};
+
+/// How often a compile that gives way looks at the control plane's work.
+const PACE_EVERY: Duration = Duration::from_millis(5);
 
 /// How far below the parent a compiling child runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +25,22 @@ pub enum Priority {
 /// Runs `command` (this program's compiling subcommand) as a child at `priority` that dies with
 /// its parent, `stdin` on its standard input. The error is the child's last line on standard
 /// error, or how it ended.
-pub fn run_low_priority(mut command: Command, stdin: &[u8], priority: Priority) -> Result<(), String> {
+pub fn run_low_priority(command: Command, stdin: &[u8], priority: Priority) -> Result<(), String> {
+    run_child(command, stdin, priority, None).map(drop)
+}
+
+/// [`run_low_priority`] at [`Priority::Idle`], the child stopped whenever `give_way` says the
+/// control plane has work (see [`crate::give_way`]); how long it was stopped.
+pub fn run_giving_way(command: Command, stdin: &[u8], give_way: &GiveWay) -> Result<Duration, String> {
+    run_child(command, stdin, Priority::Idle, Some(give_way))
+}
+
+fn run_child(
+    mut command: Command,
+    stdin: &[u8],
+    priority: Priority,
+    give_way: Option<&GiveWay>,
+) -> Result<Duration, String> {
     use std::os::unix::process::CommandExt;
     let exe = std::path::PathBuf::from(command.get_program());
     command.env("RUST_LOG", "warn").stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
@@ -45,16 +67,28 @@ pub fn run_low_priority(mut command: Command, stdin: &[u8], priority: Priority) 
         });
     }
     let mut child = command.spawn().map_err(|err| format!("cannot start the compiler {}: {err}", exe.display()))?;
-    let written = child.stdin.take().map(|mut pipe| pipe.write_all(stdin));
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.stderr.take() {
-        // Bounded: a message, not a flood.
-        let _ = pipe.by_ref().take(64 << 10).read_to_string(&mut stderr);
-    }
+    let ended = AtomicBool::new(false);
+    let pid = child.id();
+    let (written, stderr, paused) = std::thread::scope(|scope| {
+        let pacing = give_way.map(|give_way| scope.spawn(|| pace(pid, give_way, &ended)));
+        let written = child.stdin.take().map(|mut pipe| pipe.write_all(stdin));
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            // Bounded: a message, not a flood.
+            let _ = pipe.by_ref().take(64 << 10).read_to_string(&mut stderr);
+        }
+        // The pacing stops before the child is reaped: its pid is never another process's then.
+        if give_way.is_some() {
+            wait_unreaped(pid);
+        }
+        ended.store(true, Ordering::Relaxed);
+        let paused = pacing.and_then(|pacing| pacing.join().ok()).unwrap_or_default();
+        (written, stderr, paused)
+    });
     let status = child.wait().map_err(|err| format!("the compiler: {err}"))?;
     let message = stderr.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or_default().to_owned();
     match (status.success(), written) {
-        (true, Some(Ok(()))) => Ok(()),
+        (true, Some(Ok(()))) => Ok(paused),
         (true, _) => Err("the compiler did not take the component".into()),
         (false, _) => Err(match (status.code(), message.is_empty()) {
             (_, false) => message.trim_start_matches("perennial: ").to_owned(),
@@ -64,6 +98,50 @@ pub fn run_low_priority(mut command: Command, stdin: &[u8], priority: Priority) 
     }
 }
 
+/// Waits until the child `pid` has ended, leaving it to be reaped.
+fn wait_unreaped(pid: u32) {
+    #[cfg(target_os = "linux")]
+    loop {
+        // SAFETY: `info` is a valid siginfo_t for waitid to fill; `pid` is our unreaped child.
+        let ended = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT)
+        };
+        if ended == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return;
+        }
+    }
+}
+
+/// Stops and continues the child `pid` as [`Pace`] says, until it `ended`; how long it was
+/// stopped.
+fn pace(pid: u32, give_way: &GiveWay, ended: &AtomicBool) -> Duration {
+    let mut pace = Pace::Running;
+    let mut paused = Duration::ZERO;
+    let signal = |signal| {
+        // SAFETY: kill has no memory preconditions; `pid` is our child, not yet reaped while
+        // `ended` is false (a zombie takes the signal harmlessly).
+        #[cfg(target_os = "linux")]
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    };
+    while !ended.load(Ordering::Relaxed) {
+        let next = pace.next(Instant::now(), give_way.quiet_for());
+        match (pace.runs(), next.runs()) {
+            (true, false) => signal(libc::SIGSTOP),
+            (false, true) => signal(libc::SIGCONT),
+            _ => {}
+        }
+        pace = next;
+        std::thread::sleep(PACE_EVERY);
+        if !pace.runs() {
+            paused += PACE_EVERY;
+        }
+    }
+    paused
+}
+
 /// Gives the heap's free pages back to the system (glibc keeps them otherwise): after a compile
 /// or a large transfer, the process's RSS is what it holds, not what it once held.
 pub fn release_freed_memory() {
@@ -71,5 +149,46 @@ pub fn release_freed_memory() {
     // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_giving_way_waits_while_the_control_plane_works_and_ends_once_it_is_quiet() {
+        let give_way = GiveWay::default();
+        let busy_for = Duration::from_millis(1500);
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while started.elapsed() < busy_for {
+                    give_way.busy();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            });
+            let mut command = Command::new("sleep");
+            command.arg("0.2");
+            let paused = run_giving_way(command, &[], &give_way).expect("the child ran");
+            assert!(paused >= busy_for / 2, "paused {paused:?}");
+        });
+        let took = started.elapsed();
+        // A 0.2 s child stopped while the work lasted, continued after it.
+        assert!(took >= busy_for, "ended after {took:?}, within the control plane's work");
+        assert!(took < busy_for + Duration::from_secs(3), "not continued once quiet: {took:?}");
+    }
+
+    #[test]
+    fn a_child_with_nothing_to_give_way_to_runs_at_once() {
+        let started = Instant::now();
+        let mut command = Command::new("sleep");
+        command.arg("0.2");
+        run_giving_way(command, &[], &GiveWay::default()).expect("the child ran");
+        assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+        let mut failing = Command::new("sh");
+        failing.args(["-c", "echo 'perennial: no such plugin' >&2; exit 3"]);
+        let err = run_giving_way(failing, &[], &GiveWay::default()).expect_err("exit 3");
+        assert_eq!(err, "no such plugin", "the child's last line, as run_low_priority says it");
     }
 }

@@ -68,6 +68,8 @@ const SAMPLES: usize = 50;
 const THRESHOLD: u32 = 40;
 /// The whole bench stops by itself after this.
 const WATCHDOG: Duration = Duration::from_secs(40 * 60);
+/// The longest the compiling scenario's rounds go on waiting for its compiles.
+const COMPILES_WAITED: Duration = Duration::from_secs(20 * 60);
 
 /// Child processes, killed at the end, on a panic and by the watchdog.
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
@@ -704,9 +706,10 @@ async fn scenario(
     let started = Instant::now();
     let mut times = Vec::new();
     let per_round_limit = Duration::from_secs(if jobs.len() > 1 { 300 } else { 120 });
-    // While compiling: rounds go on until the compiles are done (a round at least after them).
+    // While compiling: rounds go on until the compiles are done (a round at least after them),
+    // which give way to the control plane: with rounds back to back, a tenth of a core or so.
     let mut round = 0;
-    while round < rounds || compiling.is_some() && compiled_after.is_none() && round < 500 {
+    while round < rounds || compiling.is_some() && compiled_after.is_none() && started.elapsed() < COMPILES_WAITED {
         round += 1;
         let mut appended = Vec::new();
         for job in &mut jobs {

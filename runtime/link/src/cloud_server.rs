@@ -72,9 +72,11 @@ pub trait CloudSide: Send + Sync + 'static {
     /// state is sent.
     fn node_platform(&self, _node: &str, _platform: Option<&PolicyPlatform>) {}
     /// At most `max` bytes of the artifact named `sha256` (64 lower-case hex digits, checked)
-    /// from byte `offset`, and its total length; or why it cannot be sent (said to the edge).
+    /// from byte `offset`, and its total length, for `node`; or why it cannot be sent (said to
+    /// the edge).
     fn artifact_chunk(
         &self,
+        _node: &str,
         _sha256: &str,
         _offset: u64,
         _max: usize,
@@ -410,7 +412,7 @@ struct Answer {
 /// The answer to an `artifactGet`: a chunk of at most [`ARTIFACT_CHUNK_BYTES`], or why not.
 async fn serve_artifact<C: CloudSide>(side: &C, node: &str, sha256: String, offset: u64) -> Result<Answer, LinkError> {
     let sending = ARTIFACT_SENDS.acquire().await.map_err(|err| LinkError::WebSocket(err.to_string()))?;
-    let (text, last) = match side.artifact_chunk(&sha256, offset, ARTIFACT_CHUNK_BYTES).await {
+    let (text, last) = match side.artifact_chunk(node, &sha256, offset, ARTIFACT_CHUNK_BYTES).await {
         // A megabyte's base64 and JSON: made off the runtime's threads, which run the reconciles.
         Ok(ArtifactPiece { total, mut data }) => {
             data.truncate(ARTIFACT_CHUNK_BYTES);

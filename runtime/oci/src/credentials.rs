@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use base64::Engine as _;
+use perennial_types::docker_auths::{Auths, EntryError, registry_of};
 use serde::Deserialize;
 
 /// A user and password for one registry. Its `Debug` hides the password.
@@ -23,23 +23,13 @@ impl std::fmt::Debug for Credentials {
 #[derive(Default, Deserialize)]
 struct ConfigFile {
     #[serde(default)]
-    auths: std::collections::BTreeMap<String, AuthEntry>,
+    auths: Auths,
     /// The credential helper for every registry (`docker-credential-NAME`): not run.
     #[serde(default, rename = "credsStore")]
     creds_store: Option<String>,
     /// Each registry's credential helper: not run.
     #[serde(default, rename = "credHelpers")]
     cred_helpers: std::collections::BTreeMap<String, String>,
-}
-
-#[derive(Default, Deserialize)]
-struct AuthEntry {
-    #[serde(default)]
-    auth: Option<String>,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    password: Option<String>,
 }
 
 /// A docker `config.json`, read (or found absent).
@@ -86,23 +76,12 @@ impl DockerConfig {
     /// The credentials for `registry` (`HOST[:PORT]`), if the file has some. The key may be the
     /// registry as is, or a URL of it (`https://HOST/v1/`, as `docker login` writes Docker Hub's).
     pub fn credentials(&self, registry: &str) -> Result<Option<Credentials>, String> {
-        let entry = self.file.auths.iter().find(|(key, _)| registry_of(key) == registry).map(|(_, entry)| entry);
-        let Some(entry) = entry else { return Ok(None) };
-        let where_ = || format!("{}: auths.{registry}", self.path.display());
-        if let Some(auth) = entry.auth.as_deref().filter(|auth| !auth.is_empty()) {
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(auth.trim())
-                .map_err(|_| format!("{}.auth is not base64", where_()))?;
-            let text = String::from_utf8(decoded).map_err(|_| format!("{}.auth is not UTF-8", where_()))?;
-            let (username, password) =
-                text.split_once(':').ok_or_else(|| format!("{}.auth is not base64 of user:password", where_()))?;
-            return Ok(Some(Credentials { username: username.to_owned(), password: password.to_owned() }));
-        }
-        match (&entry.username, &entry.password) {
-            (Some(username), Some(password)) => {
-                Ok(Some(Credentials { username: username.clone(), password: password.clone() }))
-            }
-            _ => Ok(None),
+        let Some(entry) = self.file.auths.entry(registry) else { return Ok(None) };
+        match entry.user_and_password() {
+            Ok((username, password)) => Ok(Some(Credentials { username, password })),
+            // An entry with neither (docker's own, when a helper holds the login): none here.
+            Err(EntryError::NoLogin) => Ok(None),
+            Err(err) => Err(format!("{}: auths.{registry} {err}", self.path.display())),
         }
     }
 }
@@ -116,14 +95,10 @@ impl DockerConfig {
     }
 }
 
-/// `HOST[:PORT]` of an `auths` key: the key itself, or the host of a URL.
-fn registry_of(key: &str) -> &str {
-    let key = key.split_once("://").map_or(key, |(_, rest)| rest);
-    key.split('/').next().unwrap_or(key)
-}
-
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+
     use super::*;
 
     fn config(json: &str) -> DockerConfig {
@@ -164,7 +139,7 @@ mod tests {
         let err = DockerConfig::load(&path).err().unwrap();
         assert!(err.contains("not a docker config.json") && !err.contains("c2VjcmV0"), "{err}");
         let err = config(r#"{"auths": {"h": {"auth": "!!"}}}"#).credentials("h").unwrap_err();
-        assert!(err.ends_with("auths.h.auth is not base64"), "{err}");
+        assert!(err.ends_with("auths.h has an auth that is not base64"), "{err}");
         assert!(DockerConfig::load(&dir.join("absent.json")).unwrap().credentials("h").unwrap().is_none());
     }
 }

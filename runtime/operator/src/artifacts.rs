@@ -3,7 +3,8 @@
 //! artifact it fetches over the link by its digest), compiling, or refused with why.
 //!
 //! Each (component, platform, engine fingerprint) is compiled once, whatever the number of nodes
-//! and jobs that use it, by `perennial plugin compile` in a child process at a low priority (its
+//! and jobs that use it, by `perennial plugin compile` in a child process at the lowest priority,
+//! stopped while the operator calls the API server (`give_way`: a round is never slowed by it; its
 //! memory, hundreds of MB for a Python component, is never the operator's), and kept in a folder
 //! under a name made of those three digests: it outlives a restart and an upgrade of the
 //! toolchain. The child signs with the operator's key; the operator checks each artifact against
@@ -15,12 +16,13 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use perennial_artifact::child::{Priority, release_freed_memory, run_low_priority};
+use perennial_artifact::child::{release_freed_memory, run_giving_way};
+use perennial_artifact::give_way::GiveWay;
 use perennial_artifact::signing::{SigningKey, TrustedKey};
 use perennial_artifact::{artifact, target as platform};
 use perennial_link::cloud_server::ArtifactPiece;
 use perennial_link::messages::PolicyPlatform;
-use perennial_types::{PolicyArtifact, PolicyRef, RegistryLogin, Source};
+use perennial_types::{PolicyArtifact, PolicyRef, RegistryAuth, RegistryLogin, Source};
 use tokio::sync::{Semaphore, watch};
 
 /// How long a refused compile stands before a node's next look tries it again (a fetch that
@@ -35,6 +37,8 @@ const MAX_ARTIFACT_BYTES: u64 = 256 << 20;
 pub struct ArtifactOptions {
     pub sign_key: PathBuf,
     pub dir: PathBuf,
+    /// The control plane's work, which each compile gives way to ([`crate::client::ApiHealth::give_way`]).
+    pub give_way: Arc<GiveWay>,
 }
 
 /// One compile: a component for a platform's engine.
@@ -72,6 +76,7 @@ pub struct Artifacts {
     files: Mutex<HashMap<String, PathBuf>>,
     /// One compile at a time: the operator's reconciles keep the other core.
     compiles: Arc<Semaphore>,
+    give_way: Arc<GiveWay>,
     /// Counts finished compiles: the nodes' offers are made again when it moves.
     finished: watch::Sender<u64>,
 }
@@ -112,6 +117,7 @@ impl Artifacts {
             states: Mutex::default(),
             files: Mutex::default(),
             compiles: Arc::new(Semaphore::new(1)),
+            give_way: options.give_way.clone(),
             finished: watch::channel(0).0,
         };
         tracing::info!(
@@ -258,12 +264,13 @@ impl Artifacts {
                     .await
                     .unwrap_or_else(|err| Err(format!("the compile stopped: {err}")));
             let state = match outcome {
-                Ok((state, path)) => {
+                Ok((state, path, paused)) => {
                     tracing::info!(
                         component = key.component_sha256,
                         platform = key.platform,
-                        "compiled for the nodes in {:.1} s",
-                        started.elapsed().as_secs_f64()
+                        "compiled for the nodes in {:.1} s ({:.1} s of it paused while the control plane worked)",
+                        started.elapsed().as_secs_f64(),
+                        paused.as_secs_f64()
                     );
                     this.keep(state, path)
                 }
@@ -285,20 +292,9 @@ impl Artifacts {
         plugin: &str,
         pin: Option<&str>,
         login: Option<&RegistryLogin>,
-    ) -> Result<((String, u64), PathBuf), String> {
+    ) -> Result<((String, u64), PathBuf, Duration), String> {
         let out = tempfile::tempdir_in(self.dir.join("tmp")).map_err(|err| format!("a working folder: {err}"))?;
         let mut command = Command::new(&self.exe);
-        // The job's login reaches the child as a docker config of its own (never on its command
-        // line), removed when the compile ends (`docker_config` dropped).
-        let docker_config = match (login, plugin_registry(plugin)) {
-            (Some(login), Some(registry)) => {
-                let dir = docker_config_with(&registry, login)
-                    .map_err(|err| format!("a docker config for the job's login to {registry}: {err}"))?;
-                command.env("DOCKER_CONFIG", dir.path());
-                Some(dir)
-            }
-            _ => None,
-        };
         command.args(["plugin", "compile", plugin, "--target", &key.platform, "--sign-key"]);
         command.arg(&self.sign_key).arg("--out-dir").arg(out.path());
         // One compile thread (wasmtime compiles in parallel on rayon's pool): a core stays free
@@ -307,16 +303,18 @@ impl Artifacts {
         if let Some(pin) = pin {
             command.args(["--sha256", pin]);
         }
-        // The lowest priority: the operator's reconciles (and the API server beside it) come
-        // first; a compile is never what a round waits for.
-        run_low_priority(command, &[], Priority::Idle).map_err(|err| match (&docker_config, login) {
-            // A refusal names the docker config it pulled with: the job's Secret, not a temporary file.
-            (Some(dir), Some(login)) => err.replace(
-                &dir.path().join("config.json").display().to_string(),
-                &format!("the Secret {} (the job's imagePullSecrets)", login.secret),
-            ),
-            _ => err,
-        })?;
+        // The job's login reaches the child on its standard input: never in a file or an argument.
+        let logins = match (login, plugin_registry(plugin)) {
+            (Some(login), Some(registry)) => {
+                command.arg("--logins-on-stdin");
+                let auth = RegistryAuth { logins: [(registry, login.clone())].into(), ..RegistryAuth::default() };
+                serde_json::to_vec(&auth).map_err(|err| format!("the job's login: {err}"))?
+            }
+            _ => Vec::new(),
+        };
+        // The lowest priority, and stopped while the control plane works: the operator's
+        // reconciles (and the API server beside it) come first; a round never waits for a compile.
+        let paused = run_giving_way(command, &logins, &self.give_way)?;
         let made = std::fs::read_dir(out.path())
             .map_err(|err| err.to_string())?
             .filter_map(Result::ok)
@@ -333,7 +331,7 @@ impl Artifacts {
         let checked = checked?;
         let path = self.dir.join(key.file_name());
         std::fs::rename(&made, &path).map_err(|err| format!("{}: {err}", path.display()))?;
-        Ok((checked, path))
+        Ok((checked, path, paused))
     }
 }
 
@@ -343,21 +341,6 @@ fn plugin_registry(plugin: &str) -> Option<String> {
         Ok(Source::Oci(oci)) => Some(oci.registry),
         _ => None,
     }
-}
-
-/// A folder (0700, in the system's temporary folder: not the artifacts' volume) holding a docker
-/// `config.json` (0600) with `login` for `registry` alone; removed when dropped.
-fn docker_config_with(registry: &str, login: &RegistryLogin) -> std::io::Result<tempfile::TempDir> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let dir = tempfile::Builder::new().prefix("perennial-pull-").tempdir()?;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
-    let config = serde_json::json!({"auths": {registry: {
-        "username": login.username, "password": login.password.expose()}}});
-    let mut file =
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(dir.path().join("config.json"))?;
-    file.write_all(config.to_string().as_bytes())?;
-    Ok(dir)
 }
 
 /// Whether this operator's compiler makes code that `node` runs: a platform it compiles for,
@@ -446,7 +429,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (private, _) = perennial_artifact::signing::generate().unwrap();
         std::fs::write(dir.path().join("op.key"), private).unwrap();
-        let options = ArtifactOptions { sign_key: dir.path().join("op.key"), dir: dir.path().join("artifacts") };
+        let options = ArtifactOptions {
+            sign_key: dir.path().join("op.key"),
+            dir: dir.path().join("artifacts"),
+            give_way: Default::default(),
+        };
         let artifacts = Artifacts::new(&options).unwrap();
         let node = node("pulley64", platform::fingerprint("pulley64"));
         let file = PolicyRef::new("/opt/policies/mine.wasm");

@@ -8,6 +8,8 @@
 //!   API server refuses the operator's credentials instead of answering 200 while nothing works;
 //!   every request is counted there too, by verb and resource (`/metrics`).
 //! - At most [`MAX_IN_FLIGHT`] calls at once; more wait here, in order.
+//! - Each call and answer tells [`ApiHealth::give_way`] that the control plane has work: the
+//!   compiles for the nodes pause meanwhile ([`perennial_artifact::give_way`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -53,11 +55,13 @@ pub fn build(mut config: kube::Config, health: Arc<ApiHealth>) -> Result<kube::C
     let seen = health.clone();
     let builder = builder.with_layer(&tower::util::MapResponseLayer::new(move |response: Response<_>| {
         seen.answered(response.status().as_u16());
+        seen.give_way.busy();
         response
     }));
     let counted = health.clone();
     let builder = builder.with_layer(&tower::util::MapRequestLayer::new(move |mut request: Request<Body>| {
         counted.requests.sent(request.method(), request.uri().path(), request.uri().query());
+        counted.give_way.busy();
         if let Some(token) = &token {
             request.headers_mut().insert(AUTHORIZATION, token.header());
         }
@@ -113,6 +117,8 @@ pub struct ApiHealth {
     state: Mutex<Answers>,
     /// Every request sent, by verb and resource.
     pub requests: crate::api_requests::ApiRequests,
+    /// Told of every call and answer: the control plane's work, which compiles give way to.
+    pub give_way: Arc<perennial_artifact::give_way::GiveWay>,
 }
 
 #[derive(Debug, Default)]

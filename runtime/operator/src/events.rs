@@ -4,11 +4,20 @@
 //! Events of the last one: with 100 jobs in a round, these were about 16 of the 57 requests a
 //! job's round waited for. A full queue (the API server refusing or far behind) drops the event,
 //! counted; a failure to publish is said when it starts and when it ends, with its count.
+//!
+//! A warning goes through kube's `Recorder`, which folds one said again on the unchanged job
+//! into a series. A round's events (Normal) are each new, and are created as they are: the
+//! `Recorder` would keep each in its series cache for 6 minutes, memory that grows with the
+//! rounds (about 3 a job-round, for nothing).
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 
 use super::metrics::Metrics;
@@ -26,10 +35,11 @@ pub struct Events {
 }
 
 impl Events {
-    /// Starts the task that publishes with `recorder` (on the current tokio runtime).
-    pub fn start(recorder: Recorder, metrics: Arc<Metrics>) -> Self {
+    /// Starts the task that publishes as `reporter` (on the current tokio runtime).
+    pub fn start(client: kube::Client, reporter: Reporter, metrics: Arc<Metrics>) -> Self {
         let (queue, queued) = mpsc::channel(QUEUE);
-        tokio::spawn(publish_all(recorder, queued, metrics.clone()));
+        let publisher = Publisher { recorder: Recorder::new(client.clone(), reporter.clone()), client, reporter };
+        tokio::spawn(publish_all(publisher, queued, metrics.clone()));
         Events { queue, metrics }
     }
 
@@ -50,10 +60,59 @@ impl Events {
     }
 }
 
-async fn publish_all(recorder: Recorder, mut queued: mpsc::Receiver<(ObjectReference, Event)>, metrics: Arc<Metrics>) {
+struct Publisher {
+    /// Warnings, folded into series.
+    recorder: Recorder,
+    client: kube::Client,
+    reporter: Reporter,
+}
+
+impl Publisher {
+    async fn publish(&self, event: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
+        match event.type_ {
+            EventType::Warning => self.recorder.publish(event, regarding).await,
+            EventType::Normal => {
+                let namespace = regarding.namespace.as_deref().unwrap_or("default");
+                let created = normal_event(&self.reporter, event, regarding, Timestamp::now());
+                Api::<K8sEvent>::namespaced(self.client.clone(), namespace)
+                    .create(&PostParams::default(), &created)
+                    .await
+                    .map(drop)
+            }
+        }
+    }
+}
+
+/// A Normal event as kube's `Recorder` makes a new one (named after the object and the time).
+fn normal_event(reporter: &Reporter, event: &Event, regarding: &ObjectReference, now: Timestamp) -> K8sEvent {
+    let named_after = regarding.name.as_deref().unwrap_or(&reporter.controller);
+    K8sEvent {
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(regarding.clone()),
+        note: event.note.clone(),
+        metadata: ObjectMeta {
+            namespace: regarding.namespace.clone(),
+            name: Some(format!("{named_after}.{:x}", now.as_nanosecond())),
+            ..ObjectMeta::default()
+        },
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(reporter.instance.clone().unwrap_or_else(|| reporter.controller.clone())),
+        related: event.secondary.clone(),
+        type_: Some("Normal".into()),
+        ..K8sEvent::default()
+    }
+}
+
+async fn publish_all(
+    publisher: Publisher,
+    mut queued: mpsc::Receiver<(ObjectReference, Event)>,
+    metrics: Arc<Metrics>,
+) {
     let mut failing: u64 = 0;
     while let Some((reference, event)) = queued.recv().await {
-        match recorder.publish(&event, &reference).await {
+        match publisher.publish(&event, &reference).await {
             Ok(()) if failing > 0 => {
                 tracing::info!("publishing events works again after failing {failing} times");
                 failing = 0;
@@ -84,6 +143,29 @@ fn truncate(mut text: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rounds_event_says_what_the_recorder_would() {
+        let reporter = Reporter { controller: "perennial-operator".into(), instance: Some("op-1".into()) };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "TrainReady".into(),
+            note: Some("round 3".into()),
+            action: "Round3Train".into(),
+            secondary: None,
+        };
+        let regarding =
+            ObjectReference { namespace: Some("ml".into()), name: Some("job".into()), ..ObjectReference::default() };
+        let now = Timestamp::from_second(1_700_000_000).expect("a time");
+        let made = normal_event(&reporter, &event, &regarding, now);
+        assert_eq!(made.metadata.name.as_deref(), Some(format!("job.{:x}", now.as_nanosecond()).as_str()));
+        assert_eq!(made.metadata.namespace.as_deref(), Some("ml"));
+        assert_eq!((made.reason.as_deref(), made.action.as_deref()), (Some("TrainReady"), Some("Round3Train")));
+        assert_eq!((made.type_.as_deref(), made.note.as_deref()), (Some("Normal"), Some("round 3")));
+        assert_eq!(made.reporting_instance.as_deref(), Some("op-1"));
+        assert_eq!(made.regarding, Some(regarding));
+        assert!(made.series.is_none() && made.event_time.is_some());
+    }
 
     #[test]
     fn a_long_note_is_cut_on_a_character_boundary() {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::Controller;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 
@@ -134,7 +134,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         workers: options.workers.clone(),
         inbox: Arc::new(inbox),
         stores: stores.clone(),
-        events: events::Events::start(Recorder::new(client.clone(), reporter), metrics.clone()),
+        events: events::Events::start(client.clone(), reporter, metrics.clone()),
         metrics: metrics.clone(),
         failures: Default::default(),
         written: Default::default(),

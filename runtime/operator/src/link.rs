@@ -206,13 +206,33 @@ impl NodeBook {
         book.nodes.entry(node.to_owned()).or_insert_with(|| watch::channel(Arc::default()).0).subscribe()
     }
 
-    /// A piece of an artifact compiled for the nodes.
-    pub async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+    /// A piece of an artifact compiled for the nodes, to `node` if its desired state offers it:
+    /// an artifact is not anyone's to fetch by its digest (a private policy's compile is its
+    /// jobs' nodes' only).
+    pub async fn artifact_chunk(
+        &self,
+        node: &str,
+        sha256: &str,
+        offset: u64,
+        max: usize,
+    ) -> Result<ArtifactPiece, String> {
+        let offered = self.lock().nodes.get(node).is_some_and(|sender| offers(&sender.borrow(), sha256));
+        if !offered {
+            return Err(format!("the artifact {sha256} is not offered to node {node} (any more)"));
+        }
         match &self.artifacts {
             Some(artifacts) => artifacts.chunk(sha256, offset, max).await,
             None => Err("this operator compiles no policies for nodes (it has no --sign-key)".into()),
         }
     }
+}
+
+/// Whether a job of `desired` is offered the ready artifact `sha256`.
+fn offers(desired: &NodeDesired, sha256: &str) -> bool {
+    desired.jobs.values().any(|job| {
+        let offers = job.pointer("/config/policyArtifacts").and_then(Value::as_object);
+        offers.is_some_and(|offers| offers.values().any(|offer| offer["artifactSha256"] == sha256))
+    })
 }
 
 /// `desired` with, in each job's config, the job's registry logins (`registryAuth`) if it has
@@ -442,8 +462,8 @@ impl CloudSide for OperatorSide {
         self.book.set_platform(node, platform);
     }
 
-    async fn artifact_chunk(&self, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
-        self.book.artifact_chunk(sha256, offset, max).await
+    async fn artifact_chunk(&self, node: &str, sha256: &str, offset: u64, max: usize) -> Result<ArtifactPiece, String> {
+        self.book.artifact_chunk(node, sha256, offset, max).await
     }
 
     fn artifact_sent(&self) {
@@ -742,6 +762,30 @@ mod tests {
         pull_secrets.set("ml/a", "u2", RegistryAuth { problems: vec!["x".into()], ..Default::default() });
         book.refresh_jobs(&BTreeSet::from(["ml/a".to_owned()]));
         assert_eq!(auth_of(&mut one, "ml/a"), None);
+    }
+
+    #[test]
+    fn a_node_fetches_only_the_artifacts_offered_to_it() {
+        let sha = "ab".repeat(32);
+        let mut offered = with_config("a");
+        let ready =
+            json!({"state": "ready", "componentSha256": "c", "artifactSha256": sha, "size": 3, "platform": "p"});
+        Arc::make_mut(offered.jobs.get_mut("ml/a").expect("the job"))["config"]["policyArtifacts"] =
+            json!({"oci://r/p@sha256:c": ready});
+        let book = NodeBook::default();
+        book.set("edge-1", offered);
+        book.set("edge-2", with_config("b"));
+        let fetch = |node: &'static str, sha: String| {
+            let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            runtime.block_on(book.artifact_chunk(node, &sha, 0, 10)).expect_err("this book has no artifacts")
+        };
+        let refused = fetch("edge-2", sha.clone());
+        assert!(refused.contains("not offered to node edge-2"), "{refused}");
+        assert!(fetch("edge-1", "cd".repeat(32)).contains("not offered"), "another artifact");
+        assert!(fetch("edge-3", sha.clone()).contains("not offered"), "an unknown node");
+        // Offered: on to the artifacts (which this operator, without --sign-key, does not have).
+        let passed = fetch("edge-1", sha);
+        assert!(passed.contains("compiles no policies"), "{passed}");
     }
 
     #[test]

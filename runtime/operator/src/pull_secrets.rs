@@ -2,7 +2,9 @@
 //! in `imagePullSecrets` (train, eval and deploy: their union), in the job's own namespace.
 //!
 //! Each reconcile reads them again (a `get` per Secret, only for a job that has an `oci://`
-//! reference and names a Secret: no Secret watch, no Secret list) and keeps, in memory, only the
+//! reference and names a Secret: no Secret watch, no Secret list; a Secret read serves every job
+//! that names it for [`READ_SERVES_FOR`], not one read per reconcile, unless the job itself was
+//! changed: a user who fixed a Secret touches the job) and keeps, in memory, only the
 //! `auths` entries for the registries the job's references name. The link adds them to the job's
 //! config for its node (`config.registryAuth`, [`PullSecrets::auth_of`]); the operator's own
 //! compiles for compiler-free nodes pull with them. A Secret missing, forbidden or malformed is
@@ -11,13 +13,13 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use k8s_openapi::api::core::v1::{PodTemplateSpec, Secret};
 use kube::{Api, Client};
-use serde::Deserialize;
 
 use perennial_api::LifelongLearningJob;
+use perennial_types::docker_auths::Auths;
 use perennial_types::{Password, PolicyRef, RegistryAuth, RegistryLogin, Source};
 
 /// The type of a Secret made by `kubectl create secret docker-registry`, and its key.
@@ -32,6 +34,8 @@ const MAX_CONFIG_BYTES: usize = 1 << 20;
 #[derive(Default)]
 pub struct PullSecrets {
     state: Mutex<State>,
+    /// The Secrets read lately, shared by the jobs that name them.
+    reads: SecretReads,
     /// Wakes the link's follower ([`PullSecrets::changed`]).
     wake: tokio::sync::Notify,
 }
@@ -39,6 +43,8 @@ pub struct PullSecrets {
 #[derive(Default)]
 struct State {
     by_job: HashMap<String, (String, Arc<RegistryAuth>)>,
+    /// Each job's own metadata as last resolved ([`job_metadata`]).
+    metadata: HashMap<String, u64>,
     changed: BTreeSet<String>,
 }
 
@@ -69,7 +75,10 @@ impl PullSecrets {
 
     /// Forgets job `key` (deleted).
     pub fn forget(&self, key: &str) {
-        if self.lock().by_job.remove(key).is_some() {
+        let mut state = self.lock();
+        state.metadata.remove(key);
+        if state.by_job.remove(key).is_some() {
+            drop(state);
             self.set_changed(key);
         }
     }
@@ -77,6 +86,12 @@ impl PullSecrets {
     fn set_changed(&self, key: &str) {
         self.lock().changed.insert(key.to_owned());
         self.wake.notify_one();
+    }
+
+    /// Whether job `key`'s own metadata ([`job_metadata`]) changed since it was last told:
+    /// a change by a user (an annotation, an apply) has its Secrets read afresh.
+    pub fn job_changed(&self, key: &str, metadata: u64) -> bool {
+        self.lock().metadata.insert(key.to_owned(), metadata) != Some(metadata)
     }
 
     /// The logins of job `key` if it is the job of `uid`.
@@ -96,6 +111,16 @@ impl PullSecrets {
             self.wake.notified().await;
         }
     }
+}
+
+/// What a user changes of a job, hashed: its uid, generation (the spec), labels and annotations.
+/// Not its status or pods, which change through a round.
+pub fn job_metadata(job: &LifelongLearningJob) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let meta = &job.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (&meta.uid, meta.generation, &meta.labels, &meta.annotations).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The registries (`HOST[:PORT]`) of the job's `oci://` references: its policies and shadows.
@@ -134,14 +159,17 @@ pub fn secret_names(job: &LifelongLearningJob) -> Vec<String> {
     names
 }
 
-/// Reads the job's pull Secrets and keeps the logins for its registries; the problems named.
+/// Reads the job's pull Secrets (`afresh`, or each from a recent read that found it) and keeps
+/// the logins for its registries; the problems named.
 /// A Secret that cannot be read for a while (the API server busy or away) keeps the logins it
 /// gave before (`previous`): a hiccup takes no working login from the nodes.
 pub async fn resolve(
     client: &Client,
+    pull_secrets: &PullSecrets,
     namespace: &str,
     job: &LifelongLearningJob,
     previous: Option<&RegistryAuth>,
+    afresh: bool,
 ) -> RegistryAuth {
     let registries = registries(job);
     let mut names = secret_names(job);
@@ -156,7 +184,6 @@ pub async fn resolve(
         ));
         names.truncate(MAX_PULL_SECRETS);
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     for name in names {
         let shown = format!("{namespace}/{name}");
         // A plain name of this namespace only (a template is not validated for it).
@@ -164,13 +191,13 @@ pub async fn resolve(
             auth.problems.push(format!("the Secret {name:?} (imagePullSecrets): {why}"));
             continue;
         }
-        let secret = match secrets.get_opt(&name).await {
-            Ok(Some(secret)) => secret,
-            Ok(None) => {
+        let secret = match pull_secrets.reads.get(client, namespace, &name, afresh).await {
+            Ok(Read::Found(secret)) => secret,
+            Ok(Read::Absent) => {
                 auth.problems.push(format!("the Secret {shown} (imagePullSecrets) does not exist"));
                 continue;
             }
-            Err(kube::Error::Api(status)) if status.code == 403 => {
+            Ok(Read::Forbidden) => {
                 auth.problems.push(format!(
                     "the operator may not read the Secret {shown} (imagePullSecrets): bind the ClusterRole \
                      perennial-operator-credentials in {namespace}"
@@ -199,6 +226,53 @@ pub async fn resolve(
     auth
 }
 
+/// How long a Secret read serves before it is read again: a job is reconciled 10–20 times a
+/// round, and jobs share their Secrets. A changed Secret reaches the nodes within this.
+pub const READ_SERVES_FOR: Duration = Duration::from_secs(10);
+
+/// A Secret's read, as kept: found, absent, or forbidden (an error that may pass is not kept).
+#[derive(Clone)]
+enum Read {
+    Found(Arc<Secret>),
+    Absent,
+    Forbidden,
+}
+
+/// The Secrets read in the last [`READ_SERVES_FOR`], by (namespace, name).
+#[derive(Default)]
+struct SecretReads(Mutex<HashMap<(String, String), (Instant, Read)>>);
+
+impl SecretReads {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Instant, Read)>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The Secret `namespace/name`, from a read of the last [`READ_SERVES_FOR`] that found it,
+    /// or read now (`afresh`: read now in any case).
+    async fn get(&self, client: &Client, namespace: &str, name: &str, afresh: bool) -> Result<Read, kube::Error> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let kept = self.lock().get(&key).filter(|(at, _)| !afresh && at.elapsed() < READ_SERVES_FOR).cloned();
+        if let Some((_, read)) = kept {
+            return Ok(read);
+        }
+        let read = match Api::<Secret>::namespaced(client.clone(), namespace).get_opt(name).await {
+            Ok(Some(secret)) => Read::Found(Arc::new(secret)),
+            Ok(None) => Read::Absent,
+            Err(kube::Error::Api(status)) if status.code == 403 => Read::Forbidden,
+            Err(err) => return Err(err),
+        };
+        let mut reads = self.lock();
+        // No Secret kept longer than it serves.
+        reads.retain(|_, (at, _)| at.elapsed() < READ_SERVES_FOR);
+        match &read {
+            Read::Found(_) => reads.insert(key, (Instant::now(), read.clone())),
+            // One missing or forbidden is read again at once: a user creates it or binds the role.
+            Read::Absent | Read::Forbidden => reads.remove(&key),
+        };
+        Ok(read)
+    }
+}
+
 /// How many jobs' Secrets [`resolve_all`] reads at once.
 const RESOLVED_AT_ONCE: usize = 16;
 
@@ -214,13 +288,12 @@ pub async fn resolve_all(
     use futures::StreamExt as _;
     let wanted: Vec<Arc<LifelongLearningJob>> =
         jobs.iter().filter(|job| !registries(job).is_empty() && !secret_names(job).is_empty()).cloned().collect();
-    // Owned, not borrowed, in each read: the future is spawned.
     let resolved: Vec<(Arc<LifelongLearningJob>, RegistryAuth)> = futures::stream::iter(wanted)
         .map(|job| {
             let client = client.clone();
             async move {
                 let namespace = job.metadata.namespace.clone().unwrap_or_default();
-                let auth = resolve(&client, &namespace, &job, None).await;
+                let auth = resolve(&client, pull_secrets, &namespace, &job, None, true).await;
                 (job, auth)
             }
         })
@@ -246,22 +319,6 @@ fn said(err: &kube::Error) -> String {
         kube::Error::Api(status) => format!("HTTP {} {}", status.code, status.reason),
         other => other.to_string(),
     }
-}
-
-#[derive(Deserialize)]
-struct ConfigJson {
-    #[serde(default)]
-    auths: BTreeMap<String, AuthEntry>,
-}
-
-#[derive(Deserialize)]
-struct AuthEntry {
-    #[serde(default)]
-    auth: Option<String>,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    password: Option<String>,
 }
 
 /// The logins a pull Secret (`shown`: `namespace/name`) has for `registries`; entries for other
@@ -298,19 +355,13 @@ pub fn logins_of(
             err.column()
         )
     };
-    let auths = if entries_only {
-        serde_json::from_slice::<BTreeMap<String, AuthEntry>>(data).map_err(not_json)?
-    } else {
-        serde_json::from_slice::<ConfigJson>(data).map_err(not_json)?.auths
-    };
+    let auths = if entries_only { Auths::of_dockercfg(data) } else { Auths::of_config_json(data) };
+    let auths = auths.map_err(not_json)?;
     let mut logins = BTreeMap::new();
-    for (entry_key, entry) in &auths {
-        let registry = registry_of(entry_key);
-        if !registries.contains(registry) || logins.contains_key(registry) {
-            continue;
-        }
+    for registry in auths.registries().into_iter().filter(|registry| registries.contains(*registry)) {
+        let Some(entry) = auths.entry(registry) else { continue };
         let where_ = format!("the Secret {shown} (imagePullSecrets): its {key}'s auths entry for {registry}");
-        let (username, password) = user_and_password(entry).map_err(|why| format!("{where_} {why}"))?;
+        let (username, password) = entry.user_and_password().map_err(|why| format!("{where_} {why}"))?;
         logins.insert(
             registry.to_owned(),
             RegistryLogin { secret: shown.to_owned(), username, password: Password::new(password) },
@@ -319,30 +370,9 @@ pub fn logins_of(
     Ok(logins)
 }
 
-/// An entry's `auth` (base64 of `user:password`), else its `username` and `password`.
-fn user_and_password(entry: &AuthEntry) -> Result<(String, String), &'static str> {
-    if let Some(auth) = entry.auth.as_deref().filter(|auth| !auth.is_empty()) {
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(auth.trim())
-            .map_err(|_| "has an auth that is not base64")?;
-        let text = String::from_utf8(decoded).map_err(|_| "has an auth that is not UTF-8")?;
-        let (user, password) = text.split_once(':').ok_or("has an auth that is not base64 of user:password")?;
-        return Ok((user.to_owned(), password.to_owned()));
-    }
-    match (&entry.username, &entry.password) {
-        (Some(user), Some(password)) => Ok((user.clone(), password.clone())),
-        _ => Err("has neither an auth nor a username and password"),
-    }
-}
-
-/// `HOST[:PORT]` of an `auths` key: the key itself, or the host of a URL (`https://HOST/v1/`).
-fn registry_of(key: &str) -> &str {
-    let key = key.split_once("://").map_or(key, |(_, rest)| rest);
-    key.split('/').next().unwrap_or(key)
-}
-
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
     use k8s_openapi::ByteString;
 
     use super::*;

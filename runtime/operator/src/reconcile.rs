@@ -338,7 +338,11 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
 async fn refresh_pull_secrets(job: &LifelongLearningJob, ctx: &Context, namespace: &str, key: &str) {
     let Some(uid) = job.metadata.uid.as_deref() else { return };
     let previous = ctx.pull_secrets.auth_of(key, Some(uid));
-    let auth = super::pull_secrets::resolve(&ctx.client, namespace, job, previous.as_deref()).await;
+    // Read afresh when the job itself changed (a user who fixed a Secret touches the job).
+    let reads = !super::pull_secrets::registries(job).is_empty() && !super::pull_secrets::secret_names(job).is_empty();
+    let afresh = reads && ctx.pull_secrets.job_changed(key, super::pull_secrets::job_metadata(job));
+    let auth =
+        super::pull_secrets::resolve(&ctx.client, &ctx.pull_secrets, namespace, job, previous.as_deref(), afresh).await;
     let problems = auth.problems.join("; ");
     if ctx.pull_secrets.set(key, uid, auth) {
         ctx.metrics.error("pull_secret");

@@ -3,6 +3,7 @@
 //! references and health, and a node's jobs and reports. The resources (`perennial-api`), the
 //! edge agent, the link and the operator all build on these.
 
+pub mod docker_auths;
 pub mod files;
 pub mod node;
 pub mod policy;

@@ -127,7 +127,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let artifacts = match &args.sign_key {
         Some(sign_key) => {
             let dir = args.artifact_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("perennial-artifacts"));
-            let options = ArtifactOptions { sign_key: sign_key.clone(), dir };
+            // Compiles pause while the operator's calls to the API server go on.
+            let give_way = api_health.give_way.clone();
+            let options = ArtifactOptions { sign_key: sign_key.clone(), dir, give_way };
             Some(Artifacts::new(&options)?)
         }
         None => None,

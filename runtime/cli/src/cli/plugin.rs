@@ -73,6 +73,10 @@ pub enum PluginCommand {
         /// The folder to write NAME.PLATFORM.pcwasm into.
         #[arg(long, value_name = "DIR", default_value = ".")]
         out_dir: PathBuf,
+        /// Registry logins for an oci:// plugin, as JSON on standard input: how the operator
+        /// gives its compile a job's imagePullSecrets (never in a file or an argument).
+        #[arg(long, hide = true)]
+        logins_on_stdin: bool,
     },
     /// Make an ed25519 key pair to sign precompiled policies with: NAME.key (private: keep it
     /// where the compiles run) and NAME.pub (what nodes trust: `--trust-key NAME.pub`).
@@ -123,7 +127,8 @@ pub enum PluginCommand {
         #[arg(long, value_enum, default_value_t = InspectOutput::Text)]
         output: InspectOutput,
     },
-    /// Call a plugin once and print its answer as JSON.
+    /// Call a plugin once and print its answer as JSON. A --config is first checked against the
+    /// plugin's config schema, if its metadata has one (as `check` does).
     Call {
         #[command(flatten)]
         plugin: PluginArgs,
@@ -157,7 +162,8 @@ pub enum PluginCommand {
     },
     /// Test a built plugin against fixture files: decisions with their inputs and the answers
     /// expected, in the format `perennial decisions --output json` writes (a job's real
-    /// decisions are fixtures). Exits 0 when it answers every one as expected, 1 when not.
+    /// decisions are fixtures). Exits 0 when it answers every one as expected, 1 when not. A
+    /// --config is first checked against the plugin's config schema, if its metadata has one.
     Test {
         #[command(flatten)]
         plugin: PluginArgs,
@@ -351,8 +357,8 @@ pub async fn run(command: PluginCommand) -> anyhow::Result<()> {
             Ok(())
         }
         #[cfg(feature = "edge")]
-        PluginCommand::Compile { plugin, sha256, targets, sign_key, out_dir } => {
-            precompiled::compile(Compile { plugin, sha256, targets, sign_key, out_dir }).await
+        PluginCommand::Compile { plugin, sha256, targets, sign_key, out_dir, logins_on_stdin } => {
+            precompiled::compile(Compile { plugin, sha256, targets, sign_key, out_dir, logins_on_stdin }).await
         }
         PluginCommand::Keygen { name } => precompiled::keygen(&name),
         PluginCommand::Platform => {
@@ -468,19 +474,45 @@ fn check_metadata(
         None => println!("metadata: none (no config schema to check a config against)"),
     }
     let schema = metadata.as_ref().and_then(|m| m.config_schema.as_ref());
-    if let (Some(_), Some(schema)) = (&args.config, schema) {
-        // An empty config is `{}`, as the SDKs read it.
-        let text = if valid.config.trim().is_empty() { "{}" } else { valid.config.as_str() };
-        let config: serde_json::Value =
-            serde_json::from_str(text).map_err(|err| anyhow::anyhow!("config: not JSON ({err})"))?;
-        let errors = plugin_meta::config_errors(schema, &config);
-        if !errors.is_empty() {
-            bail!(
-                "{}: the config does not match the policy's config schema (the policy was not run): {}",
-                args.plugin,
-                errors.join("; ")
-            );
-        }
+    match (&args.config, schema) {
+        (Some(_), Some(schema)) => config_fits(&args.plugin, valid, schema),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the config given (`--config`) against the config schema the component embeds, if
+/// any, before the policy runs (`plugin call` and `plugin test`, as `plugin check` does).
+#[cfg(feature = "authoring")]
+pub(super) fn config_fits_embedded_schema(args: &PluginArgs, valid: &ValidRef, bytes: &[u8]) -> anyhow::Result<()> {
+    if args.config.is_none() {
+        return Ok(());
+    }
+    // Metadata that cannot be read is `plugin check`'s to say; here it checks nothing.
+    let Ok(Some(metadata)) = component_metadata(bytes, &[]) else { return Ok(()) };
+    match &metadata.config_schema {
+        Some(schema) => config_fits(&args.plugin, valid, schema),
+        None => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "authoring"))]
+pub(super) fn config_fits_embedded_schema(_: &PluginArgs, _: &ValidRef, _: &[u8]) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// What the config lacks against `schema`, in the SDKs' words; the policy is not run then.
+#[cfg(feature = "authoring")]
+fn config_fits(plugin: &str, valid: &ValidRef, schema: &serde_json::Value) -> anyhow::Result<()> {
+    // An empty config is `{}`, as the SDKs read it.
+    let text = if valid.config.trim().is_empty() { "{}" } else { valid.config.as_str() };
+    let config: serde_json::Value =
+        serde_json::from_str(text).map_err(|err| anyhow::anyhow!("config: not JSON ({err})"))?;
+    let errors = plugin_meta::config_errors(schema, &config);
+    if !errors.is_empty() {
+        bail!(
+            "{plugin}: the config does not match the policy's config schema (the policy was not run): {}",
+            errors.join("; ")
+        );
     }
     Ok(())
 }
@@ -661,6 +693,7 @@ async fn call(args: &PluginArgs, input: CallInput) -> anyhow::Result<()> {
     let valid = args.validate()?;
     let host = args.host()?;
     let bytes = host.fetch_ref(&valid).await?;
+    config_fits_embedded_schema(args, &valid, &bytes)?;
     let answer = off_runtime(move || answer(&host, &valid, &bytes, input)).await?;
     println!("{answer}");
     Ok(())

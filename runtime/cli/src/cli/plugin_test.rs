@@ -189,6 +189,7 @@ pub async fn test(args: &PluginArgs, fixtures: &[PathBuf], show: usize, json: bo
     let valid = args.validate()?;
     let host = args.host()?;
     let bytes = host.fetch_ref(&valid).await?;
+    super::plugin::config_fits_embedded_schema(args, &valid, &bytes)?;
     let inspection = host.inspect(&valid, &bytes)?;
     let Some((world, _)) = world_of(&inspection.exports) else {
         bail!("{}: not a Perennial policy; it exports {}", args.plugin, inspection.exports.join(", "));

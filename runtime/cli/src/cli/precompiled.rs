@@ -17,6 +17,30 @@ pub struct Compile {
     pub targets: Vec<String>,
     pub sign_key: PathBuf,
     pub out_dir: PathBuf,
+    /// Registry logins on standard input (the operator's compile of a job's `oci://` policy).
+    pub logins_on_stdin: bool,
+}
+
+/// The most read of the logins on standard input.
+#[cfg(feature = "edge")]
+const MAX_LOGINS_BYTES: u64 = 1 << 20;
+
+/// The registry logins on standard input (JSON of a `RegistryAuth`); an error never quotes them.
+#[cfg(feature = "edge")]
+fn logins_from_stdin() -> anyhow::Result<perennial_types::RegistryAuth> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::io::stdin().take(MAX_LOGINS_BYTES + 1).read_to_end(&mut bytes).context("reading the logins")?;
+    if bytes.len() as u64 > MAX_LOGINS_BYTES {
+        bail!("the logins on standard input are more than {MAX_LOGINS_BYTES} bytes");
+    }
+    serde_json::from_slice(&bytes).map_err(|err| {
+        anyhow::anyhow!(
+            "the logins on standard input are not JSON of logins (line {}, column {})",
+            err.line(),
+            err.column()
+        )
+    })
 }
 
 /// `plugin compile`: the component, compiled for each target and signed, written as
@@ -36,7 +60,10 @@ pub async fn compile(args: Compile) -> anyhow::Result<()> {
     reference.sha256 = args.sha256.clone();
     let valid = reference.validate().map_err(|err| anyhow::anyhow!("{}: {err}", args.plugin))?;
     let host = policy::PolicyHost::new(None, perennial_storage::S3Credentials::from_env())?;
-    let bytes = host.fetch_ref(&valid).await?;
+    let bytes = match args.logins_on_stdin {
+        true => host.fetch_ref_for_job(&valid, &logins_from_stdin()?).await?,
+        false => host.fetch_ref(&valid).await?,
+    };
     if policy::artifact::is_artifact(&bytes) {
         bail!("{} is already a precompiled policy: compile its source component", args.plugin);
     }

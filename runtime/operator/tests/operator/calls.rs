@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use perennial_api::{Dataset, LifelongLearningJob, Phase, Stage};
@@ -210,7 +210,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
         },
         inbox: inbox.clone(),
         stores: Stores { jobs, datasets, pods, pods_seen: pods_seen.clone() },
-        events: Events::start(Recorder::new(client, reporter), metrics.clone()),
+        events: Events::start(client, reporter, metrics.clone()),
         metrics,
         failures: Default::default(),
         written: Default::default(),
