@@ -246,7 +246,7 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
         "plugin": reference, "sha256": sha256,
         "config": {"condition": {"operator": ">=", "threshold": 50}}
     });
-    world.apply_job_pulling(50, Some(policy), &[SECRET]);
+    world.apply_job_pulling(50, Some(policy.clone()), &[SECRET]);
     // A wrong password: the operator's compile is refused, naming the user and the Secret (not
     // the temporary docker config it pulled with), never the password.
     let said = until_trigger(&world, "said the compile's credentials were refused", |trigger| {
@@ -271,5 +271,14 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
             .all(|path| !path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("perennial-pull-"))),
         "the compile's docker config was left: {leftover:?}"
     );
+    // Without its Secret the job may not pull the private component: the compile made with its
+    // login is not offered to it any more (each job's own access is shown before an offer), and
+    // it says why.
+    world.apply_job_pulling(50, Some(policy), &[]);
+    let said = until_trigger(&world, "said it may no longer pull it", |trigger| {
+        trigger["message"].as_str().is_some_and(|message| message.contains("refused access to the repository"))
+    })
+    .await;
+    assert!(!said.to_string().contains(PASSWORD), "{said}");
     nowhere(&world, &[&world.file("edge-state"), Path::new(&edge_cache), &artifact_dir, &tmp]);
 }

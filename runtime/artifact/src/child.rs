@@ -12,6 +12,11 @@ use crate::give_way::{GiveWay, Pace};
 /// How often a compile that gives way looks at the control plane's work.
 const PACE_EVERY: Duration = Duration::from_millis(5);
 
+/// What the compiling subcommand prints (a line on its standard output) once it has fetched the
+/// component: a compile gives way only from then on, so that a pause never runs out the fetch's
+/// timeouts.
+pub const FETCHED: &str = "fetched ";
+
 /// How far below the parent a compiling child runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Priority {
@@ -43,7 +48,8 @@ fn run_child(
 ) -> Result<Duration, String> {
     use std::os::unix::process::CommandExt;
     let exe = std::path::PathBuf::from(command.get_program());
-    command.env("RUST_LOG", "warn").stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let stdout = if give_way.is_some() { Stdio::piped() } else { Stdio::null() };
+    command.env("RUST_LOG", "warn").stdin(Stdio::piped()).stdout(stdout).stderr(Stdio::piped());
     // SAFETY: only async-signal-safe calls between fork and exec: prctl, setpriority and
     // sched_setscheduler.
     unsafe {
@@ -67,10 +73,13 @@ fn run_child(
         });
     }
     let mut child = command.spawn().map_err(|err| format!("cannot start the compiler {}: {err}", exe.display()))?;
-    let ended = AtomicBool::new(false);
+    let (ended, fetched) = (AtomicBool::new(false), AtomicBool::new(false));
     let pid = child.id();
     let (written, stderr, paused) = std::thread::scope(|scope| {
-        let pacing = give_way.map(|give_way| scope.spawn(|| pace(pid, give_way, &ended)));
+        let pacing = give_way.map(|give_way| scope.spawn(|| pace(pid, give_way, &fetched, &ended)));
+        if let Some(pipe) = child.stdout.take() {
+            scope.spawn(|| watch_for_fetched(pipe, &fetched));
+        }
         let written = child.stdin.take().map(|mut pipe| pipe.write_all(stdin));
         let mut stderr = String::new();
         if let Some(mut pipe) = child.stderr.take() {
@@ -113,10 +122,24 @@ fn wait_unreaped(pid: u32) {
     }
 }
 
-/// Stops and continues the child `pid` as [`Pace`] says, until it `ended`; how long it was
-/// stopped.
-fn pace(pid: u32, give_way: &GiveWay, ended: &AtomicBool) -> Duration {
-    let mut pace = Pace::Running;
+/// Reads the child's standard output to its end, telling when it said [`FETCHED`].
+fn watch_for_fetched(pipe: std::process::ChildStdout, fetched: &AtomicBool) {
+    use std::io::BufRead as _;
+    let mut lines = std::io::BufReader::new(pipe);
+    let mut line = Vec::new();
+    // Each line bounded; the rest of the output read and dropped (the child never blocks on it).
+    while lines.by_ref().take(4096).read_until(b'\n', &mut line).is_ok_and(|read| read > 0) {
+        if line.starts_with(FETCHED.as_bytes()) {
+            fetched.store(true, Ordering::Relaxed);
+        }
+        line.clear();
+    }
+}
+
+/// Stops and continues the child `pid` as [`Pace`] says once it has `fetched`, until it
+/// `ended`; how long it was stopped. It is left running.
+fn pace(pid: u32, give_way: &GiveWay, fetched: &AtomicBool, ended: &AtomicBool) -> Duration {
+    let mut pace = Pace::new(Instant::now());
     let mut paused = Duration::ZERO;
     let signal = |signal| {
         // SAFETY: kill has no memory preconditions; `pid` is our child, not yet reaped while
@@ -127,7 +150,8 @@ fn pace(pid: u32, give_way: &GiveWay, ended: &AtomicBool) -> Duration {
         }
     };
     while !ended.load(Ordering::Relaxed) {
-        let next = pace.next(Instant::now(), give_way.quiet_for());
+        let quiet_for = if fetched.load(Ordering::Relaxed) { give_way.quiet_for() } else { None };
+        let next = pace.next(Instant::now(), quiet_for);
         match (pace.runs(), next.runs()) {
             (true, false) => signal(libc::SIGSTOP),
             (false, true) => signal(libc::SIGCONT),
@@ -138,6 +162,10 @@ fn pace(pid: u32, give_way: &GiveWay, ended: &AtomicBool) -> Duration {
         if !pace.runs() {
             paused += PACE_EVERY;
         }
+    }
+    // Not stopped for good if its wait failed (the child not reaped yet: still ours).
+    if !pace.runs() {
+        signal(libc::SIGCONT);
     }
     paused
 }
@@ -156,34 +184,46 @@ pub fn release_freed_memory() {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_child_giving_way_waits_while_the_control_plane_works_and_ends_once_it_is_quiet() {
-        let give_way = GiveWay::default();
-        let busy_for = Duration::from_millis(1500);
+    /// A child that says it fetched, then works for 0.2 s, while the control plane is busy for
+    /// `busy_for`: how long it took, and how long it was paused.
+    fn while_busy(script: &str, busy_for: Duration) -> (Duration, Duration) {
+        let give_way = std::sync::Arc::new(GiveWay::default());
         let started = Instant::now();
         std::thread::scope(|scope| {
             scope.spawn(|| {
                 while started.elapsed() < busy_for {
-                    give_way.busy();
+                    let _call = give_way.begin();
                     std::thread::sleep(Duration::from_millis(10));
                 }
             });
-            let mut command = Command::new("sleep");
-            command.arg("0.2");
+            let mut command = Command::new("sh");
+            command.args(["-c", script]);
             let paused = run_giving_way(command, &[], &give_way).expect("the child ran");
-            assert!(paused >= busy_for / 2, "paused {paused:?}");
-        });
-        let took = started.elapsed();
-        // A 0.2 s child stopped while the work lasted, continued after it.
+            (started.elapsed(), paused)
+        })
+    }
+
+    #[test]
+    fn a_child_giving_way_waits_while_the_control_plane_works_and_ends_once_it_is_quiet() {
+        let busy_for = Duration::from_millis(1500);
+        let (took, paused) = while_busy("echo fetched x; sleep 0.2", busy_for);
         assert!(took >= busy_for, "ended after {took:?}, within the control plane's work");
         assert!(took < busy_for + Duration::from_secs(3), "not continued once quiet: {took:?}");
+        assert!(paused >= busy_for / 2, "paused {paused:?}");
+    }
+
+    #[test]
+    fn a_child_is_not_paused_before_it_has_fetched() {
+        // Its fetch has timeouts of its own: a pause must not run them out.
+        let (took, paused) = while_busy("sleep 0.2", Duration::from_millis(1500));
+        assert!(took < Duration::from_millis(1400) && paused.is_zero(), "took {took:?}, paused {paused:?}");
     }
 
     #[test]
     fn a_child_with_nothing_to_give_way_to_runs_at_once() {
         let started = Instant::now();
-        let mut command = Command::new("sleep");
-        command.arg("0.2");
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo fetched x; sleep 0.2"]);
         run_giving_way(command, &[], &GiveWay::default()).expect("the child ran");
         assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
         let mut failing = Command::new("sh");

@@ -55,6 +55,27 @@ impl Options {
         })
     }
 
+    /// For a job: with its login for `oci`'s registry (from its `imagePullSecrets`), preferred
+    /// over this machine's docker `config.json` (not even read then); else with that file's.
+    pub fn for_job(
+        oci: &OciRef,
+        auth: Option<&perennial_types::RegistryAuth>,
+        max_bytes: u64,
+        timeout: Duration,
+    ) -> Result<Options, String> {
+        match auth.and_then(|auth| auth.login(&oci.registry)) {
+            Some(login) => Ok(Options {
+                credentials: Some(Credentials {
+                    username: login.username.clone(),
+                    password: login.password.expose().into(),
+                }),
+                credentials_from: format!("the Secret {} (the job's imagePullSecrets)", login.secret),
+                ..Options::anonymous(max_bytes, timeout)
+            }),
+            None => Options::from_docker_config(oci, max_bytes, timeout),
+        }
+    }
+
     /// Anonymous.
     pub fn anonymous(max_bytes: u64, timeout: Duration) -> Options {
         Options {

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use perennial_artifact::child::{release_freed_memory, run_giving_way};
 use perennial_artifact::give_way::GiveWay;
+
+use super::access::{Access, Proofs};
 use perennial_artifact::signing::{SigningKey, TrustedKey};
 use perennial_artifact::{artifact, target as platform};
 use perennial_link::cloud_server::ArtifactPiece;
@@ -77,6 +79,8 @@ pub struct Artifacts {
     /// One compile at a time: the operator's reconciles keep the other core.
     compiles: Arc<Semaphore>,
     give_way: Arc<GiveWay>,
+    /// Which jobs' logins may pull which `oci://` components.
+    proofs: Arc<Proofs>,
     /// Counts finished compiles: the nodes' offers are made again when it moves.
     finished: watch::Sender<u64>,
 }
@@ -118,6 +122,7 @@ impl Artifacts {
             files: Mutex::default(),
             compiles: Arc::new(Semaphore::new(1)),
             give_way: options.give_way.clone(),
+            proofs: Arc::default(),
             finished: watch::channel(0).0,
         };
         tracing::info!(
@@ -178,6 +183,17 @@ impl Artifacts {
             }
             (_, None) => return refused("a remote plugin needs its sha256".into()),
         };
+        // A compile made for another job is offered only once this job's own login has shown
+        // its reference holds the component (access.rs).
+        if let Source::Oci(oci) = &valid.source {
+            let this = self.clone();
+            let checked = move || this.finished.send_modify(|count| *count += 1);
+            match self.proofs.access(oci, &component_sha256, login, checked) {
+                Access::Proven => {}
+                Access::Checking => return Some(PolicyArtifact::Compiling { platform: node.platform.clone() }),
+                Access::Refused(reason) => return refused(reason),
+            }
+        }
         let key = Key { component_sha256, platform: node.platform.clone(), fingerprint: node.fingerprint.clone() };
         let mut states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let state = match states.get(&key) {

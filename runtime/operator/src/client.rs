@@ -8,8 +8,9 @@
 //!   API server refuses the operator's credentials instead of answering 200 while nothing works;
 //!   every request is counted there too, by verb and resource (`/metrics`).
 //! - At most [`MAX_IN_FLIGHT`] calls at once; more wait here, in order.
-//! - Each call and answer tells [`ApiHealth::give_way`] that the control plane has work: the
-//!   compiles for the nodes pause meanwhile ([`perennial_artifact::give_way`]).
+//! - Each call, from when it is sent until its answer's headers come, is the control plane's
+//!   work for [`ApiHealth::give_way`]: the compiles for the nodes pause meanwhile, and a little
+//!   after ([`perennial_artifact::give_way`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,16 +53,24 @@ pub fn build(mut config: kube::Config, health: Arc<ApiHealth>) -> Result<kube::C
     let token = token_file.map(TokenFile::open).transpose()?.map(Arc::new);
     let builder = ClientBuilder::try_from(config)?;
     let builder = builder.with_layer(&tower::limit::ConcurrencyLimitLayer::new(MAX_IN_FLIGHT));
+    // Outside the concurrency limit: a call waiting for its turn is work waiting too.
+    let give_way = health.give_way.clone();
+    let builder = builder.with_layer(&tower::util::MapFutureLayer::new(move |call| {
+        let in_flight = give_way.begin();
+        async move {
+            let answer = call.await;
+            drop(in_flight);
+            answer
+        }
+    }));
     let seen = health.clone();
     let builder = builder.with_layer(&tower::util::MapResponseLayer::new(move |response: Response<_>| {
         seen.answered(response.status().as_u16());
-        seen.give_way.busy();
         response
     }));
     let counted = health.clone();
     let builder = builder.with_layer(&tower::util::MapRequestLayer::new(move |mut request: Request<Body>| {
         counted.requests.sent(request.method(), request.uri().path(), request.uri().query());
-        counted.give_way.busy();
         if let Some(token) = &token {
             request.headers_mut().insert(AUTHORIZATION, token.header());
         }

@@ -7,8 +7,8 @@
 //!
 //! A warning goes through kube's `Recorder`, which folds one said again on the unchanged job
 //! into a series. A round's events (Normal) are each new, and are created as they are: the
-//! `Recorder` would keep each in its series cache for 6 minutes, memory that grows with the
-//! rounds (about 3 a job-round, for nothing).
+//! `Recorder` would keep each in its series cache for 6 minutes (about 3 a job-round: a fleet's
+//! rounds of 6 minutes held in memory, for nothing).
 
 use std::sync::Arc;
 

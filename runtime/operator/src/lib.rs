@@ -5,6 +5,7 @@
 //! that checks the sequence of calls.
 
 pub mod absent_nodes;
+pub mod access;
 pub mod api_requests;
 pub mod artifacts;
 pub mod client;

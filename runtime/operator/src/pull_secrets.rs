@@ -288,12 +288,16 @@ pub async fn resolve_all(
     use futures::StreamExt as _;
     let wanted: Vec<Arc<LifelongLearningJob>> =
         jobs.iter().filter(|job| !registries(job).is_empty() && !secret_names(job).is_empty()).cloned().collect();
+    // Read now, as they are: the jobs' first reconciles share these reads.
+    for job in &wanted {
+        pull_secrets.job_changed(&perennial_api::key(&job.metadata), job_metadata(job));
+    }
     let resolved: Vec<(Arc<LifelongLearningJob>, RegistryAuth)> = futures::stream::iter(wanted)
         .map(|job| {
             let client = client.clone();
             async move {
                 let namespace = job.metadata.namespace.clone().unwrap_or_default();
-                let auth = resolve(&client, pull_secrets, &namespace, &job, None, true).await;
+                let auth = resolve(&client, pull_secrets, &namespace, &job, None, false).await;
                 (job, auth)
             }
         })

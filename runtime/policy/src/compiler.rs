@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-pub use perennial_artifact::child::{Priority, run_low_priority};
+pub use perennial_artifact::child::{FETCHED, Priority, run_low_priority};
 
 /// The hidden subcommand a child compiles with.
 pub const SUBCOMMAND: [&str; 2] = ["plugin", "compile-into-cache"];

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::engine::COMPONENT_READ;
-use perennial_oci::{Credentials, OciRef, Options, RegistryError};
+use perennial_oci::{OciRef, Options, RegistryError};
 use perennial_types::RegistryAuth;
 
 /// Components pulled from registries, by SHA-256 (`<hex>.wasm`), and which component each
@@ -93,21 +93,9 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
     Ok(())
 }
 
-/// How to reach `oci`'s registry: with the job's login for it (from its `imagePullSecrets`),
-/// preferred over this machine's docker `config.json` (not even read then); else with that file's.
+/// How to reach `oci`'s registry for a job ([`Options::for_job`]).
 fn options(oci: &OciRef, auth: Option<&RegistryAuth>) -> Result<Options, String> {
-    let (max_bytes, timeout) = (COMPONENT_READ.max_bytes, COMPONENT_READ.timeout);
-    match auth.and_then(|auth| auth.login(&oci.registry)) {
-        Some(login) => Ok(Options {
-            credentials: Some(Credentials {
-                username: login.username.clone(),
-                password: login.password.expose().into(),
-            }),
-            credentials_from: format!("the Secret {} (the job's imagePullSecrets)", login.secret),
-            ..Options::anonymous(max_bytes, timeout)
-        }),
-        None => Options::from_docker_config(oci, max_bytes, timeout),
-    }
+    Options::for_job(oci, auth, COMPONENT_READ.max_bytes, COMPONENT_READ.timeout)
 }
 
 /// Pulls `oci` (checked against `sha256`, the component's pin, if given), or, when the registry

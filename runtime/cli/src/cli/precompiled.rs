@@ -73,6 +73,14 @@ pub async fn compile(args: Compile) -> anyhow::Result<()> {
     {
         bail!("{} has sha256 {digest}, but --sha256 says {expected}", args.plugin);
     }
+    // The operator's compile gives way to its control plane from this line on.
+    println!(
+        "{}{} ({:.1} MB, sha256 {digest}): compiling for {}",
+        policy::compiler::FETCHED,
+        args.plugin,
+        bytes.len() as f64 / 1e6,
+        args.targets.join(", ")
+    );
     let stem = stem(&args.plugin);
     for target in args.targets {
         let started = Instant::now();
