@@ -170,6 +170,18 @@ fn pace(pid: u32, give_way: &GiveWay, fetched: &AtomicBool, ended: &AtomicBool) 
     paused
 }
 
+/// Has glibc map every allocation of 256 KiB and more on its own, and unmap it when freed: its
+/// default threshold rises to the largest buffer freed (up to 32 MiB), after which such buffers
+/// (an artifact's chunks and their base64, a megabyte each) come from the heaps of the threads
+/// that made them and stay there in pieces. For a process that moves large buffers for long.
+pub fn map_large_buffers_apart() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it has no memory preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+    }
+}
+
 /// Gives the heap's free pages back to the system (glibc keeps them otherwise): after a compile
 /// or a large transfer, the process's RSS is what it holds, not what it once held.
 pub fn release_freed_memory() {

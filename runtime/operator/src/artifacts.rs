@@ -16,6 +16,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use perennial_artifact::child::map_large_buffers_apart;
 use perennial_artifact::child::{release_freed_memory, run_giving_way};
 use perennial_artifact::give_way::GiveWay;
 

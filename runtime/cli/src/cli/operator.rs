@@ -101,6 +101,8 @@ pub struct OperatorArgs {
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    // The artifacts it sends the nodes pass through in megabyte buffers: never kept in the heap.
+    cloud::artifacts::map_large_buffers_apart();
     // A socket per linked node: the container's default soft limit would cap the fleet.
     let (open_files, _) = perennial_link::open_files::raise_to_hard_limit();
     tracing::info!(open_files, "open-file limit (one per linked node, beside about a hundred of its own)");
