@@ -152,7 +152,8 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
             "--trigger",
             "{}",
         ]),
-        "condition.operator: unknown operator \"~\"",
+        // The built-in's config schema says it first, with what is allowed.
+        "condition.operator: \"~\" is not one of >, >=, <, <=",
     );
     assert_user_error(
         &trigger(&["builtin:threshold-trigger", "--config", "{oops", "--trigger", "{}"]),
