@@ -5,19 +5,12 @@
 
 use std::time::Duration;
 
-use crate::harness::until;
+use crate::harness::{operator_counter, until};
 use crate::stack::World;
 
 /// The operator's counter of link refusals with `outcome`, from its `/metrics`.
 async fn refusals(metrics_port: u16, outcome: &str) -> u64 {
-    let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    let line = format!("perennial_operator_link_refusals_total{{outcome=\"{outcome}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.trim().parse().expect("a count"))
+    operator_counter(metrics_port, &format!("perennial_operator_link_refusals_total{{outcome=\"{outcome}\"}}")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -230,6 +230,19 @@ impl Drop for Process {
     }
 }
 
+/// An operator's counter `series` (its name and labels, as `/metrics` prints them) from its
+/// `/metrics` on `metrics_port`; 0 before it first counts.
+pub async fn operator_counter(metrics_port: u16, series: &str) -> u64 {
+    let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let line = format!("{series} ");
+    text.lines().find_map(|l| l.strip_prefix(&line)).map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
 /// Waits until `done` answers `Some`, checking every 50 ms; panics with `what` after `limit`.
 pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut done: F) -> T
 where

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::harness::free_port;
+use crate::harness::{free_port, operator_counter};
 use crate::registry::Registry;
 use crate::stack::{JOB, World};
 
@@ -87,14 +87,7 @@ async fn until_trigger(world: &World, what: &str, holds: impl Fn(&serde_json::Va
 
 /// How many times the operator has read a Secret (its `/metrics`).
 async fn secret_reads(metrics_port: u16) -> u64 {
-    let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    let line = "perennial_operator_api_requests_total{verb=\"get\",resource=\"secrets\"} ";
-    text.lines().find_map(|l| l.strip_prefix(line)).map_or(0, |n| n.trim().parse().expect("a count"))
+    operator_counter(metrics_port, r#"perennial_operator_api_requests_total{verb="get",resource="secrets"}"#).await
 }
 
 /// Every file under `dir` that holds `needle`.

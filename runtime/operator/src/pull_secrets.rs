@@ -230,20 +230,23 @@ pub async fn resolve(
 /// round, and jobs share their Secrets. A changed Secret reaches the nodes within this.
 pub const READ_SERVES_FOR: Duration = Duration::from_secs(10);
 
-/// A Secret's read, as kept: found, absent, or forbidden (an error that may pass is not kept).
-#[derive(Clone)]
+/// A Secret's read: found, absent, or forbidden.
 enum Read {
     Found(Arc<Secret>),
     Absent,
     Forbidden,
 }
 
-/// The Secrets read in the last [`READ_SERVES_FOR`], by (namespace, name).
+/// The Secrets found in the last [`READ_SERVES_FOR`], by (namespace, name). One missing or
+/// forbidden is not kept: it is read again at once (a user creates it or binds the role).
 #[derive(Default)]
-struct SecretReads(Mutex<HashMap<(String, String), (Instant, Read)>>);
+struct SecretReads(Mutex<HashMap<(String, String), Found>>);
+
+/// A Secret found, and when.
+type Found = (Instant, Arc<Secret>);
 
 impl SecretReads {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Instant, Read)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Found>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -252,8 +255,8 @@ impl SecretReads {
     async fn get(&self, client: &Client, namespace: &str, name: &str, afresh: bool) -> Result<Read, kube::Error> {
         let key = (namespace.to_owned(), name.to_owned());
         let kept = self.lock().get(&key).filter(|(at, _)| !afresh && at.elapsed() < READ_SERVES_FOR).cloned();
-        if let Some((_, read)) = kept {
-            return Ok(read);
+        if let Some((_, secret)) = kept {
+            return Ok(Read::Found(secret));
         }
         let read = match Api::<Secret>::namespaced(client.clone(), namespace).get_opt(name).await {
             Ok(Some(secret)) => Read::Found(Arc::new(secret)),
@@ -265,8 +268,7 @@ impl SecretReads {
         // No Secret kept longer than it serves.
         reads.retain(|_, (at, _)| at.elapsed() < READ_SERVES_FOR);
         match &read {
-            Read::Found(_) => reads.insert(key, (Instant::now(), read.clone())),
-            // One missing or forbidden is read again at once: a user creates it or binds the role.
+            Read::Found(secret) => reads.insert(key, (Instant::now(), secret.clone())),
             Read::Absent | Read::Forbidden => reads.remove(&key),
         };
         Ok(read)
