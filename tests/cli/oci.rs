@@ -328,7 +328,29 @@ fn a_job_serves_an_oci_policy_by_digest_and_outlives_its_registry() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains(&format!("fetching {reference}: the registry {} cannot be reached", registry.address))
-            && err.contains("and no copy of the component it pins is kept here"),
+            && err.contains("and no copy of the component it pins is kept here as pulled from"),
+        "{err}"
+    );
+
+    // The copy kept in the same cache serves no job that pulled it from nowhere: another
+    // repository naming the same digest (a tenant guessing it) is refused while the registry is
+    // down, as its own pull would be.
+    let (guesser_jobs, guesser_state) = (root.path().join("guesser-jobs"), root.path().join("guesser-state"));
+    std::fs::create_dir_all(&guesser_jobs).unwrap();
+    std::fs::create_dir_all(guesser_state.join("data/oci")).unwrap();
+    std::fs::write(guesser_state.join("data/oci/index.txt"), "").unwrap();
+    let elsewhere = format!("{}:v1", registry.reference("elsewhere/trigger"));
+    let guess = policy.replace(&reference, &elsewhere);
+    std::fs::write(guesser_jobs.join("oci.yaml"), never_training_job("oci", Some(&guess))).unwrap();
+    let mut fourth = run(&guesser_jobs, &guesser_state, &cache, &nobody);
+    let out = wait_exit(&mut fourth, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the kept copy served another repository's job:\n{err}");
+    let repository = elsewhere.trim_start_matches("oci://").trim_end_matches(":v1");
+    assert!(
+        err.contains(&format!(
+            "no copy of the component it pins is kept here as pulled from {repository} by this machine"
+        )),
         "{err}"
     );
 

@@ -31,15 +31,24 @@ fn perennial(args: &[&str], docker_config: &Path) -> String {
 
 /// The threshold trigger pushed to the private registry: its reference and sha256.
 fn push_trigger(registry: &Registry, world: &World) -> (String, String) {
+    let (reference, _, sha256) = push_trigger_with_manifest(registry, world);
+    (reference, sha256)
+}
+
+/// `plugin push` of the threshold trigger: (the reference, its manifest's digest, its
+/// component's).
+fn push_trigger_with_manifest(registry: &Registry, world: &World) -> (String, String, String) {
     let pusher = registry.docker_config(&world.file("pusher-docker-config"));
     let trigger = perennial_policy::builtin::built_plugin_path("threshold-trigger").expect("built");
     let reference = format!("{}:v1", registry.reference("team/trigger"));
     let pushed = perennial(&["plugin", "push", trigger, &reference], &pusher);
-    let sha256 = pushed
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("sha256 ").map(|rest| rest.trim().to_owned()))
-        .unwrap_or_else(|| panic!("no sha256 in: {pushed}"));
-    (reference, sha256)
+    let printed = |name: &str| {
+        pushed
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(name).map(|rest| rest.trim().to_owned()))
+            .unwrap_or_else(|| panic!("no {name} in: {pushed}"))
+    };
+    (reference, printed("manifest "), printed("sha256 "))
 }
 
 /// `kubectl create secret docker-registry`, as the docs say, with `password`.
@@ -210,7 +219,10 @@ async fn a_private_oci_policy_is_pulled_with_the_jobs_image_pull_secret_never_lo
 async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_image_pull_secret() {
     let registry = Registry::start_private(USER, PASSWORD);
     let world = World::new("pullc").await;
-    let (reference, sha256) = push_trigger(&registry, &world);
+    // Pinned by its manifest's digest alone: the operator reads the manifest, with the job's
+    // login, to learn the component it compiles.
+    let (tagged, manifest, sha256) = push_trigger_with_manifest(&registry, &world);
+    let reference = format!("{tagged}@{manifest}");
     let nobody = world.file("no-docker-config").display().to_string();
     create_pull_secret(&world, &registry, &format!("{PASSWORD}-wrong"));
 
@@ -236,7 +248,7 @@ async fn the_operators_compile_for_a_compiler_free_node_pulls_with_the_jobs_imag
     let _edge = world.start_edge_with(link_port, &["--trust-key", &public], &edge_env);
     let _kubelet = world.kubelet();
     let policy = serde_json::json!({
-        "plugin": reference, "sha256": sha256,
+        "plugin": reference,
         "config": {"condition": {"operator": ">=", "threshold": 50}}
     });
     world.apply_job_pulling(50, Some(policy.clone()), &[SECRET]);

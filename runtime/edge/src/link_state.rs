@@ -33,9 +33,9 @@ pub fn desired_jobs(store: &Store) -> Result<Vec<NodeJob>, rusqlite::Error> {
 }
 
 /// A desired job as this node keeps it: without its registry logins (`config.registryAuth`),
-/// which live in memory only; only which registries they were for (`withheld`). After a restart,
-/// the components they pulled serve from the copies kept by digest until the link brings them
-/// again.
+/// which live in memory only; only which registries they were for (`withheld`) and from which
+/// Secrets. After a restart, the components they pulled serve from the copies kept by digest
+/// until the link brings them again.
 fn kept_form(object: &Value) -> std::borrow::Cow<'_, Value> {
     let Some(auth) = object.pointer("/config/registryAuth") else {
         return std::borrow::Cow::Borrowed(object);
@@ -184,8 +184,12 @@ mod tests {
         let object = serde_json::json!({"metadata": {"name": "j"}, "config": {
             "name": "ml/j", "registryAuth": {"logins": {"127.0.0.1:5000": login}}}});
         let kept = kept_form(&object).to_string();
-        assert!(!kept.contains("pw-9") && !kept.contains("ann") && !kept.contains("ml/regcred"), "{kept}");
-        assert_eq!(kept_form(&object)["config"]["registryAuth"], serde_json::json!({"withheld": ["127.0.0.1:5000"]}));
+        assert!(!kept.contains("pw-9") && !kept.contains("ann"), "{kept}");
+        // Which Secret it was, so that a copy kept by digest serves only a pull as that Secret.
+        assert_eq!(
+            kept_form(&object)["config"]["registryAuth"],
+            serde_json::json!({"withheld": ["127.0.0.1:5000"], "withheldFrom": {"127.0.0.1:5000": "ml/regcred"}})
+        );
         assert!(kept.contains("ml/j"), "{kept}");
         let plain = serde_json::json!({"config": {"name": "ml/j"}});
         assert!(matches!(kept_form(&plain), std::borrow::Cow::Borrowed(_)), "no copy when there is nothing to strip");

@@ -5,7 +5,9 @@
 //! the component. A job that names a private component's digest without access to it is refused,
 //! as its own pull would be. A proof stands for [`PROOF_STANDS`] (then made again, the old one
 //! standing meanwhile: a login taken away stops the offers within it), a refusal for
-//! [`RETRY_REFUSED`].
+//! [`RETRY_REFUSED`]. A reference pinned only by its manifest's digest (`@sha256:`) is read the
+//! same way, with the job's login: the layer it holds is the component (a manifest named by
+//! digest never changes), and the read is the job's proof of access to it.
 
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
@@ -25,7 +27,8 @@ const MANIFEST_READ: (u64, Duration) = (1 << 20, Duration::from_secs(30));
 /// Whether a job may be offered a compile of its `oci://` reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Access {
-    Proven,
+    /// The reference holds this component (hex SHA-256), read with the job's login.
+    Proven(String),
     Checking,
     Refused(String),
 }
@@ -50,19 +53,20 @@ impl Proofs {
     }
 
     /// Whether `login` (`None`: the operator's own docker config) may pull `oci` as component
-    /// `sha256`: proven, being checked (started now), or refused and why. `checked` is called
-    /// when a check ends (the offers are made again).
+    /// `sha256` (`None`: whatever its manifest digest holds): proven (with the component),
+    /// being checked (started now), or refused and why. `checked` is called when a check ends
+    /// (the offers are made again).
     pub fn access(
         self: &Arc<Self>,
         oci: &OciRef,
-        sha256: &str,
+        sha256: Option<&str>,
         login: Option<&RegistryLogin>,
         checked: impl FnOnce() + Send + 'static,
     ) -> Access {
         let key = proof_key(oci, sha256, login);
         let mut proofs = self.lock();
         let stale = |proof: &Proof| match proof.access {
-            Access::Proven => proof.at.elapsed() >= PROOF_STANDS,
+            Access::Proven(_) => proof.at.elapsed() >= PROOF_STANDS,
             Access::Refused(_) => proof.at.elapsed() >= RETRY_REFUSED,
             Access::Checking => false,
         };
@@ -81,13 +85,13 @@ impl Proofs {
         }
         let access = proofs.get(&key).map(|proof| proof.access.clone()).unwrap_or(Access::Checking);
         drop(proofs);
-        let (this, oci, sha256) = (self.clone(), oci.clone(), sha256.to_owned());
+        let (this, oci, sha256) = (self.clone(), oci.clone(), sha256.map(str::to_owned));
         let auth = login.map(|login| RegistryAuth {
             logins: [(oci.registry.clone(), login.clone())].into(),
             ..RegistryAuth::default()
         });
         tokio::spawn(async move {
-            let access = prove(&oci, &sha256, auth.as_ref()).await;
+            let access = prove(&oci, sha256.as_deref(), auth.as_ref()).await;
             if let Access::Refused(why) = &access {
                 tracing::info!(reference = %oci, "a job is not offered its compiled policy: {why}");
             }
@@ -98,26 +102,28 @@ impl Proofs {
     }
 }
 
-/// Reads `oci`'s manifest with `auth`: its layer must be component `sha256`.
-async fn prove(oci: &OciRef, sha256: &str, auth: Option<&RegistryAuth>) -> Access {
+/// Reads `oci`'s manifest with `auth`: its layer must be component `sha256`, if given.
+async fn prove(oci: &OciRef, sha256: Option<&str>, auth: Option<&RegistryAuth>) -> Access {
     let (max_bytes, timeout) = MANIFEST_READ;
     let options = match Options::for_job(oci, auth, max_bytes, timeout) {
         Ok(options) => options,
         Err(err) => return Access::Refused(err),
     };
     match perennial_oci::resolve(oci, &options).await {
-        Ok(resolved) if resolved.component_sha256 == sha256 => Access::Proven,
-        Ok(resolved) => Access::Refused(format!(
-            "{oci} holds the component with sha256 {}, not the {sha256} the job pins",
-            resolved.component_sha256
-        )),
+        Ok(resolved) => match sha256 {
+            Some(sha256) if resolved.component_sha256 != sha256 => Access::Refused(format!(
+                "{oci} holds the component with sha256 {}, not the {sha256} the job pins",
+                resolved.component_sha256
+            )),
+            _ => Access::Proven(resolved.component_sha256),
+        },
         Err(err) => Access::Refused(format!("{oci}: {err}")),
     }
 }
 
 /// The key of a proof: the reference, the component, and the login (its password hashed, held
 /// only in this process).
-fn proof_key(oci: &OciRef, sha256: &str, login: Option<&RegistryLogin>) -> u64 {
+fn proof_key(oci: &OciRef, sha256: Option<&str>, login: Option<&RegistryLogin>) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (oci.to_string(), sha256).hash(&mut hasher);
     if let Some(login) = login {

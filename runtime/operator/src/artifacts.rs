@@ -61,8 +61,28 @@ impl Key {
 #[derive(Clone, Debug)]
 enum State {
     Compiling,
-    Ready { artifact_sha256: String, size: u64 },
-    Refused { reason: String, at: Instant },
+    Ready {
+        artifact_sha256: String,
+        size: u64,
+    },
+    /// `login`: whose login the failed compile pulled with (another job's, perhaps).
+    Refused {
+        reason: String,
+        at: Instant,
+        login: Option<(String, String)>,
+    },
+}
+
+/// A failed compile's reason as told to a job: a compile is shared by every job naming the
+/// component, and one made with another job's login (`by`: its Secret and user) names neither
+/// to a job that is not that Secret's.
+fn told_to(reason: String, by: Option<&(String, String)>, login: Option<&RegistryLogin>) -> String {
+    match by {
+        Some((secret, user)) if login.map(|login| &login.secret) != Some(secret) => reason
+            .replace(secret.as_str(), "another job's Secret")
+            .replace(&format!("{user:?}"), "\"(another job's user)\""),
+        _ => reason,
+    }
 }
 
 /// The cloud's compiles and their artifacts.
@@ -174,27 +194,28 @@ impl Artifacts {
                     path.display()
                 ));
             }
-            (_, Some(sha256)) => sha256.clone(),
-            (Source::Oci(_), None) => {
-                return refused(
-                    "the operator compiles an oci:// plugin by its component's digest: give its sha256 (as \
-                     `perennial plugin push` prints it) beside the @sha256: of its manifest"
-                        .into(),
-                );
+            (Source::Oci(oci), pin) => {
+                // Offered only once this job's own login has shown its reference holds the
+                // component (a compile made for another job among them: access.rs); a
+                // reference pinned by its manifest's digest alone names the component so.
+                if pin.is_none() && oci.digest.is_none() {
+                    return refused(
+                        "the operator compiles an oci:// plugin by digest: pin it with @sha256: (its manifest's) \
+                         or sha256: (its component's, as `perennial plugin push` prints it)"
+                            .into(),
+                    );
+                }
+                let this = self.clone();
+                let checked = move || this.finished.send_modify(|count| *count += 1);
+                match self.proofs.access(oci, pin.as_deref(), login, checked) {
+                    Access::Proven(component) => component,
+                    Access::Checking => return Some(PolicyArtifact::Compiling { platform: node.platform.clone() }),
+                    Access::Refused(reason) => return refused(reason),
+                }
             }
+            (_, Some(sha256)) => sha256.clone(),
             (_, None) => return refused("a remote plugin needs its sha256".into()),
         };
-        // A compile made for another job is offered only once this job's own login has shown
-        // its reference holds the component (access.rs).
-        if let Source::Oci(oci) = &valid.source {
-            let this = self.clone();
-            let checked = move || this.finished.send_modify(|count| *count += 1);
-            match self.proofs.access(oci, &component_sha256, login, checked) {
-                Access::Proven => {}
-                Access::Checking => return Some(PolicyArtifact::Compiling { platform: node.platform.clone() }),
-                Access::Refused(reason) => return refused(reason),
-            }
-        }
         let key = Key { component_sha256, platform: node.platform.clone(), fingerprint: node.fingerprint.clone() };
         let mut states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let state = match states.get(&key) {
@@ -224,7 +245,9 @@ impl Artifacts {
                 size,
                 platform: key.platform,
             },
-            State::Refused { reason, .. } => PolicyArtifact::Refused { reason },
+            State::Refused { reason, login: by, .. } => {
+                PolicyArtifact::Refused { reason: told_to(reason, by.as_ref(), login) }
+            }
         })
     }
 
@@ -276,6 +299,7 @@ impl Artifacts {
             let started = Instant::now();
             let worker = this.clone();
             let job = key.clone();
+            let by = login.as_ref().map(|login| (login.secret.clone(), login.username.clone()));
             let outcome =
                 tokio::task::spawn_blocking(move || worker.compile(&job, &plugin, pin.as_deref(), login.as_ref()))
                     .await
@@ -293,7 +317,7 @@ impl Artifacts {
                 }
                 Err(reason) => {
                     tracing::warn!(component = key.component_sha256, platform = key.platform, "not compiled: {reason}");
-                    State::Refused { reason, at: Instant::now() }
+                    State::Refused { reason, at: Instant::now(), login: by }
                 }
             };
             this.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, state);
@@ -419,6 +443,27 @@ mod tests {
 
     fn node(platform: &str, fingerprint: String) -> PolicyPlatform {
         PolicyPlatform { platform: platform.into(), fingerprint, compiles: false }
+    }
+
+    #[test]
+    fn a_shared_compiles_failure_names_another_jobs_login_to_no_one_else() {
+        use perennial_types::Password;
+        let reason = "pulling oci://r/t: refused the credentials of user \"robot-a\" (from the Secret team-a/regcred \
+                      (the job's imagePullSecrets))"
+            .to_owned();
+        let by = ("team-a/regcred".to_owned(), "robot-a".to_owned());
+        let login =
+            |secret: &str| RegistryLogin { secret: secret.into(), username: "u".into(), password: Password::new("p") };
+        // The job whose login it was hears it whole.
+        assert_eq!(told_to(reason.clone(), Some(&by), Some(&login("team-a/regcred"))), reason);
+        // Another namespace's job, or one with no login, hears neither the Secret nor the user.
+        for other in [Some(login("team-b/regcred")), None] {
+            let told = told_to(reason.clone(), Some(&by), other.as_ref());
+            assert!(!told.contains("team-a") && !told.contains("robot-a"), "{told}");
+            assert!(told.contains("another job's Secret") && told.contains("refused the credentials"), "{told}");
+        }
+        // A compile made with no login says what it says.
+        assert_eq!(told_to(reason.clone(), None, Some(&login("team-b/regcred"))), reason);
     }
 
     #[test]

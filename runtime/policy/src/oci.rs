@@ -2,7 +2,9 @@
 //! checked against the reference's pins, and kept on disk by digest, so that a registry that is
 //! down (or a tag moved to other content) stops neither a restart nor a job whose pinned
 //! component is kept: the copy serves, and the load says why once. The registry is asked first:
-//! a moved tag is always told.
+//! a moved tag is always told. A kept copy serves only a pull that a registry let have it: of
+//! the same repository, as the same puller (the same Secret's login, or this machine's own) —
+//! never another tenant's job on the node that names the digest.
 
 use std::path::{Path, PathBuf};
 
@@ -12,8 +14,10 @@ use super::engine::COMPONENT_READ;
 use perennial_oci::{OciRef, Options, RegistryError};
 use perennial_types::RegistryAuth;
 
-/// Components pulled from registries, by SHA-256 (`<hex>.wasm`), and which component each
-/// manifest digest pulled held (`manifests/<hex>`: a manifest named by digest never changes).
+/// Components pulled from registries, by SHA-256 (`<hex>.wasm`), which component each
+/// manifest digest pulled held (`manifests/<hex>`: a manifest named by digest never changes),
+/// and who pulled each from where (`grants/<hex>`: empty files named by a digest of the
+/// repository, the puller and the component).
 pub struct ComponentStore {
     dir: PathBuf,
 }
@@ -66,6 +70,19 @@ impl ComponentStore {
         (text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())).then(|| text.to_owned())
     }
 
+    /// Records that `puller` pulled component `sha256` from `oci`'s repository.
+    pub fn grant(&self, oci: &OciRef, puller: &str, sha256: &str) {
+        let dir = self.dir.join("grants");
+        if let Err(err) = write_atomically(&dir, &dir.join(grant_name(oci, puller, sha256)), b"") {
+            tracing::warn!(dir = %dir.display(), "cannot record who pulled the kept component: {err}");
+        }
+    }
+
+    /// Whether `puller` pulled component `sha256` from `oci`'s repository here before.
+    pub fn granted(&self, oci: &OciRef, puller: &str, sha256: &str) -> bool {
+        self.dir.join("grants").join(grant_name(oci, puller, sha256)).is_file()
+    }
+
     pub fn put_manifest(&self, manifest_digest: &str, component_sha256: &str) {
         let Some(hex) = manifest_digest.strip_prefix("sha256:") else { return };
         let dir = self.dir.join("manifests");
@@ -74,6 +91,32 @@ impl ComponentStore {
         }
     }
 }
+
+fn grant_name(oci: &OciRef, puller: &str, sha256: &str) -> String {
+    let mut digest = Sha256::new();
+    for part in [&oci.registry, &oci.repository, puller, sha256] {
+        digest.update(part.as_bytes());
+        digest.update([0]);
+    }
+    hex::encode(digest.finalize())
+}
+
+/// Who a pull of `oci` speaks as: the Secret whose login it uses (or used, read back on a node
+/// that did not keep the login), else this machine (its docker config, or anonymously). `None`
+/// when the job had a login this node kept nothing of (a state from before the Secrets were
+/// kept by name): no kept copy is theirs.
+fn puller(oci: &OciRef, auth: Option<&RegistryAuth>) -> Option<String> {
+    let Some(auth) = auth else { return Some(THIS_MACHINE.to_owned()) };
+    if let Some(login) = auth.login(&oci.registry) {
+        return Some(format!("the Secret {}", login.secret));
+    }
+    if auth.withheld.contains(&oci.registry) {
+        return auth.withheld_from.get(&oci.registry).map(|secret| format!("the Secret {secret}"));
+    }
+    Some(THIS_MACHINE.to_owned())
+}
+
+const THIS_MACHINE: &str = "this machine";
 
 /// A kept copy of a component.
 pub enum Kept {
@@ -125,10 +168,19 @@ async fn pull_or_keep(
     let pinned = sha256
         .map(str::to_owned)
         .or_else(|| oci.digest.as_deref().and_then(|digest| store.and_then(|store| store.component_of(digest))));
+    let puller = puller(oci, auth);
+    // The kept copy of the pinned component, if this puller pulled it from this repository.
+    let kept_for_puller = |store: &ComponentStore, sha: &str| match &puller {
+        Some(puller) if store.granted(oci, puller, sha) => store.kept(sha),
+        _ => Kept::Absent,
+    };
     match perennial_oci::pull(oci, pinned.as_deref(), &options).await {
         Ok(pulled) => {
             if let Some(store) = store {
                 store.put(&pulled.component_sha256, &pulled.bytes);
+                if let Some(puller) = &puller {
+                    store.grant(oci, puller, &pulled.component_sha256);
+                }
                 if let Some(digest) = &oci.digest {
                     store.put_manifest(digest, &pulled.component_sha256);
                 }
@@ -139,7 +191,7 @@ async fn pull_or_keep(
         // serves (and the reason is said); the other content is never pulled.
         Err(err @ (RegistryError::Unreachable(_) | RegistryError::Moved { .. })) => {
             let kept = match (pinned.as_deref(), store) {
-                (Some(sha), Some(store)) => store.kept(sha),
+                (Some(sha), Some(store)) => kept_for_puller(store, sha),
                 _ => Kept::Absent,
             };
             match (kept, &pinned, store) {
@@ -155,16 +207,19 @@ async fn pull_or_keep(
                      removed",
                     store.dir().display()
                 )),
-                _ if matches!(err, RegistryError::Unreachable(_)) => {
-                    Err(format!("{err}, and no copy of the component it pins is kept here"))
-                }
+                _ if matches!(err, RegistryError::Unreachable(_)) => Err(format!(
+                    "{err}, and no copy of the component it pins is kept here as pulled from {}/{} by {}",
+                    oci.registry,
+                    oci.repository,
+                    puller.as_deref().unwrap_or("this job's login")
+                )),
                 _ => Err(err.to_string()),
             }
         }
         // Refused for want of the job's login, which this node does not keep (read back from its
         // state, before the link brings it again): the pinned component, if kept, serves.
         Err(err @ RegistryError::Denied(_)) if withheld(oci, auth) => match (pinned.as_deref(), store) {
-            (Some(sha), Some(store)) => match store.kept(sha) {
+            (Some(sha), Some(store)) => match kept_for_puller(store, sha) {
                 Kept::Intact(bytes) => {
                     tracing::warn!(
                         "{oci}: the job's login for {} is not kept on this node and the link has not brought it \
@@ -208,6 +263,36 @@ mod tests {
         assert!(withheld(&oci, Some(&kept)), "read back from the edge's state: withheld");
         let other = OciRef::parse("ghcr.io/team/trigger:v1").unwrap();
         assert!(!withheld(&other, Some(&kept)) && !withheld(&oci, None));
+    }
+
+    #[test]
+    fn a_kept_copy_is_granted_only_to_the_repository_and_puller_that_pulled_it() {
+        use perennial_types::{Password, RegistryLogin};
+        let dir = tempfile::tempdir().unwrap();
+        let store = ComponentStore::new(dir.path().to_owned());
+        let oci = OciRef::parse("127.0.0.1:5000/team/trigger:v1").unwrap();
+        let login =
+            RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw-9") };
+        let mut auth = RegistryAuth::default();
+        auth.logins.insert("127.0.0.1:5000".into(), login);
+        let ann = puller(&oci, Some(&auth)).unwrap();
+        assert_eq!(ann, "the Secret ml/regcred");
+        store.grant(&oci, &ann, "ab12");
+        assert!(store.granted(&oci, &ann, "ab12"));
+        // Read back from the edge's state after a restart: still that Secret's.
+        assert_eq!(puller(&oci, Some(&auth.kept_form())).as_deref(), Some(ann.as_str()));
+        // Another tenant's Secret, this machine's own login, another repository, another component.
+        let mut other = auth.clone();
+        other.logins.get_mut("127.0.0.1:5000").unwrap().secret = "rival/regcred".into();
+        assert!(!store.granted(&oci, &puller(&oci, Some(&other)).unwrap(), "ab12"));
+        assert!(!store.granted(&oci, &puller(&oci, None).unwrap(), "ab12"));
+        let elsewhere = OciRef::parse("127.0.0.1:5000/rival/trigger:v1").unwrap();
+        assert!(!store.granted(&elsewhere, &ann, "ab12"));
+        assert!(!store.granted(&oci, &ann, "cd34"));
+        // A login withheld without its Secret's name (a state kept before names were): nobody's.
+        let mut nameless = auth.kept_form();
+        nameless.withheld_from.clear();
+        assert_eq!(puller(&oci, Some(&nameless)), None);
     }
 
     #[test]

@@ -21,18 +21,25 @@ pub struct RegistryAuth {
     /// until the link brings the login again.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub withheld: BTreeSet<String>,
+    /// Of those, the Secret (`namespace/name`) each withheld login came from: a copy kept by
+    /// digest serves only a pull as the Secret that kept it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub withheld_from: BTreeMap<String, String>,
 }
 
 impl RegistryAuth {
     pub fn is_empty(&self) -> bool {
-        self.logins.is_empty() && self.problems.is_empty() && self.withheld.is_empty()
+        self.logins.is_empty() && self.problems.is_empty() && self.withheld.is_empty() && self.withheld_from.is_empty()
     }
 
-    /// What a node keeps of it: the registries of its logins, as withheld; nothing else.
+    /// What a node keeps of it: the registries of its logins, as withheld, and the Secrets they
+    /// came from; no user, no password.
     pub fn kept_form(&self) -> RegistryAuth {
         let mut withheld = self.withheld.clone();
         withheld.extend(self.logins.keys().cloned());
-        RegistryAuth { withheld, ..RegistryAuth::default() }
+        let mut withheld_from = self.withheld_from.clone();
+        withheld_from.extend(self.logins.iter().map(|(registry, login)| (registry.clone(), login.secret.clone())));
+        RegistryAuth { withheld, withheld_from, ..RegistryAuth::default() }
     }
 
     /// The login for `registry`, if a Secret gave one.
@@ -89,6 +96,8 @@ mod tests {
         assert!(RegistryAuth::default().is_empty());
         let kept = auth.kept_form();
         assert_eq!(kept.withheld, BTreeSet::from(["127.0.0.1:5000".to_owned()]));
-        assert!(kept.logins.is_empty() && !serde_json::to_string(&kept).unwrap().contains("pw-9"));
+        assert_eq!(kept.withheld_from, BTreeMap::from([("127.0.0.1:5000".to_owned(), "ml/regcred".to_owned())]));
+        let kept_text = serde_json::to_string(&kept).unwrap();
+        assert!(kept.logins.is_empty() && !kept_text.contains("pw-9") && !kept_text.contains("ann"), "{kept_text}");
     }
 }
