@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use super::Time;
 pub use perennial_types::{ConditionData, Input, Model, Output, Phase, PolicyHealth, PolicyStatus, Stage};
 
-/// Sedna's list grows forever (13 entries a round); Perennial keeps the newest this many.
-pub const MAX_CONDITIONS: usize = 30;
+/// Sedna's list grows forever (13 entries a round); Perennial keeps the newest this many (a
+/// whole round: 14 when nothing fails), with `data` only on the newest of each stage and type.
+pub const MAX_CONDITIONS: usize = 16;
 
 /// Sedna's condition: `(stage, type)` with its JSON `data` as a string.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -76,7 +77,8 @@ pub struct WorkerRef {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LifelongLearningJobStatus {
-    /// The newest [`MAX_CONDITIONS`] conditions, oldest first.
+    /// The newest [`MAX_CONDITIONS`] conditions, oldest first; `data` on the newest of each
+    /// stage and type only.
     #[serde(default)]
     pub conditions: Vec<JobCondition>,
     /// Sedna's knowledge-base summary, kept as given.

@@ -220,8 +220,7 @@ impl Machine<'_> {
                 message: self.status.message.clone().filter(|_| phase == Phase::Failed),
                 data: data_json,
             });
-            let excess = self.status.conditions.len().saturating_sub(MAX_CONDITIONS);
-            self.status.conditions.drain(..excess);
+            trim(&mut self.status.conditions);
         }
     }
 
@@ -452,6 +451,20 @@ impl Machine<'_> {
         let next = stage.next();
         self.enter(next, Phase::Waiting, None);
         self.actions.push(Action::Edge(StageNotice { stage: next, round, failed: false }));
+    }
+}
+
+/// Keeps the newest [`MAX_CONDITIONS`] conditions, and the `data` only on the newest of each
+/// stage and type: older data is history that the status's `data`, `lastTrained` and `deployed`
+/// already tell, and every status write costs the API server in proportion to the stored job.
+pub fn trim(conditions: &mut Vec<JobCondition>) {
+    let excess = conditions.len().saturating_sub(MAX_CONDITIONS);
+    conditions.drain(..excess);
+    let mut seen = std::collections::HashSet::new();
+    for condition in conditions.iter_mut().rev() {
+        if !seen.insert((condition.stage, condition.type_)) {
+            condition.data = None;
+        }
     }
 }
 

@@ -260,11 +260,16 @@ fn run_case(c: &Case) -> Step {
     assert!((c.actions)(&out.actions), "{name}: unexpected actions {:#?}", out.actions);
     assert_eq!(out.recheck_after, c.recheck, "{name}: recheck_after");
 
-    // The conditions: the old ones kept (the oldest dropped past the cap), the new ones appended.
+    // The conditions: the old ones kept (the oldest dropped past the cap; data only on the newest
+    // of each stage and type), the new ones appended.
     let (before, after, k) = (&c.status.conditions, &s.conditions, c.appended.len());
     assert_eq!(after.len(), (before.len() + k).min(MAX_CONDITIONS), "{name}: number of conditions");
     let (kept, new) = after.split_at(after.len() - k);
-    assert_eq!(kept, &before[before.len() - kept.len()..], "{name}: the older conditions are kept as they were");
+    for (i, (old, now)) in before[before.len() - kept.len()..].iter().zip(kept).enumerate() {
+        let newer = after[i + 1..].iter().any(|n| (n.stage, n.type_) == (now.stage, now.type_));
+        let data = if newer { None } else { old.data.clone() };
+        assert_eq!(now, &JobCondition { data, ..old.clone() }, "{name}: the older conditions are kept as they were");
+    }
     let types: Vec<_> = new.iter().map(|n| (n.stage, n.type_)).collect();
     assert_eq!(types, c.appended, "{name}: conditions appended");
     for n in new {
@@ -1145,8 +1150,34 @@ fn a_round_step_by_step() {
 }
 
 #[test]
+fn only_the_newest_condition_of_each_stage_and_type_keeps_its_data() {
+    // Three rounds: the newest MAX_CONDITIONS conditions, and of the Ready and Completed ones
+    // (those with data) only the last round's hold it.
+    let mut table = vec![first_sync()];
+    for r in 1..=3 {
+        table.extend(round_steps(r, 100 * i64::try_from(r).unwrap()));
+    }
+    let end = run_chain(table);
+    let with_data: Vec<_> = end
+        .conditions
+        .iter()
+        .filter(|c| c.data.is_some())
+        .map(|c| (c.stage, c.type_, c.data.clone().unwrap()))
+        .collect();
+    let kinds: Vec<_> = with_data.iter().map(|(stage, type_, _)| (*stage, *type_)).collect();
+    assert_eq!(
+        kinds,
+        [(Train, Ready), (Train, Completed), (Eval, Ready), (Eval, Completed), (Deploy, Ready)],
+        "one of each, in order"
+    );
+    assert!(with_data[1].2.contains(&model("train-3").url), "round 3's Train result: {}", with_data[1].2);
+    let size = serde_json::to_string(&end.conditions).unwrap().len();
+    assert!(size < 4_000, "three rounds' conditions stored in {size} bytes");
+}
+
+#[test]
 fn conditions_are_capped() {
-    // Three rounds step by step: 1 + 3 × 14 = 43 conditions, the newest 30 kept (`run_case`
+    // Three rounds step by step: 1 + 3 × 14 = 43 conditions, the newest 16 kept (`run_case`
     // checks every step drops only the oldest).
     let mut table = vec![first_sync()];
     for r in 1..=3 {

@@ -435,14 +435,15 @@ async fn read_fresh(
 }
 
 /// The conditions `after` has that `before` did not (the list is capped: found by the last
-/// condition `before` had).
+/// condition `before` had, by its stage, type and time, as its `data` may have been trimmed since).
 pub fn added_conditions<'a>(
     before: &LifelongLearningJobStatus,
     after: &'a LifelongLearningJobStatus,
 ) -> &'a [JobCondition] {
+    let key = |c: &JobCondition| (c.stage, c.type_, c.last_transition_time.clone());
     match before.conditions.last() {
         None => &after.conditions,
-        Some(last) => match after.conditions.iter().rposition(|c| c == last) {
+        Some(last) => match after.conditions.iter().rposition(|c| key(c) == key(last)) {
             Some(at) => &after.conditions[at + 1..],
             None => &after.conditions,
         },
