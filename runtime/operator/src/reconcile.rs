@@ -680,6 +680,34 @@ mod tests {
     }
 
     #[test]
+    fn the_added_conditions_are_found_though_older_data_was_trimmed() {
+        use Phase::*;
+        use Stage::*;
+        let at = |secs: i64| Some(perennial_api::Time(jiff::Timestamp::from_second(1_800_000_000 + secs).unwrap()));
+        let with = |stage, phase, secs, data: Option<&str>| JobCondition {
+            last_transition_time: at(secs),
+            data: data.map(str::to_owned),
+            ..condition(stage, phase)
+        };
+        let before = LifelongLearningJobStatus {
+            conditions: vec![with(Train, Waiting, 0, None), with(Train, Ready, 1, Some("{\"input\":{}}"))],
+            ..Default::default()
+        };
+        // The step trimmed the data of the condition `before` ended with.
+        let after = LifelongLearningJobStatus {
+            conditions: vec![
+                with(Train, Waiting, 0, None),
+                with(Train, Ready, 1, None),
+                with(Train, Failed, 2, None),
+                with(Train, Waiting, 3, None),
+            ],
+            ..Default::default()
+        };
+        let added: Vec<_> = added_conditions(&before, &after).iter().map(|c| (c.stage, c.type_)).collect();
+        assert_eq!(added, [(Train, Failed), (Train, Waiting)]);
+    }
+
+    #[test]
     fn only_a_new_job_and_a_deploy_without_a_worker_get_a_condition_event() {
         use Phase::*;
         use Stage::*;
