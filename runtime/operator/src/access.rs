@@ -1,13 +1,16 @@
 //! Who may be offered a compile of an `oci://` policy. The operator compiles each component once
-//! for every job that names its `sha256:`; before a job is offered it, the job's own reference
-//! must be shown to hold that component with the job's own login (its `imagePullSecrets`, else
-//! the operator's docker config, else anonymously): its manifest is read, and its layer must be
-//! the component. A job that names a private component's digest without access to it is refused,
-//! as its own pull would be. A proof stands for [`PROOF_STANDS`] (then made again, the old one
-//! standing meanwhile: a login taken away stops the offers within it), a refusal for
-//! [`RETRY_REFUSED`]. A reference pinned only by its manifest's digest (`@sha256:`) is read the
-//! same way, with the job's login: the layer it holds is the component (a manifest named by
-//! digest never changes), and the read is the job's proof of access to it.
+//! per repository for every job that names it; before a job is offered it, the job's own
+//! reference must be shown to hold that component with the job's own login (its
+//! `imagePullSecrets`, else the operator's docker config, else anonymously): its manifest is
+//! read, and its layer must be the component. A job that names a private component's digest
+//! without access to it is refused, as its own pull would be. A proof stands for
+//! [`PROOF_STANDS`] (then made again, the old one standing meanwhile: a login taken away stops
+//! the offers within it), a refusal for [`RETRY_REFUSED`] (then checked again, the refusal
+//! standing meanwhile). A reference pinned only by its manifest's digest (`@sha256:`) is read
+//! the same way, with the job's login: the layer it holds is the component (a manifest named by
+//! digest never changes), and the read is the job's proof of access to it. The manifest alone
+//! proves nothing across repositories (a registry of one's own can make one name any layer):
+//! compiles are shared within a repository only (`artifacts::Key`).
 
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
@@ -72,13 +75,10 @@ impl Proofs {
         };
         match proofs.get_mut(&key) {
             Some(proof) if proof.checking || !stale(proof) => return proof.access.clone(),
-            // A proof gone stale stands while it is made again; a refusal is tried again.
-            Some(proof) => {
-                proof.checking = true;
-                if matches!(proof.access, Access::Refused(_)) {
-                    proof.access = Access::Checking;
-                }
-            }
+            // A proof or refusal gone stale stands while it is made again (a refusal flipped to
+            // "checking" would turn a node's offer from refused to compiling and back each
+            // minute, for a registry only the nodes reach).
+            Some(proof) => proof.checking = true,
             None => {
                 proofs.insert(key, Proof { access: Access::Checking, at: Instant::now(), checking: true });
             }

@@ -44,17 +44,27 @@ pub struct ArtifactOptions {
     pub give_way: Arc<GiveWay>,
 }
 
-/// One compile: a component for a platform's engine.
+/// One compile: a component for a platform's engine, and for an `oci://` one the repository
+/// it is pulled from. A job's access proof reads only its reference's manifest, which a
+/// registry of its own could make name any component: a compile shared across repositories
+/// would offer a private component to a job whose repository never held it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
     component_sha256: String,
     platform: String,
     fingerprint: String,
+    /// `HOST[:PORT]/REPOSITORY` of an `oci://` component; empty for the others.
+    repository: String,
 }
 
 impl Key {
     fn file_name(&self) -> String {
-        format!("{}.{}.{}.pcwasm", self.component_sha256, self.platform, self.fingerprint)
+        let (component, platform, fingerprint) = (&self.component_sha256, &self.platform, &self.fingerprint);
+        if self.repository.is_empty() {
+            return format!("{component}.{platform}.{fingerprint}.pcwasm");
+        }
+        let repository = perennial_artifact::artifact::sha256_hex(self.repository.as_bytes());
+        format!("{component}.{}.{platform}.{fingerprint}.pcwasm", &repository[..16])
     }
 }
 
@@ -73,17 +83,18 @@ enum State {
     },
 }
 
-/// A failed compile's reason as told to a job: a compile is shared by every job naming the
-/// component, and one made with another job's login (`by`: its Secret and user) names neither
-/// to a job that is not that Secret's.
+/// A failed compile's reason as told to a job. A compile is shared by the jobs that name the
+/// component in one repository; one that pulled with another job's login (`by`: its Secret and
+/// user, which its reason names) is told in general terms, the detail in the operator's log.
 fn told_to(reason: String, by: Option<&(String, String)>, login: Option<&RegistryLogin>) -> String {
     match by {
-        Some((secret, user)) if login.map(|login| &login.secret) != Some(secret) => reason
-            .replace(secret.as_str(), "another job's Secret")
-            .replace(&format!("{user:?}"), "\"(another job's user)\""),
+        Some((secret, _)) if login.map(|login| &login.secret) != Some(secret) => FAILED_WITH_ANOTHER_LOGIN.to_owned(),
         _ => reason,
     }
 }
+
+const FAILED_WITH_ANOTHER_LOGIN: &str = "the compile for this node, made with another job's pull Secret, failed (the \
+                                         operator's log says why); it is tried again within a minute";
 
 /// The cloud's compiles and their artifacts.
 pub struct Artifacts {
@@ -216,7 +227,16 @@ impl Artifacts {
             (_, Some(sha256)) => sha256.clone(),
             (_, None) => return refused("a remote plugin needs its sha256".into()),
         };
-        let key = Key { component_sha256, platform: node.platform.clone(), fingerprint: node.fingerprint.clone() };
+        let repository = match &valid.source {
+            Source::Oci(oci) => format!("{}/{}", oci.registry, oci.repository),
+            _ => String::new(),
+        };
+        let key = Key {
+            component_sha256,
+            platform: node.platform.clone(),
+            fingerprint: node.fingerprint.clone(),
+            repository,
+        };
         let mut states = self.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let state = match states.get(&key) {
             Some(State::Refused { at, .. }) if at.elapsed() >= RETRY_REFUSED => None,
@@ -458,12 +478,24 @@ mod tests {
         assert_eq!(told_to(reason.clone(), Some(&by), Some(&login("team-a/regcred"))), reason);
         // Another namespace's job, or one with no login, hears neither the Secret nor the user.
         for other in [Some(login("team-b/regcred")), None] {
-            let told = told_to(reason.clone(), Some(&by), other.as_ref());
-            assert!(!told.contains("team-a") && !told.contains("robot-a"), "{told}");
-            assert!(told.contains("another job's Secret") && told.contains("refused the credentials"), "{told}");
+            assert_eq!(told_to(reason.clone(), Some(&by), other.as_ref()), FAILED_WITH_ANOTHER_LOGIN);
         }
         // A compile made with no login says what it says.
         assert_eq!(told_to(reason.clone(), None, Some(&login("team-b/regcred"))), reason);
+    }
+
+    #[test]
+    fn a_compile_is_shared_within_a_repository_only() {
+        let key = |repository: &str| Key {
+            component_sha256: "ab".repeat(32),
+            platform: "pulley64".into(),
+            fingerprint: "f".repeat(32),
+            repository: repository.into(),
+        };
+        let (team, rival, builtin) = (key("r:5000/team/trigger"), key("r:5000/rival/trigger"), key(""));
+        assert_ne!(team.file_name(), rival.file_name(), "another repository's compile is its own");
+        assert_eq!(team.file_name(), key("r:5000/team/trigger").file_name());
+        assert_eq!(builtin.file_name(), format!("{}.pulley64.{}.pcwasm", "ab".repeat(32), "f".repeat(32)));
     }
 
     #[test]
