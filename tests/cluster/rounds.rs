@@ -165,8 +165,8 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
         (rounds("train") == ["2", "3"] && rounds("eval") == ["2", "3"] && rounds("inference") == ["3"]).then_some(())
     })
     .await;
-    // Sedna's conditions, in order (capped at 30: the last round and a half), each once: no
-    // report applied twice.
+    // Sedna's conditions, in order (capped at 16: the last round), each once: no report applied
+    // twice.
     let conditions: Vec<String> = job["status"]["conditions"]
         .as_array()
         .expect("conditions")
@@ -191,6 +191,19 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
         "Train Waiting",
     ];
     assert_eq!(conditions[conditions.len() - one_round.len()..], one_round[..], "{conditions:?}");
+    // Their data on the newest of each stage and type only: the last round's inputs and results.
+    let with_data: Vec<&String> = conditions
+        .iter()
+        .zip(job["status"]["conditions"].as_array().expect("conditions"))
+        .filter(|(_, c)| c.get("data").is_some())
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(
+        with_data,
+        ["Train Ready", "Train Completed", "Eval Ready", "Eval Completed", "Deploy Ready"],
+        "{}",
+        job["status"]["conditions"]
+    );
 
     // The Dataset's count and the edge's policies reach their status.
     until("the Dataset's numberOfSamples", Duration::from_secs(30), || async {

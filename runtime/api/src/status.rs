@@ -77,8 +77,8 @@ pub struct WorkerRef {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LifelongLearningJobStatus {
-    /// The newest [`MAX_CONDITIONS`] conditions, oldest first; `data` on the newest of each
-    /// stage and type only.
+    /// The newest 16 conditions (a whole round; [`MAX_CONDITIONS`]), oldest first; `data` on the
+    /// newest of each stage and type only.
     #[serde(default)]
     pub conditions: Vec<JobCondition>,
     /// Sedna's knowledge-base summary, kept as given.
