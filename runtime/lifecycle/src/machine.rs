@@ -457,7 +457,7 @@ impl Machine<'_> {
 /// Keeps the newest [`MAX_CONDITIONS`] conditions, and the `data` only on the newest of each
 /// stage and type: older data is history that the status's `data`, `lastTrained` and `deployed`
 /// already tell, and every status write costs the API server in proportion to the stored job.
-pub fn trim(conditions: &mut Vec<JobCondition>) {
+fn trim(conditions: &mut Vec<JobCondition>) {
     let excess = conditions.len().saturating_sub(MAX_CONDITIONS);
     conditions.drain(..excess);
     let mut seen = std::collections::HashSet::new();

@@ -1149,15 +1149,20 @@ fn a_round_step_by_step() {
     assert!(data(11).contains(&model("selected").url), "round 1: Deploy Ready's data {}", data(11));
 }
 
-#[test]
-fn only_the_newest_condition_of_each_stage_and_type_keeps_its_data() {
-    // Three rounds: the newest MAX_CONDITIONS conditions, and of the Ready and Completed ones
-    // (those with data) only the last round's hold it.
+/// The status after a first sync and three rounds, step by step (each step checked by `run_case`).
+fn three_rounds() -> LifelongLearningJobStatus {
     let mut table = vec![first_sync()];
     for r in 1..=3 {
         table.extend(round_steps(r, 100 * i64::try_from(r).unwrap()));
     }
-    let end = run_chain(table);
+    run_chain(table)
+}
+
+#[test]
+fn only_the_newest_condition_of_each_stage_and_type_keeps_its_data() {
+    // Three rounds: the newest MAX_CONDITIONS conditions, and of the Ready and Completed ones
+    // (those with data) only the last round's hold it.
+    let end = three_rounds();
     let with_data: Vec<_> = end
         .conditions
         .iter()
@@ -1179,11 +1184,7 @@ fn only_the_newest_condition_of_each_stage_and_type_keeps_its_data() {
 fn conditions_are_capped() {
     // Three rounds step by step: 1 + 3 × 14 = 43 conditions, the newest 16 kept (`run_case`
     // checks every step drops only the oldest).
-    let mut table = vec![first_sync()];
-    for r in 1..=3 {
-        table.extend(round_steps(r, 100 * i64::try_from(r).unwrap()));
-    }
-    let end = run_chain(table);
+    let end = three_rounds();
     let mut all = vec![(Train, Waiting)];
     for _ in 0..3 {
         all.extend_from_slice(&ROUND[1..]);

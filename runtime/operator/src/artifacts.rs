@@ -53,18 +53,20 @@ struct Key {
     component_sha256: String,
     platform: String,
     fingerprint: String,
-    /// `HOST[:PORT]/REPOSITORY` of an `oci://` component; empty for the others.
-    repository: String,
+    /// `HOST[:PORT]/REPOSITORY` of an `oci://` component.
+    repository: Option<String>,
 }
 
 impl Key {
     fn file_name(&self) -> String {
         let (component, platform, fingerprint) = (&self.component_sha256, &self.platform, &self.fingerprint);
-        if self.repository.is_empty() {
-            return format!("{component}.{platform}.{fingerprint}.pcwasm");
+        match &self.repository {
+            None => format!("{component}.{platform}.{fingerprint}.pcwasm"),
+            Some(repository) => {
+                let repository = perennial_artifact::artifact::sha256_hex(repository.as_bytes());
+                format!("{component}.{}.{platform}.{fingerprint}.pcwasm", &repository[..16])
+            }
         }
-        let repository = perennial_artifact::artifact::sha256_hex(self.repository.as_bytes());
-        format!("{component}.{}.{platform}.{fingerprint}.pcwasm", &repository[..16])
     }
 }
 
@@ -75,20 +77,23 @@ enum State {
         artifact_sha256: String,
         size: u64,
     },
-    /// `login`: whose login the failed compile pulled with (another job's, perhaps).
+    /// `secret`: the Secret whose login the failed compile pulled with (another job's, perhaps).
     Refused {
         reason: String,
         at: Instant,
-        login: Option<(String, String)>,
+        secret: Option<String>,
     },
 }
 
 /// A failed compile's reason as told to a job. A compile is shared by the jobs that name the
-/// component in one repository; one that pulled with another job's login (`by`: its Secret and
-/// user, which its reason names) is told in general terms, the detail in the operator's log.
-fn told_to(reason: String, by: Option<&(String, String)>, login: Option<&RegistryLogin>) -> String {
+/// component in one repository; one that pulled with another job's login (`by`: its Secret,
+/// which its reason names with its user) is told in general terms, the detail in the
+/// operator's log.
+fn told_to(reason: String, by: Option<&str>, login: Option<&RegistryLogin>) -> String {
     match by {
-        Some((secret, _)) if login.map(|login| &login.secret) != Some(secret) => FAILED_WITH_ANOTHER_LOGIN.to_owned(),
+        Some(secret) if login.map(|login| login.secret.as_str()) != Some(secret) => {
+            FAILED_WITH_ANOTHER_LOGIN.to_owned()
+        }
         _ => reason,
     }
 }
@@ -190,10 +195,10 @@ impl Artifacts {
             Ok(valid) => valid,
             Err(err) => return refused(err),
         };
-        let component_sha256 = match (&valid.source, &valid.sha256) {
+        let (component_sha256, repository) = match (&valid.source, &valid.sha256) {
             (Source::Builtin(name), _) => match &self.builtins {
                 Ok(builtins) => match builtins.get(name) {
-                    Some(digest) => digest.clone(),
+                    Some(digest) => (digest.clone(), None),
                     None => return refused(format!("no built-in called {name:?}")),
                 },
                 Err(err) => return refused(format!("the operator cannot list its built-ins: {err}")),
@@ -219,17 +224,13 @@ impl Artifacts {
                 let this = self.clone();
                 let checked = move || this.finished.send_modify(|count| *count += 1);
                 match self.proofs.access(oci, pin.as_deref(), login, checked) {
-                    Access::Proven(component) => component,
+                    Access::Proven(component) => (component, Some(format!("{}/{}", oci.registry, oci.repository))),
                     Access::Checking => return Some(PolicyArtifact::Compiling { platform: node.platform.clone() }),
                     Access::Refused(reason) => return refused(reason),
                 }
             }
-            (_, Some(sha256)) => sha256.clone(),
+            (_, Some(sha256)) => (sha256.clone(), None),
             (_, None) => return refused("a remote plugin needs its sha256".into()),
-        };
-        let repository = match &valid.source {
-            Source::Oci(oci) => format!("{}/{}", oci.registry, oci.repository),
-            _ => String::new(),
         };
         let key = Key {
             component_sha256,
@@ -265,8 +266,8 @@ impl Artifacts {
                 size,
                 platform: key.platform,
             },
-            State::Refused { reason, login: by, .. } => {
-                PolicyArtifact::Refused { reason: told_to(reason, by.as_ref(), login) }
+            State::Refused { reason, secret, .. } => {
+                PolicyArtifact::Refused { reason: told_to(reason, secret.as_deref(), login) }
             }
         })
     }
@@ -319,7 +320,7 @@ impl Artifacts {
             let started = Instant::now();
             let worker = this.clone();
             let job = key.clone();
-            let by = login.as_ref().map(|login| (login.secret.clone(), login.username.clone()));
+            let secret = login.as_ref().map(|login| login.secret.clone());
             let outcome =
                 tokio::task::spawn_blocking(move || worker.compile(&job, &plugin, pin.as_deref(), login.as_ref()))
                     .await
@@ -337,7 +338,7 @@ impl Artifacts {
                 }
                 Err(reason) => {
                     tracing::warn!(component = key.component_sha256, platform = key.platform, "not compiled: {reason}");
-                    State::Refused { reason, at: Instant::now(), login: by }
+                    State::Refused { reason, at: Instant::now(), secret }
                 }
             };
             this.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(key, state);
@@ -471,14 +472,13 @@ mod tests {
         let reason = "pulling oci://r/t: refused the credentials of user \"robot-a\" (from the Secret team-a/regcred \
                       (the job's imagePullSecrets))"
             .to_owned();
-        let by = ("team-a/regcred".to_owned(), "robot-a".to_owned());
         let login =
             |secret: &str| RegistryLogin { secret: secret.into(), username: "u".into(), password: Password::new("p") };
         // The job whose login it was hears it whole.
-        assert_eq!(told_to(reason.clone(), Some(&by), Some(&login("team-a/regcred"))), reason);
+        assert_eq!(told_to(reason.clone(), Some("team-a/regcred"), Some(&login("team-a/regcred"))), reason);
         // Another namespace's job, or one with no login, hears neither the Secret nor the user.
         for other in [Some(login("team-b/regcred")), None] {
-            assert_eq!(told_to(reason.clone(), Some(&by), other.as_ref()), FAILED_WITH_ANOTHER_LOGIN);
+            assert_eq!(told_to(reason.clone(), Some("team-a/regcred"), other.as_ref()), FAILED_WITH_ANOTHER_LOGIN);
         }
         // A compile made with no login says what it says.
         assert_eq!(told_to(reason.clone(), None, Some(&login("team-b/regcred"))), reason);
@@ -486,15 +486,15 @@ mod tests {
 
     #[test]
     fn a_compile_is_shared_within_a_repository_only() {
-        let key = |repository: &str| Key {
+        let key = |repository: Option<&str>| Key {
             component_sha256: "ab".repeat(32),
             platform: "pulley64".into(),
             fingerprint: "f".repeat(32),
-            repository: repository.into(),
+            repository: repository.map(str::to_owned),
         };
-        let (team, rival, builtin) = (key("r:5000/team/trigger"), key("r:5000/rival/trigger"), key(""));
+        let (team, rival, builtin) = (key(Some("r:5000/team/trigger")), key(Some("r:5000/rival/trigger")), key(None));
         assert_ne!(team.file_name(), rival.file_name(), "another repository's compile is its own");
-        assert_eq!(team.file_name(), key("r:5000/team/trigger").file_name());
+        assert_eq!(team.file_name(), key(Some("r:5000/team/trigger")).file_name());
         assert_eq!(builtin.file_name(), format!("{}.pulley64.{}.pcwasm", "ab".repeat(32), "f".repeat(32)));
     }
 

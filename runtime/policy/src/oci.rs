@@ -110,7 +110,7 @@ fn puller(oci: &OciRef, auth: Option<&RegistryAuth>) -> Option<String> {
     if let Some(login) = auth.login(&oci.registry) {
         return Some(format!("the Secret {}", login.secret));
     }
-    if auth.withheld.contains(&oci.registry) {
+    if withheld(oci, Some(auth)) {
         return auth.withheld_from.get(&oci.registry).map(|secret| format!("the Secret {secret}"));
     }
     Some(THIS_MACHINE.to_owned())
@@ -246,14 +246,20 @@ fn withheld(oci: &OciRef, auth: Option<&RegistryAuth>) -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_jobs_login_for_the_registry_is_used_and_named_never_shown() {
+    /// A reference on a local registry, and a job's login for it from the Secret `ml/regcred`.
+    fn reference_and_login() -> (OciRef, RegistryAuth) {
         use perennial_types::{Password, RegistryLogin};
         let oci = OciRef::parse("127.0.0.1:5000/team/trigger:v1").unwrap();
         let login =
             RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw-9") };
         let mut auth = RegistryAuth::default();
         auth.logins.insert("127.0.0.1:5000".into(), login);
+        (oci, auth)
+    }
+
+    #[test]
+    fn the_jobs_login_for_the_registry_is_used_and_named_never_shown() {
+        let (oci, auth) = reference_and_login();
         let options = options(&oci, Some(&auth)).unwrap();
         assert_eq!(options.credentials.as_ref().map(|c| c.username.as_str()), Some("ann"));
         assert_eq!(options.credentials_from, "the Secret ml/regcred (the job's imagePullSecrets)");
@@ -267,14 +273,9 @@ mod tests {
 
     #[test]
     fn a_kept_copy_is_granted_only_to_the_repository_and_puller_that_pulled_it() {
-        use perennial_types::{Password, RegistryLogin};
         let dir = tempfile::tempdir().unwrap();
         let store = ComponentStore::new(dir.path().to_owned());
-        let oci = OciRef::parse("127.0.0.1:5000/team/trigger:v1").unwrap();
-        let login =
-            RegistryLogin { secret: "ml/regcred".into(), username: "ann".into(), password: Password::new("pw-9") };
-        let mut auth = RegistryAuth::default();
-        auth.logins.insert("127.0.0.1:5000".into(), login);
+        let (oci, auth) = reference_and_login();
         let ann = puller(&oci, Some(&auth)).unwrap();
         assert_eq!(ann, "the Secret ml/regcred");
         store.grant(&oci, &ann, "ab12");
