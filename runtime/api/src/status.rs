@@ -123,7 +123,7 @@ pub struct LifelongLearningJobStatus {
     pub deployed: Option<DeployedModel>,
     /// The trigger, splitter and selector, by kind.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub policies: std::collections::BTreeMap<String, PolicyStatus>,
+    pub policies: perennial_types::PolicyStatuses,
     /// Why the job is where it is (the last decision, refusal or failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

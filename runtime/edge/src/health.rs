@@ -5,7 +5,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use crate::sqlite::Store;
-use perennial_types::{PolicyDecision, PolicyHealth, PolicyStatus};
+use perennial_types::{PolicyDecision, PolicyHealth};
 
 /// A policy's health: `None` when serving, the failure otherwise; after a hot swap, the plugin
 /// and digest serving; a rejected swap, with why.
@@ -174,7 +174,7 @@ pub fn clear_rejected(store: &mut Store, job: &str) -> rusqlite::Result<()> {
 
 /// Folds a recorded health into the job's status entry for its kind (plugin and digest after a
 /// swap, the rejection or the failure as the message). Both control planes show it so.
-pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, found: &Health) {
+pub fn apply_to(policies: &mut perennial_types::PolicyStatuses, found: &Health) {
     let policy = policies.entry(found.kind.clone()).or_default();
     if let Some(plugin) = &found.plugin {
         policy.plugin = perennial_types::policy::shown_plugin(plugin).into_owned();
@@ -210,7 +210,7 @@ pub fn apply_to(policies: &mut std::collections::BTreeMap<String, PolicyStatus>,
 
 /// A job's policies as its status shows them: `policies` with the job's recorded healths folded
 /// in, and without the kinds that have no plugin (Sedna's split, computed natively).
-pub fn apply_job(policies: &mut std::collections::BTreeMap<String, PolicyStatus>, healths: &[Health], job: &str) {
+pub fn apply_job(policies: &mut perennial_types::PolicyStatuses, healths: &[Health], job: &str) {
     // The edge's record holds every shadow there is: one no longer in it was removed (or
     // promoted), and its line goes at once.
     for policy in policies.values_mut() {

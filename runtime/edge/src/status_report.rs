@@ -10,12 +10,11 @@ use serde_json::json;
 
 use super::health;
 use crate::sqlite::Store;
-use perennial_types::PolicyStatus;
 
 /// The policies and the repeating error last queued per job (name and uid: a job re-created
 /// under its name is another job, whose policies are sent afresh), so that only a change is sent
 /// (after a restart each job's are sent once again).
-pub type SentPolicies = HashMap<(String, String), (BTreeMap<String, PolicyStatus>, Option<String>)>;
+pub type SentPolicies = HashMap<(String, String), (perennial_types::PolicyStatuses, Option<String>)>;
 
 /// Queues what changed, in one transaction; returns how many reports were queued.
 pub fn queue_changes(store: &mut Store, sent: &mut SentPolicies, now: u64) -> Result<usize, rusqlite::Error> {

@@ -173,7 +173,7 @@ pub async fn serve<C: CloudSide>(
             (acceptor.clone(), settings.tokens.clone(), side.clone(), nodes.clone(), stop.clone());
         let (reviewer, heartbeat_secs) = (settings.reviewer.clone(), settings.heartbeat_secs);
         let refusals = settings.refusals.clone();
-        sessions.spawn(async move {
+        let session = async move {
             let reviewer = reviewer.as_deref();
             let opened = || refusals.opened(peer.ip(), Instant::now());
             match connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop, &opened)
@@ -190,7 +190,8 @@ pub async fn serve<C: CloudSide>(
                 }
                 Err(err) => tracing::warn!(%peer, "link connection ended: {err}"),
             }
-        });
+        };
+        sessions.spawn(session);
         // Reap the finished ones so the set does not grow with every reconnect.
         while sessions.try_join_next().is_some() {}
     }
@@ -225,8 +226,10 @@ async fn connection<C: CloudSide>(
     opened: &(dyn Fn() + Sync),
 ) -> Result<(), SessionError> {
     let known = tokens.borrow_and_update().clone();
+    // The one-time steps are boxed: their state (a TLS handshake, a review) would otherwise stay
+    // part of the session's future, held per node for the connection's life.
     let (node, credential, mut ws) =
-        socket::upgrade(tcp, acceptor, &known, reviewer).await.map_err(SessionError::Handshake)?;
+        Box::pin(socket::upgrade(tcp, acceptor, &known, reviewer)).await.map_err(SessionError::Handshake)?;
     opened();
     // Whether the tokens can still change (their source may be gone: then they stay as read).
     // A static token is checked again whenever they do: a revoked one ends its session. A
@@ -242,8 +245,9 @@ async fn connection<C: CloudSide>(
     // The node's previous connection finishes the report it is applying, then lets go.
     let _exclusive = lock.lock_owned().await;
     let protocol = |message: String| SessionError::Protocol { node: node.clone(), message };
-    let watermark = side.last_applied_report(&node).await.map_err(|err| protocol(format!("its watermark: {err}")))?;
-    let accepted = socket::greet(&node, &mut ws, watermark, heartbeat_secs).await?;
+    let watermark =
+        Box::pin(side.last_applied_report(&node)).await.map_err(|err| protocol(format!("its watermark: {err}")))?;
+    let accepted = Box::pin(socket::greet(&node, &mut ws, watermark, heartbeat_secs)).await?;
     tracing::info!(
         node,
         watermark,
@@ -377,7 +381,7 @@ async fn connection<C: CloudSide>(
         }
     };
     // A peer that does not take the close is not waited for: the node's lock goes with us.
-    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+    let _ = Box::pin(tokio::time::timeout(Duration::from_secs(1), ws.close(None))).await;
     outcome
 }
 
@@ -453,7 +457,8 @@ async fn write(ws: &mut ServerStream, frame: &Message, limit: Duration, node: &s
 }
 
 async fn write_text(ws: &mut ServerStream, text: String, limit: Duration, node: &str) -> Result<(), SessionError> {
-    match tokio::time::timeout(limit, socket::send_text(ws, text)).await {
+    // Boxed: a send's state is not kept in the session's future between sends.
+    match Box::pin(tokio::time::timeout(limit, socket::send_text(ws, text))).await {
         Ok(sent) => Ok(sent?),
         Err(_) => Err(SessionError::Silent { node: node.to_owned() }),
     }

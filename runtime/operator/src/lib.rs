@@ -29,9 +29,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::runtime::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, controller};
 use kube::{Client, ResourceExt};
 
 pub use inbox::Inbox;
@@ -118,6 +118,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         elector.acquire().await?;
     }
 
+    tokio::spawn(give_back_freed_memory());
     let (inbox, woken) = Inbox::new();
     // One watch per kind, followed by the Controller and the link alike.
     let (link_changes, changes) = match options.link {
@@ -127,7 +128,8 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         }
         None => (None, None),
     };
-    let (stores, triggers) = watches::start(&client, &options.scope, link_changes);
+    let written_jobs = Arc::new(written::WrittenJobs::default());
+    let (stores, triggers) = watches::start(&client, &options.scope, link_changes, &written_jobs);
     let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
     let context = Arc::new(Context {
         client: client.clone(),
@@ -139,7 +141,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         metrics: metrics.clone(),
         failures: Default::default(),
         written: Default::default(),
-        written_jobs: Default::default(),
+        written_jobs,
         finished_rounds_kept: options.finished_rounds_kept,
         pull_secrets: Default::default(),
     });
@@ -158,7 +160,11 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     let known = stores.jobs.clone();
     // A Dataset created or changed after its jobs (its node, its credential) wakes them.
+    // As many reconciles at once as the client sends calls: more would only wait for the
+    // client, each holding its job's copies (a takeover at fleet size reconciles every job).
+    let at_once = u16::try_from(client::MAX_IN_FLIGHT).unwrap_or(u16::MAX);
     let reconciles = Controller::for_stream(triggers.jobs, stores.jobs.clone())
+        .with_config(controller::Config::default().concurrency(at_once))
         .owns_stream(triggers.pods)
         .watches_stream(triggers.datasets, move |dataset| jobs_of_dataset(&known.state(), &dataset))
         .reconcile_on(reports)
@@ -195,6 +201,21 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often the heap's free pages are given back to the system.
+const GIVE_BACK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// glibc keeps in its heaps what a burst freed (a takeover's reconciles of every job, a fleet's
+/// TLS handshakes and first desired states), so the operator's RSS stayed at the burst's high
+/// water mark, a few times what it holds. Given back every half minute (a few milliseconds).
+async fn give_back_freed_memory() {
+    let mut every = tokio::time::interval(GIVE_BACK_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let _ = tokio::task::spawn_blocking(perennial_artifact::child::release_freed_memory).await;
+    }
 }
 
 /// The edge link, on the leader: the nodes' desired state followed, their tokens read, and the

@@ -31,7 +31,7 @@ use super::pull_secrets::PullSecrets;
 use super::reconcile::write_dataset_status;
 use super::watches::{Seen, Stores};
 use super::written::WrittenJobs;
-use perennial_api::{LifelongLearningJob, LifelongLearningJobStatus, PolicyStatus};
+use perennial_api::{LifelongLearningJob, LifelongLearningJobStatus};
 use perennial_link::cloud_server::{Applied, ArtifactPiece, CloudSide, NodeDesired, ServerSettings, serve};
 use perennial_link::messages::PolicyPlatform;
 use perennial_link::socket::{NodeTokens, server_tls};
@@ -478,7 +478,7 @@ impl CloudSide for OperatorSide {
 fn canonical_policies(reported: &serde_json::Map<String, Value>) -> Value {
     let kinds: serde_json::Map<String, Value> =
         reported.iter().filter(|(_, policy)| !policy.is_null()).map(|(k, p)| (k.clone(), p.clone())).collect();
-    serde_json::from_value::<BTreeMap<String, PolicyStatus>>(Value::Object(kinds.clone()))
+    serde_json::from_value::<perennial_types::PolicyStatuses>(Value::Object(kinds.clone()))
         .ok()
         .and_then(|typed| serde_json::to_value(typed).ok())
         .unwrap_or(Value::Object(kinds))

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::observe::UID_LABEL;
 use super::scope::Scope;
+use super::written::WrittenJobs;
 use perennial_api::{Dataset, LifelongLearningJob};
 
 /// The three stores, filled by the watches.
@@ -71,24 +72,34 @@ pub struct Triggers {
 }
 
 /// Starts the three watches over `scope` (pods: only the jobs', by Sedna's uid label). `link`
-/// hears every change when the edge link runs.
-pub fn start(client: &Client, scope: &Scope, link: Option<UnboundedSender<Seen>>) -> (Stores, Triggers) {
+/// hears every change when the edge link runs; `written` each job version stored.
+pub fn start(
+    client: &Client,
+    scope: &Scope,
+    link: Option<UnboundedSender<Seen>>,
+    written: &Arc<WrittenJobs>,
+) -> (Stores, Triggers) {
     let all = watcher::Config::default();
+    let shown = written.clone();
+    let stored = Stored { trim: trim_meta, then: move |job: &LifelongLearningJob| shown.shown(job) };
     let (job_store, job_triggers) =
-        follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None, trim_meta);
+        follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None, stored);
+    written.follow(job_store.clone());
+    let stored = Stored { trim: trim_meta, then: |_: &Dataset| {} };
     let (dataset_store, dataset_triggers) =
-        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, trim_meta);
+        follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, stored);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
+    let stored = Stored { trim: trim_pod, then: |_: &Pod| {} };
     let (pod_store, pod_triggers) =
-        follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()), trim_pod);
+        follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()), stored);
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
     (stores, Triggers { jobs: job_triggers, datasets: dataset_triggers, pods: pod_triggers })
 }
 
 /// managedFields and `kubectl apply`'s copy of the whole object (an annotation) are never read
 /// here, and are often the biggest part of a stored object.
-fn trim_meta<K: Resource>(object: &mut K) {
+pub(crate) fn trim_meta<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
@@ -108,12 +119,19 @@ pub(crate) fn trim_pod(pod: &mut Pod) {
     }
 }
 
+/// What a watch does with each object: `trim` before it is stored, `then` once it is stored (a
+/// change the watch delivered, not a list's).
+struct Stored<K, F> {
+    trim: fn(&mut K),
+    then: F,
+}
+
 /// One kind's watch, reflected into its store; each touched object sent on to the Controller
 /// and the link, its resourceVersion to `version` (if tracked) once the store has it (a
 /// list's objects: at the list's end, when the store takes them all). A watch error (RBAC, a
 /// missing CRD) is said and retried with backoff.
 #[allow(clippy::too_many_arguments)]
-fn follow<K>(
+fn follow<K, F>(
     client: &Client,
     scope: &Scope,
     config: watcher::Config,
@@ -121,9 +139,10 @@ fn follow<K>(
     link: Option<UnboundedSender<Seen>>,
     seen: fn(Arc<K>) -> Seen,
     version: Option<Arc<AtomicU64>>,
-    trim: fn(&mut K),
+    stored: Stored<K, F>,
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
 where
+    F: Fn(&K) + Send + 'static,
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + DeserializeOwned
@@ -135,7 +154,7 @@ where
     let (store, writer) = reflector::store();
     let (to_controller, triggers) = unbounded();
     // Stored as `trim` leaves it. Each namespace's watch retried with backoff on its own (scope.rs).
-    let objects = scope.watch(client, config, store.clone()).modify(trim);
+    let objects = scope.watch(client, config, store.clone()).modify(stored.trim);
     let events = reflector::reflector(writer, objects);
     let scope = scope.clone();
     tokio::spawn(async move {
@@ -150,6 +169,7 @@ where
                     if let (Some(version), Some(number)) = (&version, version_of(&object)) {
                         version.fetch_max(floor.saw(&scope.version_key(&object), number), Ordering::Release);
                     }
+                    (stored.then)(&object);
                     object
                 }
                 Ok(watcher::Event::InitApply(object)) => {

@@ -1,6 +1,8 @@
 //! Read-your-writes over the watches. Jobs: the API server's answer to each status write is
 //! kept until the job store shows that version, so that the next reconcile starts from what was
 //! written, not from a store a write behind (whose status patch would be refused as a conflict).
+//! The job watch says when it stored a version ([`WrittenJobs::shown`]): a write no reconcile
+//! follows (the link's) is not kept for the job's life, a second copy of every job at fleet size.
 //!
 //! Pods: A job's pods are read from the operator's own pod store
 //! (filled by its one pod watch: no API call), which may not show yet a pod this operator
@@ -9,10 +11,11 @@
 //! vanished one and creates it twice.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{ObjectRef, Store};
 use perennial_api::LifelongLearningJob;
 
 /// How long a created pod is remembered at most: far past any cache lag.
@@ -54,20 +57,47 @@ impl WrittenPods {
 /// The jobs as this operator last wrote them, by uid, until the store shows them.
 #[derive(Default)]
 pub struct WrittenJobs {
-    written: Mutex<HashMap<String, LifelongLearningJob>>,
+    /// Boxed: a table of whole jobs kept its capacity (2,000 jobs' worth after a start) though
+    /// it empties as the store catches up.
+    written: Mutex<HashMap<String, Box<LifelongLearningJob>>>,
+    /// The job watch's store, once it runs: an answer it already shows is not kept.
+    store: OnceLock<Store<LifelongLearningJob>>,
 }
 
 impl WrittenJobs {
+    /// Follows `store`, whose watch calls [`WrittenJobs::shown`] for each job it stores.
+    pub fn follow(&self, store: Store<LifelongLearningJob>) {
+        let _ = self.store.set(store);
+    }
+
     /// Remembers `job` (the API server's answer to a status write), unless a newer answer is
-    /// remembered already (the reconciler and the link write the same job, each its fields).
-    pub fn wrote(&self, job: LifelongLearningJob) {
+    /// remembered already (the reconciler and the link write the same job, each its fields) or
+    /// the store shows it already (its watch event may come before the answer).
+    pub fn wrote(&self, mut job: LifelongLearningJob) {
         let Some(uid) = job.metadata.uid.clone() else { return };
+        super::watches::trim_meta(&mut job);
+        // Under the lock: the watch stores a version before it calls `shown` for it, so either
+        // the store shows it here, or `shown` comes after this and forgets it.
         let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let stored = self.store.get().and_then(|store| store.get(&ObjectRef::from_obj(&job)));
+        if stored.is_some_and(|stored| stored.metadata.uid == job.metadata.uid && version(&stored) >= version(&job)) {
+            written.remove(&uid);
+            return;
+        }
         match written.get(&uid) {
             Some(known) if version(known) >= version(&job) => {}
             _ => {
-                written.insert(uid, job);
+                written.insert(uid, Box::new(job));
             }
+        }
+    }
+
+    /// The job watch stored `job`: an answer at or before its version is no longer needed.
+    pub fn shown(&self, job: &LifelongLearningJob) {
+        let Some(uid) = job.metadata.uid.as_deref() else { return };
+        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if written.get(uid).is_some_and(|known| version(known) <= version(job)) {
+            written.remove(uid);
         }
     }
 
@@ -77,7 +107,7 @@ impl WrittenJobs {
         let Some(uid) = stored.metadata.uid.as_deref() else { return stored.clone() };
         let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match written.get(uid) {
-            Some(job) if version(job) > version(stored) => job.clone(),
+            Some(job) if version(job) > version(stored) => job.as_ref().clone(),
             Some(_) => {
                 written.remove(uid);
                 stored.clone()
@@ -89,6 +119,11 @@ impl WrittenJobs {
     /// Forgets a job (deleted).
     pub fn forget(&self, uid: &str) {
         self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(uid);
+    }
+
+    /// How many answers are kept (for tests: none once the store caught up).
+    pub fn kept(&self) -> usize {
+        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
     }
 }
 
@@ -181,6 +216,38 @@ mod tests {
         assert_eq!(version(written.newest(&job("7"))), "9", "an older answer that came later is not kept");
         written.forget("u");
         assert_eq!(version(written.newest(&job("8"))), "8");
+    }
+
+    /// The link's status writes are followed by no reconcile: the watch storing the version
+    /// (before or after the answer came) is what forgets them, or every job was held twice.
+    #[test]
+    fn a_written_job_is_forgotten_once_the_watch_stores_it_whichever_comes_first() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let written = WrittenJobs::default();
+        written.follow(store);
+        written.wrote(job("7"));
+        assert_eq!(written.kept(), 1, "the store is a write behind");
+        written.shown(&job("6"));
+        assert_eq!(written.kept(), 1, "an older version shown keeps it");
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("7")));
+        written.shown(&job("7"));
+        assert_eq!(written.kept(), 0, "the watch stored it");
+        // The watch event came before the write's answer.
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("9")));
+        written.shown(&job("9"));
+        written.wrote(job("9"));
+        assert_eq!(written.kept(), 0, "already stored: not kept");
+        written.wrote(job("10"));
+        assert_eq!(written.kept(), 1);
+    }
+
+    #[test]
+    fn a_written_job_is_kept_without_its_managed_fields() {
+        let written = WrittenJobs::default();
+        let mut answer = job("7");
+        answer.metadata.managed_fields = Some(vec![Default::default()]);
+        written.wrote(answer);
+        assert_eq!(written.newest(&job("6")).metadata.managed_fields, None);
     }
 
     #[test]

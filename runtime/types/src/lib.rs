@@ -18,7 +18,8 @@ pub use node::{
 };
 pub use policy::{
     BUILTIN_POLICIES, Limits, OciRef, OnError, PolicyDecision, PolicyHealth, PolicyLoading, PolicyRef, PolicyStatus,
-    ShadowDisagreement, ShadowRef, ShadowStatus, Source, ValidRef, config_digest, config_text_digest, parse_source,
+    PolicyStatuses, ShadowDisagreement, ShadowRef, ShadowStatus, Source, ValidRef, config_digest, config_text_digest,
+    parse_source,
 };
 pub use records::RecordRetention;
 pub use registry_auth::{Password, RegistryAuth, RegistryLogin};
