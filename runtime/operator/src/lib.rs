@@ -118,6 +118,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         elector.acquire().await?;
     }
 
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     tokio::spawn(give_back_freed_memory());
     let (inbox, woken) = Inbox::new();
     // One watch per kind, followed by the Controller and the link alike.
@@ -204,11 +205,13 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
 }
 
 /// How often the heap's free pages are given back to the system.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const GIVE_BACK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// glibc keeps in its heaps what a burst freed (a takeover's reconciles of every job, a fleet's
 /// TLS handshakes and first desired states), so the operator's RSS stayed at the burst's high
 /// water mark, a few times what it holds. Given back every half minute (a few milliseconds).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 async fn give_back_freed_memory() {
     let mut every = tokio::time::interval(GIVE_BACK_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

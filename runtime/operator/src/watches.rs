@@ -81,16 +81,21 @@ pub fn start(
 ) -> (Stores, Triggers) {
     let all = watcher::Config::default();
     let shown = written.clone();
-    let stored = Stored { trim: trim_meta, then: move |job: &LifelongLearningJob| shown.shown(job) };
+    let relisted = written.clone();
+    let stored = Stored {
+        trim: trim_meta,
+        then: move |job: &LifelongLearningJob| shown.shown(job),
+        listed: move || relisted.relisted(),
+    };
     let (job_store, job_triggers) =
         follow(client, scope, all.clone(), Kind::Jobs, link.clone(), Seen::Job, None, stored);
     written.follow(job_store.clone());
-    let stored = Stored { trim: trim_meta, then: |_: &Dataset| {} };
+    let stored = Stored { trim: trim_meta, then: |_: &Dataset| {}, listed: || {} };
     let (dataset_store, dataset_triggers) =
         follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, stored);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
-    let stored = Stored { trim: trim_pod, then: |_: &Pod| {} };
+    let stored = Stored { trim: trim_pod, then: |_: &Pod| {}, listed: || {} };
     let (pod_store, pod_triggers) =
         follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()), stored);
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
@@ -120,10 +125,11 @@ pub(crate) fn trim_pod(pod: &mut Pod) {
 }
 
 /// What a watch does with each object: `trim` before it is stored, `then` once it is stored (a
-/// change the watch delivered, not a list's).
-struct Stored<K, F> {
+/// change the watch delivered); `listed` once a (re)list's objects are stored.
+struct Stored<K, F, L> {
     trim: fn(&mut K),
     then: F,
+    listed: L,
 }
 
 /// One kind's watch, reflected into its store; each touched object sent on to the Controller
@@ -131,7 +137,7 @@ struct Stored<K, F> {
 /// list's objects: at the list's end, when the store takes them all). A watch error (RBAC, a
 /// missing CRD) is said and retried with backoff.
 #[allow(clippy::too_many_arguments)]
-fn follow<K, F>(
+fn follow<K, F, L>(
     client: &Client,
     scope: &Scope,
     config: watcher::Config,
@@ -139,10 +145,11 @@ fn follow<K, F>(
     link: Option<UnboundedSender<Seen>>,
     seen: fn(Arc<K>) -> Seen,
     version: Option<Arc<AtomicU64>>,
-    stored: Stored<K, F>,
+    stored: Stored<K, F, L>,
 ) -> (Store<K>, UnboundedReceiver<Result<K, watcher::Error>>)
 where
     F: Fn(&K) + Send + 'static,
+    L: Fn() + Send + 'static,
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + DeserializeOwned
@@ -179,6 +186,7 @@ where
                     object
                 }
                 Ok(watcher::Event::InitDone) => {
+                    (stored.listed)();
                     for (key, number) in listing.drain() {
                         floor.saw(&key, number);
                     }

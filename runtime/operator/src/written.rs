@@ -71,18 +71,28 @@ impl WrittenJobs {
     }
 
     /// Remembers `job` (the API server's answer to a status write), unless a newer answer is
-    /// remembered already (the reconciler and the link write the same job, each its fields) or
-    /// the store shows it already (its watch event may come before the answer).
+    /// remembered already (the reconciler and the link write the same job, each its fields), the
+    /// store shows it already (its watch event may come before the answer), or the store no
+    /// longer holds that job (deleted, or made again under its name: nothing would forget it).
     pub fn wrote(&self, mut job: LifelongLearningJob) {
         let Some(uid) = job.metadata.uid.clone() else { return };
         super::watches::trim_meta(&mut job);
         // Under the lock: the watch stores a version before it calls `shown` for it, so either
         // the store shows it here, or `shown` comes after this and forgets it.
         let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let stored = self.store.get().and_then(|store| store.get(&ObjectRef::from_obj(&job)));
-        if stored.is_some_and(|stored| stored.metadata.uid == job.metadata.uid && version(&stored) >= version(&job)) {
-            written.remove(&uid);
-            return;
+        if let Some(store) = self.store.get() {
+            let stored = store.get(&ObjectRef::from_obj(&job)).filter(|stored| stored.metadata.uid == job.metadata.uid);
+            let Some(stored) = stored else {
+                written.remove(&uid);
+                return;
+            };
+            if version(&stored) >= version(&job) {
+                // Shown: only a newer answer the store does not show yet stays.
+                if written.get(&uid).is_some_and(|known| version(known) <= version(&stored)) {
+                    written.remove(&uid);
+                }
+                return;
+            }
         }
         match written.get(&uid) {
             Some(known) if version(known) >= version(&job) => {}
@@ -90,6 +100,17 @@ impl WrittenJobs {
                 written.insert(uid, Box::new(job));
             }
         }
+    }
+
+    /// The job watch listed the jobs again (its store replaced whole, with no event for the jobs
+    /// deleted meanwhile): what the store now shows, or no longer holds, is forgotten.
+    pub fn relisted(&self) {
+        let Some(store) = self.store.get() else { return };
+        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        written.retain(|_, known| {
+            let stored = store.get(&ObjectRef::from_obj(known.as_ref()));
+            stored.is_some_and(|stored| stored.metadata.uid == known.metadata.uid && version(&stored) < version(known))
+        });
     }
 
     /// The job watch stored `job`: an answer at or before its version is no longer needed.
@@ -225,6 +246,7 @@ mod tests {
         let (store, mut writer) = kube::runtime::reflector::store();
         let written = WrittenJobs::default();
         written.follow(store);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("5")));
         written.wrote(job("7"));
         assert_eq!(written.kept(), 1, "the store is a write behind");
         written.shown(&job("6"));
@@ -239,6 +261,51 @@ mod tests {
         assert_eq!(written.kept(), 0, "already stored: not kept");
         written.wrote(job("10"));
         assert_eq!(written.kept(), 1);
+    }
+
+    /// Two writers (the reconciler, the link): an older answer that comes late, when the store
+    /// shows it, must not forget the newer one the store does not show yet.
+    #[test]
+    fn a_late_older_answer_keeps_the_newer_one_the_store_lacks() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let written = WrittenJobs::default();
+        written.follow(store);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("9")));
+        written.wrote(job("12"));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("10")));
+        written.shown(&job("10"));
+        written.wrote(job("10"));
+        assert_eq!(written.kept(), 1);
+        assert_eq!(written.newest(&job("10")).metadata.resource_version.as_deref(), Some("12"));
+    }
+
+    #[test]
+    fn an_answer_for_a_job_the_store_no_longer_holds_is_not_kept() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let written = WrittenJobs::default();
+        written.follow(store);
+        written.wrote(job("7"));
+        assert_eq!(written.kept(), 0, "deleted (its Delete event came first)");
+        let mut again = job("8");
+        again.metadata.uid = Some("another".into());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(again));
+        written.wrote(job("9"));
+        assert_eq!(written.kept(), 0, "made again under its name: another uid");
+    }
+
+    #[test]
+    fn a_relist_forgets_what_the_store_shows_or_lost() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let written = WrittenJobs::default();
+        written.follow(store);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("6")));
+        written.wrote(job("7"));
+        assert_eq!(written.kept(), 1);
+        written.relisted();
+        assert_eq!(written.kept(), 1, "the store is still behind");
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("7")));
+        written.relisted();
+        assert_eq!(written.kept(), 0, "shown by the relist");
     }
 
     #[test]
