@@ -996,6 +996,15 @@ impl Fleet {
         if let Some(exited) = self.operator.exited() {
             panic!("while idle: {exited}");
         }
+        // Every status write is shown by the job watch by now: one kept is a job held twice.
+        let metric = "perennial_operator_written_jobs_kept";
+        let kept = measure::operator_metric(&self.http, self.operator.metrics_port, metric).await;
+        figures.extra.push(("written_jobs_kept".into(), format!("{kept:?}")));
+        assert_eq!(
+            kept,
+            Some(0.0),
+            "after idling, the operator still keeps status writes the job watch shows ({metric})"
+        );
         self.print(figures.clone());
         figures
     }

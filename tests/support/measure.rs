@@ -94,6 +94,14 @@ pub async fn operator_requests(http: &reqwest::Client, metrics_port: u16) -> BTr
     counts
 }
 
+/// One unlabelled metric of the operator on `metrics_port` (`None`: not read).
+#[allow(dead_code)] // the fleet's, not the cluster bench's
+pub async fn operator_metric(http: &reqwest::Client, metrics_port: u16, name: &str) -> Option<f64> {
+    let url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let text = http.get(&url).timeout(Duration::from_secs(10)).send().await.ok()?.text().await.ok()?;
+    text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// `a - b`, key by key, keeping what grew.
 pub fn grown(a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
     a.iter().map(|(k, v)| (k.clone(), v - b.get(k).copied().unwrap_or(0.0))).filter(|(_, v)| *v > 0.0).collect()

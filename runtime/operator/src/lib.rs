@@ -129,7 +129,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         }
         None => (None, None),
     };
-    let written_jobs = Arc::new(written::WrittenJobs::default());
+    let written_jobs = Arc::new(written::WrittenJobs::counted_in(metrics.written_jobs_kept.clone()));
     let (stores, triggers) = watches::start(&client, &options.scope, link_changes, &written_jobs);
     let reporter = Reporter { controller: "perennial-operator".into(), instance: options.instance.clone() };
     let context = Arc::new(Context {

@@ -11,6 +11,7 @@ use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::client::ApiHealth;
@@ -47,6 +48,9 @@ pub struct Metrics {
     pub transitions: Family<TransitionLabels, Counter>,
     pub pods_created: Family<PodLabels, Counter>,
     pub link_refusals: Family<RefusalLabels, Counter>,
+    /// Status writes kept until the job watch shows them ([`crate::written::WrittenJobs`]): a
+    /// few while jobs change, none once the operator idles.
+    pub written_jobs_kept: Gauge,
     registry: Registry,
     /// Set once the controller runs (the leader) or waits as a standby: the process is healthy.
     healthy: AtomicBool,
@@ -68,6 +72,7 @@ impl Default for Metrics {
         let transitions = Family::<TransitionLabels, Counter>::default();
         let pods_created = Family::<PodLabels, Counter>::default();
         let link_refusals = Family::<RefusalLabels, Counter>::default();
+        let written_jobs_kept = Gauge::default();
         registry.register("reconciles", "Reconciles of LifelongLearningJobs", reconciles.clone());
         registry.register("errors", "Errors by kind", errors.clone());
         registry.register("stage_transitions", "Stage transitions (conditions written)", transitions.clone());
@@ -77,12 +82,18 @@ impl Default for Metrics {
             "Edge link connections refused (a bad token) or throttled (their source failed too often)",
             link_refusals.clone(),
         );
+        registry.register(
+            "written_jobs_kept",
+            "Job status writes kept until the job watch shows them",
+            written_jobs_kept.clone(),
+        );
         Metrics {
             reconciles,
             errors,
             transitions,
             pods_created,
             link_refusals,
+            written_jobs_kept,
             registry,
             healthy: AtomicBool::new(true),
             ready: AtomicBool::new(false),

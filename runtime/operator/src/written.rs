@@ -62,9 +62,21 @@ pub struct WrittenJobs {
     written: Mutex<HashMap<String, Box<LifelongLearningJob>>>,
     /// The job watch's store, once it runs: an answer it already shows is not kept.
     store: OnceLock<Store<LifelongLearningJob>>,
+    /// How many are kept (the operator's `written_jobs_kept`).
+    kept: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl WrittenJobs {
+    /// Counted in `gauge`.
+    pub fn counted_in(gauge: prometheus_client::metrics::gauge::Gauge) -> WrittenJobs {
+        WrittenJobs { kept: gauge, ..WrittenJobs::default() }
+    }
+
+    /// Locks the table; its size is counted when the guard goes.
+    fn table(&self) -> Counted<'_> {
+        Counted { table: self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()), gauge: &self.kept }
+    }
+
     /// Follows `store`, whose watch calls [`WrittenJobs::shown`] for each job it stores.
     pub fn follow(&self, store: Store<LifelongLearningJob>) {
         let _ = self.store.set(store);
@@ -79,7 +91,7 @@ impl WrittenJobs {
         super::watches::trim_meta(&mut job);
         // Under the lock: the watch stores a version before it calls `shown` for it, so either
         // the store shows it here, or `shown` comes after this and forgets it.
-        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = self.table();
         if let Some(store) = self.store.get() {
             let stored = store.get(&ObjectRef::from_obj(&job)).filter(|stored| stored.metadata.uid == job.metadata.uid);
             let Some(stored) = stored else {
@@ -106,7 +118,7 @@ impl WrittenJobs {
     /// deleted meanwhile): what the store now shows, or no longer holds, is forgotten.
     pub fn relisted(&self) {
         let Some(store) = self.store.get() else { return };
-        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = self.table();
         written.retain(|_, known| {
             let stored = store.get(&ObjectRef::from_obj(known.as_ref()));
             stored.is_some_and(|stored| stored.metadata.uid == known.metadata.uid && version(&stored) < version(known))
@@ -116,7 +128,7 @@ impl WrittenJobs {
     /// The job watch stored `job`: an answer at or before its version is no longer needed.
     pub fn shown(&self, job: &LifelongLearningJob) {
         let Some(uid) = job.metadata.uid.as_deref() else { return };
-        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = self.table();
         if written.get(uid).is_some_and(|known| version(known) <= version(job)) {
             written.remove(uid);
         }
@@ -126,7 +138,7 @@ impl WrittenJobs {
     /// store has caught up with is forgotten.
     pub fn newest(&self, stored: &LifelongLearningJob) -> LifelongLearningJob {
         let Some(uid) = stored.metadata.uid.as_deref() else { return stored.clone() };
-        let mut written = self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut written = self.table();
         match written.get(uid) {
             Some(job) if version(job) > version(stored) => job.as_ref().clone(),
             Some(_) => {
@@ -139,12 +151,37 @@ impl WrittenJobs {
 
     /// Forgets a job (deleted).
     pub fn forget(&self, uid: &str) {
-        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(uid);
+        self.table().remove(uid);
     }
 
     /// How many answers are kept (for tests: none once the store caught up).
     pub fn kept(&self) -> usize {
-        self.written.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+        self.table().len()
+    }
+}
+
+/// The locked table of [`WrittenJobs`], whose size goes to its gauge when unlocked.
+struct Counted<'a> {
+    table: std::sync::MutexGuard<'a, HashMap<String, Box<LifelongLearningJob>>>,
+    gauge: &'a prometheus_client::metrics::gauge::Gauge,
+}
+
+impl std::ops::Deref for Counted<'_> {
+    type Target = HashMap<String, Box<LifelongLearningJob>>;
+    fn deref(&self) -> &Self::Target {
+        &self.table
+    }
+}
+
+impl std::ops::DerefMut for Counted<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.table
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.gauge.set(i64::try_from(self.table.len()).unwrap_or(i64::MAX));
     }
 }
 
