@@ -173,7 +173,7 @@ pub async fn serve<C: CloudSide>(
             (acceptor.clone(), settings.tokens.clone(), side.clone(), nodes.clone(), stop.clone());
         let (reviewer, heartbeat_secs) = (settings.reviewer.clone(), settings.heartbeat_secs);
         let refusals = settings.refusals.clone();
-        let session = async move {
+        sessions.spawn(async move {
             let reviewer = reviewer.as_deref();
             let opened = || refusals.opened(peer.ip(), Instant::now());
             match connection(tcp, &acceptor, tokens, reviewer, side.as_ref(), &nodes, heartbeat_secs, stop, &opened)
@@ -190,8 +190,7 @@ pub async fn serve<C: CloudSide>(
                 }
                 Err(err) => tracing::warn!(%peer, "link connection ended: {err}"),
             }
-        };
-        sessions.spawn(session);
+        });
         // Reap the finished ones so the set does not grow with every reconnect.
         while sessions.try_join_next().is_some() {}
     }

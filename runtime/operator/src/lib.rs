@@ -160,10 +160,10 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
     let reports = futures::stream::unfold(woken, |mut woken| async move { woken.recv().await.map(|job| (job, woken)) });
     let known = stores.jobs.clone();
-    // A Dataset created or changed after its jobs (its node, its credential) wakes them.
     // As many reconciles at once as the client sends calls: more would only wait for the
     // client, each holding its job's copies (a takeover at fleet size reconciles every job).
     let at_once = u16::try_from(client::MAX_IN_FLIGHT).unwrap_or(u16::MAX);
+    // A Dataset created or changed after its jobs (its node, its credential) wakes them.
     let reconciles = Controller::for_stream(triggers.jobs, stores.jobs.clone())
         .with_config(controller::Config::default().concurrency(at_once))
         .owns_stream(triggers.pods)

@@ -1,8 +1,9 @@
 //! Read-your-writes over the watches. Jobs: the API server's answer to each status write is
 //! kept until the job store shows that version, so that the next reconcile starts from what was
 //! written, not from a store a write behind (whose status patch would be refused as a conflict).
-//! The job watch says when it stored a version ([`WrittenJobs::shown`]): a write no reconcile
-//! follows (the link's) is not kept for the job's life, a second copy of every job at fleet size.
+//! The job watch says when it stored a version ([`WrittenJobs::shown`], [`WrittenJobs::relisted`]),
+//! so an answer goes as soon as the store shows it, not at the job's next reconcile (an answer
+//! that came after its own watch event stayed until the job changed again).
 //!
 //! Pods: A job's pods are read from the operator's own pod store
 //! (filled by its one pod watch: no API call), which may not show yet a pod this operator
@@ -276,23 +277,32 @@ mod tests {
         assert_eq!(version(written.newest(&job("8"))), "8");
     }
 
-    /// The link's status writes are followed by no reconcile: the watch storing the version
-    /// (before or after the answer came) is what forgets them, or every job was held twice.
-    #[test]
-    fn a_written_job_is_forgotten_once_the_watch_stores_it_whichever_comes_first() {
-        let (store, mut writer) = kube::runtime::reflector::store();
+    /// The watch storing the version forgets an answer, whether it came before or after it.
+    /// A `WrittenJobs` following a job store that the test fills as the job watch would.
+    fn watched() -> (WrittenJobs, kube::runtime::reflector::store::Writer<LifelongLearningJob>) {
+        let (store, writer) = kube::runtime::reflector::store();
         let written = WrittenJobs::default();
         written.follow(store);
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("5")));
+        (written, writer)
+    }
+
+    fn store(writer: &mut kube::runtime::reflector::store::Writer<LifelongLearningJob>, job: LifelongLearningJob) {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job));
+    }
+
+    #[test]
+    fn a_written_job_is_forgotten_once_the_watch_stores_it_whichever_comes_first() {
+        let (written, mut writer) = watched();
+        store(&mut writer, job("5"));
         written.wrote(job("7"));
         assert_eq!(written.kept(), 1, "the store is a write behind");
         written.shown(&job("6"));
         assert_eq!(written.kept(), 1, "an older version shown keeps it");
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("7")));
+        store(&mut writer, job("7"));
         written.shown(&job("7"));
         assert_eq!(written.kept(), 0, "the watch stored it");
         // The watch event came before the write's answer.
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("9")));
+        store(&mut writer, job("9"));
         written.shown(&job("9"));
         written.wrote(job("9"));
         assert_eq!(written.kept(), 0, "already stored: not kept");
@@ -304,12 +314,10 @@ mod tests {
     /// shows it, must not forget the newer one the store does not show yet.
     #[test]
     fn a_late_older_answer_keeps_the_newer_one_the_store_lacks() {
-        let (store, mut writer) = kube::runtime::reflector::store();
-        let written = WrittenJobs::default();
-        written.follow(store);
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("9")));
+        let (written, mut writer) = watched();
+        store(&mut writer, job("9"));
         written.wrote(job("12"));
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("10")));
+        store(&mut writer, job("10"));
         written.shown(&job("10"));
         written.wrote(job("10"));
         assert_eq!(written.kept(), 1);
@@ -318,29 +326,25 @@ mod tests {
 
     #[test]
     fn an_answer_for_a_job_the_store_no_longer_holds_is_not_kept() {
-        let (store, mut writer) = kube::runtime::reflector::store();
-        let written = WrittenJobs::default();
-        written.follow(store);
+        let (written, mut writer) = watched();
         written.wrote(job("7"));
         assert_eq!(written.kept(), 0, "deleted (its Delete event came first)");
         let mut again = job("8");
         again.metadata.uid = Some("another".into());
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(again));
+        store(&mut writer, again);
         written.wrote(job("9"));
         assert_eq!(written.kept(), 0, "made again under its name: another uid");
     }
 
     #[test]
     fn a_relist_forgets_what_the_store_shows_or_lost() {
-        let (store, mut writer) = kube::runtime::reflector::store();
-        let written = WrittenJobs::default();
-        written.follow(store);
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("6")));
+        let (written, mut writer) = watched();
+        store(&mut writer, job("6"));
         written.wrote(job("7"));
         assert_eq!(written.kept(), 1);
         written.relisted();
         assert_eq!(written.kept(), 1, "the store is still behind");
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(job("7")));
+        store(&mut writer, job("7"));
         written.relisted();
         assert_eq!(written.kept(), 0, "shown by the relist");
     }
