@@ -96,6 +96,8 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
     let operator = world.start_operator("replica-a");
     let _edge = world.start_edge(operator.link_port);
     let kubelet = world.kubelet();
+    // Every status the API server stores, as a watch sees each version (none skipped).
+    let stored = stored_phases(&world);
     world.apply_job(40);
 
     // The job comes down to its Dataset's node, and the edge reports it holds it.
@@ -124,6 +126,18 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
         assert_eq!(job["status"]["roundsCompleted"].as_u64(), Some(round), "{}", job["status"]);
     }
     let job = world.job().await.expect("the job");
+    // A round's stage moves are stored in five status changes besides its workers' Running: the
+    // train result and the Eval Ready the edge sends right behind it in one, so the job is never
+    // stored waiting for the edge's eval step.
+    let written = stored.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let one_round = ["Train Starting", "Eval Starting", "Deploy Waiting", "Deploy Starting", "Train Waiting"];
+    let rounds_written: Vec<&String> =
+        written.iter().filter(|p| p.as_str() != "Train Running" && p.as_str() != "Eval Running").collect();
+    assert_eq!(
+        rounds_written,
+        std::iter::once("Train Waiting").chain(one_round.iter().copied().cycle().take(15)).collect::<Vec<_>>(),
+        "the phases stored, in order: {written:?}"
+    );
     let uid = job["metadata"]["uid"].as_str().expect("uid").to_owned();
     for kind in ["train", "eval", "inference"] {
         let pods = kubelet.pods(kind);
@@ -165,6 +179,10 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
         (rounds("train") == ["2", "3"] && rounds("eval") == ["2", "3"] && rounds("inference") == ["3"]).then_some(())
     })
     .await;
+    // In two requests: none in round 1 (no inference pod to replace yet), round 1's inference
+    // pod in round 2, and in round 3 round 2's with round 1's train and eval pods, in one.
+    let requests = crate::measure::operator_requests(&reqwest::Client::new(), operator.metrics_port).await;
+    assert_eq!(requests.get("deletecollection pods").copied(), Some(2.0), "{requests:?}");
     // Sedna's conditions, in order (capped at 16: the last round), each once: no report applied
     // twice.
     let conditions: Vec<String> = job["status"]["conditions"]
@@ -344,4 +362,28 @@ async fn three_rounds_a_hot_swap_and_a_delete_on_a_real_api_server() {
 
     let forbidden = World::forbidden_calls(&[&operator]);
     assert!(forbidden.is_empty(), "the operator made calls its RBAC does not allow: {forbidden:#?}");
+}
+
+/// The job's (stage, phase) as each stored version of it has it, from a watch started before
+/// the job exists; a version that changed neither is not listed.
+fn stored_phases(world: &World) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (jobs, into) = (world.jobs(), seen.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={JOB}"));
+    tokio::spawn(async move {
+        let mut events = watcher(jobs, config).boxed();
+        while let Some(event) = events.next().await {
+            let Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) = event else { continue };
+            let Some(status) = job.status else { continue };
+            let (Some(stage), Some(phase)) = (status.stage, status.phase) else { continue };
+            let now = format!("{stage} {phase}");
+            let mut seen = into.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+        }
+    });
+    seen
 }

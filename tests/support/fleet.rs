@@ -220,6 +220,7 @@ impl NodeState {
             input,
             output: None,
             reason,
+            next_follows: false,
         };
         let url = |path: String| format!("{}/{path}", output.trim_end_matches('/'));
         let step = match stage {
@@ -444,20 +445,36 @@ impl SimNode {
         let models: Vec<Model> = serde_json::from_value(body["results"].clone()).unwrap_or_default();
         let mut state = lock(&self.state);
         let Some(job) = state.jobs.get_mut(&self.job) else { return };
-        if kind == "train" {
+        let train = kind == "train";
+        if train {
             job.train_models = models.clone();
         }
+        // As the agent: on to the eval step at once from its own Train step of this round with a
+        // model, not from a round the operator failed meanwhile (its notice came back to Train).
+        let follows = train
+            && !models.is_empty()
+            && job.acted.contains(&format!("{round}/Train"))
+            && !job.acted.contains(&format!("{round}/Eval"))
+            && job.notice != Some((Stage::Train, round as u64));
         let report = Report {
             job: self.job.clone(),
             job_uid: job.uid.clone(),
             round,
-            phase: if kind == "train" { Stage::Train } else { Stage::Eval },
+            phase: if train { Stage::Train } else { Stage::Eval },
             status: Phase::Completed,
             input: None,
             output: Some(Output { models }),
             reason: None,
+            next_follows: follows,
         };
         state.queue_report(&report);
+        if follows {
+            if let Some(job) = state.jobs.get_mut(&self.job) {
+                job.notice = Some((Stage::Eval, round as u64));
+            }
+            let key = self.job.clone();
+            state.act(&key);
+        }
         drop(state);
         self.outbox.notify_one();
     }

@@ -393,6 +393,12 @@ fn run_loop(
                     swaps_asked.push(0);
                 }
                 Wake::Job(i) if i < due.len() => due[i] = Instant::now(),
+                Wake::JobNamed(name) => {
+                    let running = (0..jobs.len()).rev().find(|&i| !removed[i] && jobs[i].job.name == name);
+                    if let Some(i) = running {
+                        due[i] = Instant::now();
+                    }
+                }
                 Wake::Remove(i) if i < due.len() => {
                     removed[i] = true;
                     watch.remove(i);
@@ -809,6 +815,8 @@ pub fn record_serving(store: &mut Store, runner: &JobRunner) {
 pub enum Wake {
     /// Look at the job now: its index file changed, or the control plane moved its stage.
     Job(usize),
+    /// Look at the job of that name now: a worker's report moved it on.
+    JobNamed(String),
     /// The job was deleted: never run it again.
     Remove(usize),
     /// The job's policy references changed: load them off the loop, then swap them in.

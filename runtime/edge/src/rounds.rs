@@ -282,6 +282,22 @@ pub fn record_result(
     Ok(())
 }
 
+/// After a worker's train result is relayed, in the same transaction: the job moves to
+/// Eval/Waiting on the edge by itself, as the control plane's stage machine will, so that the
+/// eval set is written and Eval Ready sent right behind the result (on a cluster, one status
+/// write for both instead of two). Only from this edge's own Train step of that round. A result
+/// the control plane does not take leaves the Eval Ready untaken too, and its next notice (Train,
+/// the round failed) brings the job back; the eval files written meanwhile change nothing.
+/// Returns whether the job moved.
+pub fn eval_ahead(tx: &rusqlite::Transaction<'_>, job: &str, round: i64) -> Result<bool, rusqlite::Error> {
+    let moved = tx.execute(
+        "UPDATE jobs SET stage = 'Eval', phase = 'Waiting'
+         WHERE name = ?1 AND round = ?2 AND acted = ?3 AND stage = 'Train' AND phase = 'Ready'",
+        params![job, round, format!("{round}/{}", Stage::Train)],
+    )?;
+    Ok(moved == 1)
+}
+
 /// The result a round's stage took (its first completed report), if it has one.
 pub fn stage_result(store: &Store, job: &str, round: i64, stage: &str) -> Result<Option<Vec<Model>>, rusqlite::Error> {
     let body: Option<String> = store
@@ -439,6 +455,7 @@ fn train_report(
         input: Some(input),
         output: None,
         reason: Some(reason),
+        next_follows: false,
     }
 }
 
@@ -481,6 +498,7 @@ pub fn eval_waiting(
         }),
         output: None,
         reason: None,
+        next_follows: false,
     };
     commit_report(store, &row, report, None, None, clock)
 }
@@ -530,6 +548,7 @@ pub fn deploy_waiting(
         input: None,
         output: None,
         reason: Some(choice.reason),
+        next_follows: false,
     };
     let decided = Some(&record);
     let Some(chosen) = choice.deploy.and_then(|i| candidates.get(i as usize)) else {

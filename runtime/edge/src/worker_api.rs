@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::jobs::job_spec_in;
 use super::report::{self, Model, Output, Report};
-use super::rounds::record_result;
+use super::rounds::{eval_ahead, record_result};
 use crate::sqlite::Store;
 
 pub use perennial_types::new_worker_name;
@@ -84,9 +84,10 @@ struct Accepted {
     models: Vec<Model>,
 }
 
-/// Called after a report was committed to the outbox (the embedded mode wakes its control
-/// plane with it).
-pub type OnReport = Arc<dyn Fn() + Send + Sync>;
+/// Called after a report was committed to the outbox (the link sends it, the embedded mode wakes
+/// its control plane), with the report's job when the report moved it on: a train result makes
+/// its eval step due now, for the job's loop.
+pub type OnReport = Arc<dyn Fn(Option<&str>) + Send + Sync>;
 
 #[derive(Clone)]
 struct ApiState {
@@ -131,6 +132,7 @@ async fn receive(
         Ok(accepted) => accepted,
         Err(message) => return answer(StatusCode::BAD_REQUEST, message),
     };
+    let job = accepted.job.clone();
     // SQLite work off the async threads.
     let outcome = tokio::task::spawn_blocking(move || {
         let mut store = crate::sqlite::lock(&store);
@@ -138,8 +140,8 @@ async fn receive(
     })
     .await;
     match outcome {
-        Ok(Ok(Taken::Taken)) => {
-            on_report();
+        Ok(Ok(Taken::Taken { moved })) => {
+            on_report(moved.then_some(job.as_str()));
             answer(StatusCode::OK, "OK")
         }
         Ok(Ok(Taken::Held)) => answer(
@@ -234,7 +236,8 @@ pub const MAX_REPORT_BYTES: usize = 256 << 10;
 /// What became of a report that was not refused.
 #[derive(Debug, PartialEq)]
 enum Taken {
-    Taken,
+    /// Queued for the control plane; `moved`: the job moved on with it (its eval step is due).
+    Taken { moved: bool },
     /// From a worker the control plane has not named to this agent yet: held until it does.
     Held,
 }
@@ -267,8 +270,8 @@ fn commit(store: &mut Store, worker: &str, report: Accepted, hold: Option<Durati
             Taken::Held
         }
         _ => {
-            take(&tx, worker, report)?;
-            Taken::Taken
+            let moved = take(&tx, worker, report)?;
+            Taken::Taken { moved }
         }
     };
     tx.commit().map_err(db)?;
@@ -333,7 +336,8 @@ pub fn release_held(tx: &rusqlite::Transaction<'_>, worker: &str) -> Result<Vec<
 }
 
 /// Takes a report from a worker this agent issued or was told of, in `tx`.
-fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Result<(), Refusal> {
+/// Returns whether the report moved its job on (a train result: its eval step is due).
+fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Result<bool, Refusal> {
     let issued: Option<(String, i64, String)> = tx
         .query_row("SELECT job, round, stage FROM workers WHERE name = ?1", [worker], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -353,7 +357,7 @@ fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Resul
         ));
     }
     if report.status == "running" || stage == "deploy" {
-        return Ok(()); // nothing to keep: Sedna's control plane ignores these too
+        return Ok(false); // nothing to keep: Sedna's control plane ignores these too
     }
     let uid: String = tx.query_row("SELECT uid FROM jobs WHERE name = ?1", [&job], |r| r.get(0)).map_err(db)?;
     // A repeat of the worker's last report (same status, same results) is not relayed again.
@@ -365,7 +369,7 @@ fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Resul
         .map_err(db)?
         .flatten();
     if last.as_deref() == Some(fingerprint.as_str()) {
-        return Ok(()); // the same report again: taken once
+        return Ok(false); // the same report again: taken once
     }
     // A stage's result is its first report: the control plane's stage machine takes the first
     // Completed or Failed of a round's stage and ignores what follows, so a later, different
@@ -389,10 +393,15 @@ fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Resul
             ),
         ));
     }
-    if report.status == "completed" {
+    let completed = report.status == "completed";
+    if completed {
         record_result(tx, &job, round, &stage, &report.models).map_err(db)?;
     }
     let phase = if stage == "train" { Stage::Train } else { Stage::Eval };
+    // A train result with a model moves the job on to its eval step here and now (the relayed
+    // result says so), not when the control plane's notice comes back.
+    let next_follows =
+        completed && phase == Stage::Train && !report.models.is_empty() && eval_ahead(tx, &job, round).map_err(db)?;
     let relayed = Report {
         job: job.clone(),
         job_uid: uid,
@@ -402,11 +411,12 @@ fn take(tx: &rusqlite::Transaction<'_>, worker: &str, report: Accepted) -> Resul
         input: None,
         output: Some(Output { models: report.models }),
         reason: (report.status == "failed").then(|| format!("worker {worker} reported failure")),
+        next_follows,
     };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     report::enqueue(tx, &relayed, now).map_err(db)?;
     tx.execute("UPDATE workers SET last_report = ?2 WHERE name = ?1", params![worker, fingerprint]).map_err(db)?;
-    Ok(())
+    Ok(next_follows)
 }
 
 /// Checks that a reported model URL lies under one of `roots` (the job's output directory, the

@@ -192,7 +192,8 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
     let (wake_control, woken) = mpsc::channel::<()>();
     let on_report: worker_api::OnReport = {
         let wake = wake_control.clone();
-        Arc::new(move || {
+        // The control plane applies the report and tells the edge's loop what follows.
+        Arc::new(move |_moved: Option<&str>| {
             let _ = wake.send(());
         })
     };
@@ -218,7 +219,7 @@ pub async fn run(options: RunOptions, stop: Arc<AtomicBool>) -> Result<RunEnd, R
         let (store, stop, on_report) = (edge_store.clone(), edge_stop.clone(), on_report.clone());
         std::thread::Builder::new()
             .name("edge".into())
-            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, wakes, &|| on_report(), Some(&swapper)))?
+            .spawn(move || agent::run_jobs(&store, &mut runners, &stop, wakes, &|| on_report(None), Some(&swapper)))?
     };
     tracing::info!("worker report API on {address}; state in {}", state_dir.display());
     let progress = progress::Progress::new(options.terminal, &controlled);

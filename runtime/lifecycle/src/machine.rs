@@ -54,6 +54,9 @@ pub struct Report {
     pub status: Option<Phase>,
     pub data: ConditionData,
     pub reason: Option<String>,
+    /// The edge follows this stage result with the next stage's Ready at once
+    /// (`perennial_types::Report::next_follows`).
+    pub next_follows: bool,
 }
 
 impl From<&perennial_types::Report> for Report {
@@ -66,6 +69,7 @@ impl From<&perennial_types::Report> for Report {
             status: Some(report.status),
             data: ConditionData { input: report.input.clone(), output: report.output.clone() },
             reason: report.reason.clone(),
+            next_follows: report.next_follows,
         }
     }
 }
@@ -276,6 +280,9 @@ impl Machine<'_> {
                 }
                 self.status.message = None;
                 self.enter(stage, Phase::Completed, Some(ConditionData { input: None, output: Some(output) }));
+                // On to the next stage's Waiting now, not after every report: the edge may send
+                // that stage's Ready in the same batch (`next_follows`), applied next.
+                self.complete(stage, report.round);
             }
             // A worker's failure while its stage runs, or the edge's (a deploy copy) while it acts.
             Phase::Failed

@@ -792,6 +792,33 @@ fn results() {
         .appended(&[(Eval, Completed), (Deploy, Waiting)])
         .actions(edge(Deploy, 1, false))
         .check(|c, out| assert_eq!(out.status.last_trained, Some(model("train-1")), "{}: last_trained", c.name)),
+        // The edge prepares the eval set as it relays the train result (`next_follows`): both in
+        // one batch make one status change, the eval worker started.
+        case("Train result and the edge's Eval Ready in one batch → Eval Starting", status(Train, Running, 1))
+            .worker(worker(Train, 1, WorkerPhase::Running))
+            .report(Report { next_follows: true, ..completed(Train, 1, &["train-1"]) })
+            .report(ready(Eval, 1))
+            .expect(Eval, Starting, 1)
+            .appended(&[(Train, Completed), (Eval, Waiting), (Eval, Ready), (Eval, Starting)])
+            .actions(|a| {
+                matches!(a, [Action::Edge(n), Action::StartWorker(s)]
+                    if *n == StageNotice { stage: Eval, round: 1, failed: false } && *s == spec(Eval, 1, None))
+            })
+            .check(|c, out| assert_eq!(out.status.last_trained, Some(model("train-1")), "{}: last_trained", c.name)),
+        // The edge moved on by itself: a result the machine did not take leaves its Eval Ready
+        // untaken too.
+        case("A train result after the stage failed, and its Eval Ready → both ignored", {
+            let mut failed = status(Train, Failed, 1);
+            failed.retry_at = time(30);
+            failed
+        })
+        .report(Report { next_follows: true, ..completed(Train, 1, &["train-1"]) })
+        .report(ready(Eval, 1))
+        .actions(|a| {
+            matches!(a, [Action::Event { reason: "StaleReport", .. }, Action::Event { reason: "StaleReport", .. }])
+        })
+        .recheck(30)
+        .check(unchanged),
         case("Train Completed without a model → ignored", status(Train, Running, 1))
             .worker(worker(Train, 1, WorkerPhase::Running))
             .report(completed(Train, 1, &[]))

@@ -65,6 +65,11 @@ pub trait CloudSide: Send + Sync + 'static {
     /// Applies report `seq` of `node` durably, idempotently (a seq at or under the node's
     /// watermark is already applied), and moves the watermark with it.
     fn apply(&self, node: &str, seq: u64, body: Value) -> impl Future<Output = Applied> + Send;
+    /// Report `seq` of `node` (in the node's scope) arrived behind another being applied or
+    /// queued, and waits its turn: the side may take it in early, where an earlier one waits for
+    /// it (a stage result and the next stage's Ready, written at once). `apply` is still called
+    /// for it, in order, and resolves it.
+    fn queued(&self, _node: &str, _seq: u64, _body: &Value) {}
     /// The node's desired state, as it changes.
     fn desired(&self, node: &str) -> watch::Receiver<Arc<NodeDesired>>;
     /// What `node` runs policies on, as its hello said (`None`: an older edge, or one that
@@ -329,7 +334,14 @@ async fn connection<C: CloudSide>(
                 heartbeat.received(epoch.elapsed());
                 match frame {
                     Message::Report { seq, body } => match receiver.receive(seq).map_err(|err| protocol(err.to_string()))? {
-                        Verdict::Apply => queued.push_back((seq, body)),
+                        Verdict::Apply => {
+                            // It waits its turn behind another: offered now.
+                            let waits = applying.is_some() || !queued.is_empty();
+                            if waits && scope::check(&body, &current).is_ok() {
+                                side.queued(&node, seq, &body);
+                            }
+                            queued.push_back((seq, body));
+                        }
                         Verdict::Duplicate(answer) | Verdict::Rejected(answer) => {
                             write(&mut ws, &answer, interval * 2, &node).await?
                         }

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{mpsc, oneshot};
@@ -18,6 +19,7 @@ struct Waiting {
     /// One receipt per delivery: an edge that resent the report after a timed-out wait holds
     /// the same report twice, applied once.
     applied: Vec<oneshot::Sender<()>>,
+    arrived: Instant,
 }
 
 /// Reports by job (`namespace/name`), oldest first, and the trigger that wakes the job's
@@ -42,7 +44,7 @@ impl Inbox {
         let reports = waiting.entry(key).or_default();
         match reports.iter_mut().find(|w| w.report == report) {
             Some(same) => same.applied.push(applied),
-            None => reports.push(Waiting { report, applied: vec![applied] }),
+            None => reports.push(Waiting { report, applied: vec![applied], arrived: Instant::now() }),
         }
         drop(waiting);
         let _ = self.wake.send(ObjectRef::new(name).within(namespace));
@@ -54,6 +56,27 @@ impl Inbox {
         let waiting = self.lock();
         let key = (namespace.to_owned(), name.to_owned());
         waiting.get(&key).map(|reports| reports.iter().map(|w| w.report.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Whether `report` is the next stage's Ready that the job's last waiting report (a stage
+    /// result with `next_follows`) waits for.
+    pub fn follows(&self, namespace: &str, name: &str, report: &Report) -> bool {
+        let waiting = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let Some(last) = waiting.get(&key).and_then(|reports| reports.last()).map(|w| &w.report) else {
+            return false;
+        };
+        last.next_follows
+            && (last.job_uid.as_str(), last.round) == (report.job_uid.as_str(), report.round)
+            && last.stage.map(|stage| stage.next()) == report.stage
+            && report.status == Some(perennial_api::Phase::Ready)
+    }
+
+    /// How long the job's oldest waiting report has waited (zero when none does).
+    pub fn waited(&self, namespace: &str, name: &str) -> Duration {
+        let waiting = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        waiting.get(&key).and_then(|reports| reports.first()).map_or(Duration::ZERO, |w| w.arrived.elapsed())
     }
 
     /// The first `count` reports of the job are in a written status: their receipts resolve.
@@ -115,6 +138,25 @@ mod tests {
         assert_eq!(inbox.peek("ns", "job").len(), 1, "one copy for the stage machine");
         inbox.applied("ns", "job", 1);
         assert_eq!((first.await, again.await), (Ok(()), Ok(())));
+    }
+
+    #[test]
+    fn only_the_ready_a_waiting_result_says_follows_is_taken_in_early() {
+        use perennial_api::{Phase, Stage};
+        let (inbox, _woken) = Inbox::new();
+        let at = |stage, status| Report { stage: Some(stage), status: Some(status), ..report(3) };
+        let eval_ready = at(Stage::Eval, Phase::Ready);
+        assert!(!inbox.follows("ns", "job", &eval_ready), "nothing waits");
+        let _older = inbox.deliver("ns", "job", at(Stage::Train, Phase::Completed));
+        assert!(!inbox.follows("ns", "job", &eval_ready), "a result from an older agent");
+        inbox.applied("ns", "job", 1);
+        let _result = inbox.deliver("ns", "job", Report { next_follows: true, ..at(Stage::Train, Phase::Completed) });
+        assert!(inbox.follows("ns", "job", &eval_ready));
+        assert!(!inbox.follows("ns", "other", &eval_ready), "another job");
+        assert!(!inbox.follows("ns", "job", &Report { round: 4, ..eval_ready.clone() }), "another round");
+        assert!(!inbox.follows("ns", "job", &Report { job_uid: "v".into(), ..eval_ready.clone() }), "another uid");
+        assert!(!inbox.follows("ns", "job", &at(Stage::Deploy, Phase::Ready)), "not the next stage");
+        assert!(!inbox.follows("ns", "job", &at(Stage::Eval, Phase::Failed)), "not a Ready");
     }
 
     #[tokio::test]

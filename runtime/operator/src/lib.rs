@@ -9,6 +9,7 @@ pub mod access;
 pub mod api_requests;
 pub mod artifacts;
 pub mod client;
+pub mod early_reports;
 pub mod events;
 pub mod identity;
 pub mod inbox;

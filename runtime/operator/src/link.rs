@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio_rustls::rustls::ServerConfig;
 
 use super::artifacts::{Artifacts, RETRY_REFUSED};
+use super::early_reports::EarlyReports;
 use super::identity::{IdentitySettings, TokenReviewer};
 use super::inbox::Inbox;
 use super::node_state::DesiredNodes;
@@ -325,11 +326,22 @@ pub struct OperatorSide {
     /// The highest report applied per node since this operator started. After a restart it is
     /// 0: the edge resends what it holds, and the stage machine takes each report once.
     watermarks: Mutex<HashMap<String, u64>>,
+    /// Job reports offered before their turn: the next stage's Ready that a stage result
+    /// waits for goes to the inbox early, and its turn awaits that receipt.
+    early: EarlyReports,
 }
 
 impl OperatorSide {
     pub fn new(book: Arc<NodeBook>, inbox: Arc<Inbox>, client: Client, written_jobs: Arc<WrittenJobs>) -> OperatorSide {
-        OperatorSide { book, inbox, client, written_jobs, stores: None, watermarks: Mutex::default() }
+        OperatorSide {
+            book,
+            inbox,
+            client,
+            written_jobs,
+            stores: None,
+            watermarks: Mutex::default(),
+            early: EarlyReports::default(),
+        }
     }
 
     /// Reads the watches' copies (`stores`) to skip writes that change nothing.
@@ -347,7 +359,8 @@ impl OperatorSide {
         Some(job.status.unwrap_or_default())
     }
 
-    async fn apply_job(&self, body: Value) -> Applied {
+    async fn apply_job(&self, node: &str, seq: u64, body: Value) -> Applied {
+        let early = self.early.take(node, seq, &body);
         let report: Report = match serde_json::from_value(body) {
             Ok(report) => report,
             Err(err) => return Applied::Rejected(format!("not a job report: {err}")),
@@ -355,7 +368,16 @@ impl OperatorSide {
         let Some((namespace, name)) = report.job.split_once('/') else {
             return Applied::Rejected(format!("job {:?} is not namespace/name", report.job));
         };
-        let receipt = self.inbox.deliver(namespace, name, perennial_lifecycle::Report::from(&report));
+        let receipt = match early {
+            Some(receipt) => receipt,
+            None => {
+                let receipt = self.inbox.deliver(namespace, name, perennial_lifecycle::Report::from(&report));
+                if report.next_follows {
+                    self.early.hand_in_follower(&self.inbox, node, namespace, name);
+                }
+                receipt
+            }
+        };
         match tokio::time::timeout(APPLY_TIMEOUT, receipt).await {
             Ok(Ok(())) => Applied::Applied,
             Ok(Err(_)) => Applied::Rejected(format!("job {} was deleted before the report was applied", report.job)),
@@ -435,14 +457,21 @@ impl OperatorSide {
 
 impl CloudSide for OperatorSide {
     async fn last_applied_report(&self, node: &str) -> Result<u64, String> {
+        // A new connection: what the last one offered comes again (a report already applied
+        // with its result is then judged stale, never applied twice).
+        self.early.forget_node(node);
         Ok(self.watermarks.lock().unwrap_or_else(|p| p.into_inner()).get(node).copied().unwrap_or(0))
+    }
+
+    fn queued(&self, node: &str, seq: u64, body: &Value) {
+        self.early.offer(&self.inbox, node, seq, body);
     }
 
     async fn apply(&self, node: &str, seq: u64, body: Value) -> Applied {
         let outcome = if body.get("policies").is_some() {
             self.apply_policies(node, body).await
         } else if body.get("job").is_some() {
-            self.apply_job(body).await
+            self.apply_job(node, seq, body).await
         } else {
             self.apply_dataset(body).await
         };

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use perennial_api::Stage;
 use perennial_lifecycle::{WorkerObservation, WorkerPhase};
-use perennial_workers::pod::ROUND_LABEL;
+use perennial_workers::pod::{ROUND_LABEL, WORKER_ROUND_LABEL};
 
 /// Sedna's worker-type label.
 pub const WORKER_TYPE_LABEL: &str = "lifelonglearningjob.sedna.io/worker-type";
@@ -40,6 +40,53 @@ pub fn prune_selector(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Option<
         let kept: Vec<String> = (oldest_kept..=round).map(|r| r.to_string()).collect();
         format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin ({})", kept.join(","))
     })
+}
+
+/// The deletions of a Deploy of `round` that replaces the inference pod: the inference pods
+/// there are (any round), and the Train and Eval pods the round's completion would prune
+/// ([`prune_selector`]), done now with them. One selector naming each pod's worker-round label
+/// when they all carry it, else one for each set (pods of an older operator); none when nothing
+/// is to go. Pods already being deleted are not asked for again.
+pub fn deploy_deletions(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Vec<String> {
+    let oldest_kept = kept.checked_sub(1).map(|k| round.saturating_sub(k));
+    let going: Vec<&Pod> = pods
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| match label(pod, WORKER_TYPE_LABEL) {
+            Some("inference") => true,
+            Some("train" | "eval") => {
+                let pod_round = label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok());
+                pod_round.zip(oldest_kept).is_some_and(|(pod_round, oldest)| pod_round < oldest)
+            }
+            _ => false,
+        })
+        .collect();
+    if going.is_empty() {
+        return Vec::new();
+    }
+    let named: Option<std::collections::BTreeSet<&str>> =
+        going.iter().map(|pod| label(pod, WORKER_ROUND_LABEL)).collect();
+    match named {
+        Some(values) => {
+            let values: Vec<&str> = values.into_iter().collect();
+            vec![format!("{UID_LABEL}={uid},{WORKER_ROUND_LABEL} in ({})", values.join(","))]
+        }
+        None => {
+            let inference = going.iter().any(|pod| label(pod, WORKER_TYPE_LABEL) == Some("inference"));
+            let stop = inference.then(|| format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL}=inference"));
+            stop.into_iter().chain(prune_selector(pods, uid, round, kept)).collect()
+        }
+    }
+}
+
+/// Whether the job's `pods` hold the worker of `stage` and `round` (not being deleted already):
+/// what a failed Train or Eval stops.
+pub fn any_to_stop(pods: &[Pod], stage: Stage, round: u64) -> bool {
+    let round = round.to_string();
+    pods.iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| label(pod, WORKER_TYPE_LABEL) == Some(stage.worker_kind()))
+        .any(|pod| label(pod, ROUND_LABEL) == Some(round.as_str()))
 }
 
 /// Waiting reasons that do not clear by themselves: a pod stuck on one this long has failed.
@@ -185,6 +232,57 @@ mod tests {
         assert_eq!(prune_selector(&deleting, "u-1", 4, 2), None);
         let deleting: Vec<Pod> = deleting.into_iter().chain([worker("train", 2, false)]).collect();
         assert_eq!(prune_selector(&deleting, "u-1", 4, 2), Some(selector("3,4")));
+    }
+
+    #[test]
+    fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_request() {
+        let worker = |kind: &str, round: u64, labelled: bool| {
+            let mut labels = json!({WORKER_TYPE_LABEL: kind, ROUND_LABEL: round.to_string()});
+            if labelled {
+                labels[WORKER_ROUND_LABEL] = json!(format!("{kind}-{round}"));
+            }
+            pod(json!({"metadata": {"name": format!("{kind}-{round}"), "labels": labels}, "spec": {"containers": []}}))
+        };
+        let rounds = |labelled: bool| -> Vec<Pod> {
+            let mut pods: Vec<Pod> =
+                (1..=3).flat_map(|r| [worker("train", r, labelled), worker("eval", r, labelled)]).collect();
+            pods.push(worker("inference", 2, labelled));
+            pods
+        };
+        // Round 3 deploys, two rounds kept: round 2's inference pod and round 1's finished pods.
+        let one = format!("{UID_LABEL}=u-1,{WORKER_ROUND_LABEL} in (eval-1,inference-2,train-1)");
+        assert_eq!(deploy_deletions(&rounds(true), "u-1", 3, 2), [one]);
+        assert_eq!(
+            deploy_deletions(&rounds(true), "u-1", 3, 0),
+            [format!("{UID_LABEL}=u-1,{WORKER_ROUND_LABEL} in (inference-2)")],
+            "0 keeps every round"
+        );
+        // Pods of an older operator, without the label: the two requests as before.
+        assert_eq!(
+            deploy_deletions(&rounds(false), "u-1", 3, 2),
+            [
+                format!("{UID_LABEL}=u-1,{WORKER_TYPE_LABEL}=inference"),
+                format!("{UID_LABEL}=u-1,{WORKER_TYPE_LABEL} in (train,eval),{ROUND_LABEL} notin (2,3)"),
+            ]
+        );
+        // A first round: nothing to replace, nothing to prune, no request.
+        assert!(deploy_deletions(&[worker("train", 1, true), worker("eval", 1, true)], "u-1", 1, 2).is_empty());
+    }
+
+    #[test]
+    fn a_failed_stage_stops_its_worker_only_if_it_is_there_and_not_already_going() {
+        let worker = |kind: &str, round: u64, deleting: bool| {
+            let mut metadata = json!({"name": format!("{kind}-{round}"), "labels": {WORKER_TYPE_LABEL: kind, ROUND_LABEL: round.to_string()}});
+            if deleting {
+                metadata["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            pod(json!({"metadata": metadata, "spec": {"containers": []}}))
+        };
+        let first_round = [worker("train", 1, false), worker("eval", 1, false)];
+        assert!(!any_to_stop(&[worker("train", 1, true)], Stage::Train, 1), "already being deleted");
+        assert!(any_to_stop(&first_round, Stage::Train, 1));
+        assert!(!any_to_stop(&first_round, Stage::Train, 2), "another round's train pod stays");
+        assert!(!any_to_stop(&[], Stage::Eval, 1), "a vanished worker");
     }
 
     fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> Pod {

@@ -42,6 +42,10 @@ const STATUS_TRIES: usize = 5;
 /// How long a status write refused as a conflict waits for the job watch to show the write it
 /// lost to, before reading the job from the API server instead.
 const WATCH_CATCH_UP: Duration = Duration::from_secs(1);
+/// How long a status change that takes a train result waits for the Eval Ready its edge sends
+/// right after it (`next_follows`), counted from the result's arrival: both then go in one
+/// write. An edge that sends nothing more (its eval step failed) costs this much delay once.
+const NEXT_REPORT_WAIT: Duration = Duration::from_secs(2);
 
 /// What worker pods are made with, beyond the job.
 #[derive(Clone, Debug)]
@@ -280,6 +284,10 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
             current = fresh;
             continue;
         };
+        if let Some(wait) = next_report_wait(&reports, &step.status, ctx.inbox.waited(&namespace, &name)) {
+            // Unwritten and unacknowledged: the edge keeps the result until the write that takes it.
+            return Ok(Requeue::requeue(wait));
+        }
         match jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
             Ok(written) => {
                 ctx.written_jobs.wrote(written);
@@ -322,15 +330,32 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         // A stage's first worker of the round (its Starting just added) is the stage's Event.
         let first = matches!(action, Action::StartWorker(spec)
             if added.iter().any(|c| c.stage == spec.stage && c.type_ == Phase::Starting));
-        act(job, ctx, &reference, action, &step.status, first).await?;
+        act(job, ctx, &reference, action, &step.status, first, &listed).await?;
     }
-    if step.status.rounds_completed > before.rounds_completed {
+    // A round that deployed pruned with its inference pod's replacement; one that did not (the
+    // selector chose no model) prunes now.
+    let deployed = step.status.deployed.as_ref().is_some_and(|d| d.round == step.status.round);
+    if step.status.rounds_completed > before.rounds_completed && !deployed {
         prune_finished_pods(ctx, &namespace, &view.uid, &listed, step.status.round, &key).await;
     }
     Ok(match step.recheck_after {
         Some(after) => Requeue::requeue(after.min(RESYNC)),
         None => Requeue::requeue(RESYNC),
     })
+}
+
+/// The rest of the wait for the next stage's Ready, when the step's last report is a stage
+/// result its edge follows with it (`next_follows`) and the job now waits in that next stage;
+/// `None`: write now (the Ready came, the result was not taken, or the wait is over).
+pub fn next_report_wait(
+    reports: &[lifecycle::Report],
+    status: &LifelongLearningJobStatus,
+    waited: Duration,
+) -> Option<Duration> {
+    let last = reports.last().filter(|last| last.next_follows)?;
+    let waits_for_it =
+        status.phase == Some(Phase::Waiting) && status.stage == Some(last.stage?.next()) && status.round == last.round;
+    NEXT_REPORT_WAIT.checked_sub(waited).filter(|rest| waits_for_it && !rest.is_zero())
 }
 
 /// Reads the job's `imagePullSecrets` again for its `oci://` policies' registries; a Secret that
@@ -487,7 +512,8 @@ pub fn started_note(stage: Stage, status: &LifelongLearningJobStatus, pod: &str)
 }
 
 /// Carries out one action of the step that left the job in `status`; `first`: the stage's first
-/// worker of the round (said as the stage's start, not as a re-creation).
+/// worker of the round (said as the stage's start, not as a re-creation); `pods`: the job's pods
+/// as the step saw them.
 async fn act(
     job: &LifelongLearningJob,
     ctx: &Context,
@@ -495,6 +521,7 @@ async fn act(
     action: &Action,
     status: &LifelongLearningJobStatus,
     first: bool,
+    pods: &[Pod],
 ) -> Result<(), Error> {
     let (namespace, key, round) = (namespace_of(job), perennial_api::key(&job.metadata), status.round);
     match action {
@@ -519,15 +546,28 @@ async fn act(
                 return Err(err);
             }
         },
+        // Deploy replaces the inference pod of any round, and the finished pods of past rounds
+        // go with it (`deploy_deletions`: one request, none when nothing is there).
+        Action::StopWorkers { stage: Stage::Deploy } => {
+            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+            let uid = job.metadata.uid.clone().unwrap_or_default();
+            for selector in observe::deploy_deletions(pods, &uid, round, ctx.finished_rounds_kept) {
+                api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
+                    .await
+                    .map_err(kube_error("delete_pods", &key))?;
+            }
+        }
+        // No request when no such pod is there to stop (a vanished worker): the pod store,
+        // complete before any reconcile, and the pods created here that it does not show yet
+        // say so.
+        Action::StopWorkers { stage } if !observe::any_to_stop(pods, *stage, round) => {}
         Action::StopWorkers { stage } => {
             let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
             let uid = job.metadata.uid.clone().unwrap_or_default();
-            let mut selector = format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL}={}", stage.worker_kind());
             // A failed Train or Eval stops its own round's worker: the finished ones of the rounds
-            // kept stay for `kubectl logs`. Deploy replaces the inference pod of any round.
-            if *stage != Stage::Deploy {
-                selector.push_str(&format!(",{ROUND_LABEL}={round}"));
-            }
+            // kept stay for `kubectl logs`.
+            let selector =
+                format!("{UID_LABEL}={uid},{WORKER_TYPE_LABEL}={},{ROUND_LABEL}={round}", stage.worker_kind());
             pods.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
                 .await
                 .map_err(kube_error("delete_pods", &key))?;
@@ -735,6 +775,34 @@ mod tests {
         ] {
             assert_eq!(said(stage, phase, Some(previous)), None, "{stage} {phase} after {previous:?}");
         }
+    }
+
+    #[test]
+    fn a_train_result_waits_for_the_eval_ready_its_edge_follows_it_with_and_no_longer() {
+        let result = |follows| lifecycle::Report {
+            round: 2,
+            stage: Some(Stage::Train),
+            status: Some(Phase::Completed),
+            next_follows: follows,
+            ..Default::default()
+        };
+        let waiting = |stage, round| LifelongLearningJobStatus {
+            stage: Some(stage),
+            phase: Some(Phase::Waiting),
+            round,
+            ..Default::default()
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(next_report_wait(&[result(true)], &waiting(Stage::Eval, 2), ms(500)), Some(ms(1500)));
+        assert_eq!(next_report_wait(&[result(true)], &waiting(Stage::Eval, 2), ms(2000)), None, "waited enough");
+        assert_eq!(next_report_wait(&[result(false)], &waiting(Stage::Eval, 2), ms(0)), None, "an older agent");
+        let taken =
+            [result(true), lifecycle::Report { stage: Some(Stage::Eval), status: Some(Phase::Ready), ..result(false) }];
+        assert_eq!(next_report_wait(&taken, &waiting(Stage::Eval, 2), ms(0)), None, "the Ready came with it");
+        assert_eq!(next_report_wait(&[result(true)], &waiting(Stage::Train, 2), ms(0)), None, "the result not taken");
+        let failed = LifelongLearningJobStatus { phase: Some(Phase::Failed), ..waiting(Stage::Train, 2) };
+        assert_eq!(next_report_wait(&[result(true)], &failed, ms(0)), None, "the stage failed");
+        assert_eq!(next_report_wait(&[], &waiting(Stage::Eval, 2), ms(0)), None, "no report");
     }
 
     #[test]

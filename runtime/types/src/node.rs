@@ -217,6 +217,11 @@ pub struct Report {
     /// Why, for a decision or a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A train result the edge follows at once with the next stage's Ready (it prepares the eval
+    /// set as soon as it relays the result, not when told): the control plane may wait a moment
+    /// for it and write both in one status change. Absent from older agents.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub next_follows: bool,
 }
 
 /// A fresh worker name: Sedna's prefix (`train-worker`, `eval-worker`, `inferworker`) and a

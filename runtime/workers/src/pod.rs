@@ -32,6 +32,15 @@ pub const DOWNLOADS: &str = "/downloads";
 const DOWNLOADS_VOLUME: &str = "sedna-storage-initializer";
 /// Label with the round a worker serves (Perennial's; Sedna parses pod names instead).
 pub const ROUND_LABEL: &str = "perennial.io/round";
+/// Label with the worker's kind and round (`train-3`, `inference-4`): one label selector can
+/// then name pods of different kinds and rounds, so that a Deploy removes the inference pod it
+/// replaces and the finished pods of past rounds in one request.
+pub const WORKER_ROUND_LABEL: &str = "perennial.io/worker-round";
+
+/// The [`WORKER_ROUND_LABEL`] value of a `kind` worker of `round`.
+pub fn worker_round(kind: &str, round: u64) -> String {
+    format!("{kind}-{round}")
+}
 
 /// An S3 credential Secret as the pod needs it: its name, and the endpoint from its annotations
 /// (`s3-endpoint`, `s3-usehttps`), which is not secret.
@@ -147,6 +156,7 @@ pub fn build_pod(spec: &WorkerSpec, ctx: &PodContext<'_>) -> Pod {
     labels.insert("lifelonglearningjob.sedna.io/uid".into(), uid.clone());
     labels.insert("lifelonglearningjob.sedna.io/worker-type".into(), kind.into());
     labels.insert(ROUND_LABEL.into(), spec.round.to_string());
+    labels.insert(WORKER_ROUND_LABEL.into(), worker_round(kind, spec.round));
     let metadata = ObjectMeta {
         generate_name: Some(format!("{name}-{kind}-")),
         namespace: job.metadata.namespace.clone(),

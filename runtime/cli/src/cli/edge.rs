@@ -228,7 +228,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     let outbox = Arc::new(Notify::new());
     let stop = Arc::new(AtomicBool::new(false));
     let wakes = agent::Wakes::new();
-    let wake = wakes.sender();
+    let (wake, report_wake) = (wakes.sender(), wakes.sender());
     let jobs_thread = {
         let (store, stop, outbox) = (store.clone(), stop.clone(), outbox.clone());
         let swapper = agent::Swapper::new(host.clone(), tokio::runtime::Handle::current());
@@ -263,7 +263,14 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     // Linked, a worker's name arrives with the desired state, which may come after the worker's
     // report (the operator restarted): held for the link to name it.
     let hold = args.cloud_url.is_some().then_some(worker_api::HOLD_UNKNOWN_WORKERS);
-    let api = worker_api::router(store.clone(), Arc::new(move || outbox.notify_one()), hold);
+    // The report goes out at once; a train result moved its job on to the eval step, done now.
+    let on_report = move |moved: Option<&str>| {
+        outbox.notify_one();
+        if let Some(job) = moved {
+            let _ = report_wake.send(Wake::JobNamed(job.to_owned()));
+        }
+    };
+    let api = worker_api::router(store.clone(), Arc::new(on_report), hold);
     perennial_edge::serve::serve(listener, api, shutdown_signal()).await;
     stop.store(true, Ordering::Relaxed);
     stop_link.send_replace(true);

@@ -95,7 +95,8 @@ pub struct OperatorArgs {
     #[arg(long, default_value_t = 3)]
     restart_limit: u32,
     /// How many of the newest rounds keep their finished Train and Eval pods (for `kubectl
-    /// logs`): once a round completes, older rounds' pods are deleted. 0 keeps them all (Sedna).
+    /// logs`): older rounds' pods are deleted as a round deploys (with the inference pod it
+    /// replaces, in one request) or completes. 0 keeps them all (Sedna).
     #[arg(long, env = "PERENNIAL_FINISHED_ROUNDS_KEPT", default_value_t = 2)]
     finished_rounds_kept: u64,
 }

@@ -168,6 +168,7 @@ fn report(job: &str, n: u64) -> Report {
         input: None,
         output: None,
         reason: None,
+        next_follows: false,
     }
 }
 

@@ -16,6 +16,8 @@ const JOB: &str = "default/thermal";
 struct Api {
     base: String,
     store: Arc<Mutex<Store>>,
+    /// The jobs the API said a report moved on (the agent's loop looks at them at once).
+    moved: Arc<Mutex<Vec<String>>>,
     db: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -48,9 +50,12 @@ async fn start_holding(limits: Limits, hold: Option<std::time::Duration>) -> Api
     let store = Arc::new(Mutex::new(store));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let router = worker_api::router(store.clone(), std::sync::Arc::new(|| {}), hold);
+    let moved = Arc::new(Mutex::new(Vec::new()));
+    let said = moved.clone();
+    let on_report = move |job: Option<&str>| said.lock().unwrap().extend(job.map(str::to_owned));
+    let router = worker_api::router(store.clone(), Arc::new(on_report), hold);
     tokio::spawn(serve_with(listener, router, limits, std::future::pending()));
-    Api { base, store, db, _dir: dir }
+    Api { base, store, moved, db, _dir: dir }
 }
 
 impl Api {
@@ -313,4 +318,49 @@ async fn idle_and_slow_clients_cannot_hold_the_api() {
         let closed = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
         assert!(closed.is_ok(), "a partial body is not held open");
     }
+}
+
+/// A train result with a model moves the job on to its eval step on the edge at once (the
+/// relayed result says `nextFollows`), in the transaction that queues it; only from this edge's
+/// own Train step of that round, never from a round the control plane already failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_train_result_moves_the_job_on_to_its_eval_step_at_once() {
+    fn set_job(api: &Api, stage: &str, phase: &str, acted: &str) {
+        let store = api.store.lock().unwrap();
+        let sql = "UPDATE jobs SET round = 2, stage = ?2, phase = ?3, acted = ?4 WHERE name = ?1";
+        store.conn().execute(sql, rusqlite::params![JOB, stage, phase, acted]).unwrap();
+    }
+    fn job_stage(api: &Api) -> (String, String) {
+        let store = api.store.lock().unwrap();
+        let sql = "SELECT stage, phase FROM jobs WHERE name = ?1";
+        store.conn().query_row(sql, [JOB], |r| Ok((r.get(0)?, r.get(1)?))).unwrap()
+    }
+    let api = start().await;
+    // As the edge's Train step of round 2 left it (Train Ready reported).
+    set_job(&api, "Train", "Ready", "2/Train");
+    let worker = api.issue(2, "train");
+    assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/2/index.pkl")).await.0, 200);
+    let relayed = api.outbox();
+    assert_eq!((relayed[0].phase, relayed[0].status, relayed[0].next_follows), (Stage::Train, Phase::Completed, true));
+    assert_eq!(job_stage(&api), ("Eval".to_owned(), "Waiting".to_owned()), "the eval step is due now");
+    assert_eq!(*api.moved.lock().unwrap(), [JOB], "the job's loop is told");
+
+    // The control plane failed round 2 meanwhile (its notice came first): the result is relayed
+    // as it is, and the job stays where the control plane put it.
+    let api = start().await;
+    set_job(&api, "Train", "Waiting", "2/Train");
+    let worker = api.issue(2, "train");
+    assert_eq!(api.post(&worker, sedna_body(&worker, "train", "/output/train/2/index.pkl")).await.0, 200);
+    assert!(!api.outbox()[0].next_follows);
+    assert_eq!(job_stage(&api), ("Train".to_owned(), "Waiting".to_owned()));
+    assert!(api.moved.lock().unwrap().is_empty());
+
+    // An eval result moves nothing: Deploy waits for the control plane's word.
+    let api = start().await;
+    set_job(&api, "Eval", "Ready", "2/Eval");
+    let worker = api.issue(2, "eval");
+    assert_eq!(api.post(&worker, sedna_body(&worker, "eval", "/output/train/2/index.pkl")).await.0, 200);
+    assert!(!api.outbox()[0].next_follows);
+    assert_eq!(job_stage(&api), ("Eval".to_owned(), "Ready".to_owned()));
+    assert!(api.moved.lock().unwrap().is_empty());
 }

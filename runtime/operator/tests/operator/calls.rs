@@ -310,6 +310,7 @@ fn report(round: u64, stage: Stage, status: Phase, data: Value) -> lifecycle::Re
         status: Some(status),
         data: serde_json::from_value(data).expect("condition data"),
         reason: None,
+        next_follows: false,
     }
 }
 
@@ -442,6 +443,76 @@ async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
 }
 
 #[tokio::test]
+async fn a_train_result_the_edge_follows_with_eval_ready_is_written_once_with_it() {
+    let (mut api, ctx, inbox) = setup();
+    let mut running = status_after(&[train_ready()]);
+    running["phase"] = json!("Running");
+    let model = json!({"format": "pkl", "url": "/output/thermal/train/1/model.pkl"});
+    let completed = lifecycle::Report {
+        next_follows: true,
+        ..report(1, Stage::Train, Phase::Completed, json!({"output": {"models": [model.clone()]}}))
+    };
+    let mut result = inbox.deliver("ml", "thermal", completed);
+    api.show_pods(vec![pod("train", 1, "thermal-train-x7k2p", json!({"phase": "Running"}))]);
+    // The result alone: no write, not acknowledged, looked at again within the wait.
+    let requeue = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx.clone()));
+    assert!(api.only_events().await.is_empty(), "no call while the edge's Eval Ready is on its way");
+    let requeue = requeue.await.expect("join").expect("reconciled");
+    assert!(requeue != kube::runtime::controller::Action::requeue(Duration::from_secs(300)), "{requeue:?}");
+    assert!(result.try_recv().is_err(), "not acknowledged before it is written");
+    // The Eval Ready comes: one write takes both, and the eval pod is created.
+    let input = json!({"input": {"models": [model], "dataURL": "/output/thermal/data/eval/1/data.txt"}});
+    let ready = inbox.deliver("ml", "thermal", report(1, Stage::Eval, Phase::Ready, input));
+    let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut status = running;
+    merge_apply(&mut status, &patch.body["status"]);
+    assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Eval"), Some("Starting")));
+    assert_eq!(status["lastTrained"]["url"], "/output/thermal/train/1/model.pkl");
+    patch.ok(job_json(status));
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["generateName"], "thermal-eval-");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-eval-1"));
+    assert_eq!(api.only_events().await, ["EvalStarted"]);
+    run.await.expect("join").expect("reconciled");
+    result.await.expect("the result applied");
+    ready.await.expect("the Ready applied");
+}
+
+#[tokio::test]
+async fn a_first_deploy_with_no_inference_pod_to_replace_asks_no_delete() {
+    let (mut api, ctx, inbox) = setup();
+    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
+    let mut status = status_after(&[train_ready()]);
+    status["stage"] = json!("Deploy");
+    status["phase"] = json!("Waiting");
+    status["worker"] = Value::Null;
+    inbox.deliver("ml", "thermal", report(1, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}})));
+    // Round 1's finished train and eval pods, no inference pod (one being deleted does not count).
+    let done = json!({"phase": "Succeeded"});
+    let mut going = pod("inference", 0, "thermal-inference-going", json!({"phase": "Running"}));
+    going["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    api.show_pods(vec![
+        pod("train", 1, "thermal-train-1", done.clone()),
+        pod("eval", 1, "thermal-eval-1", done),
+        going,
+    ]);
+    let run = tokio::spawn(reconcile::reconcile(job(status.clone()), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut starting = status;
+    merge_apply(&mut starting, &patch.body["status"]);
+    patch.ok(job_json(starting));
+    // Straight to the new pod: no deletecollection that would find nothing.
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["generateName"], "thermal-inference-");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-inference-1"));
+    assert_eq!(api.only_events().await, ["DeployStarted"]);
+    run.await.expect("join").expect("reconciled");
+}
+
+#[tokio::test]
 async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready() {
     let (mut api, ctx, inbox) = setup();
     // Round 1 evaluated; the edge chose its model and reports Deploy Ready.
@@ -501,35 +572,104 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     run.await.expect("join").expect("reconciled");
 }
 
+/// A pod as this operator makes them: with its worker-round label.
+fn labelled_pod(kind: &str, round: u64, name: &str, status: Value) -> Value {
+    let mut pod = pod(kind, round, name, status);
+    pod["metadata"]["labels"]["perennial.io/worker-round"] = json!(format!("{kind}-{round}"));
+    pod
+}
+
 #[tokio::test]
-async fn a_deployed_round_deletes_the_train_and_eval_pods_of_rounds_before_the_newest_two() {
-    let (mut api, ctx, _inbox) = setup();
-    // Round 3's new inference pod is Ready; the pods of rounds 1 to 3 are still there.
-    let mut starting = status_after(&[train_ready()]);
-    starting["stage"] = json!("Deploy");
-    starting["phase"] = json!("Starting");
-    starting["round"] = json!(3);
-    starting["roundsCompleted"] = json!(2);
-    starting["worker"] = json!({"name": "thermal-inference-3", "stage": "Deploy", "round": 3, "restarts": 0});
+async fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_request() {
+    let (mut api, ctx, inbox) = setup();
+    // Round 3 evaluated; the edge chose its model. The pods of rounds 1 to 3 are still there,
+    // and round 2's inference pod serves.
+    let mut waiting = status_after(&[train_ready()]);
+    waiting["stage"] = json!("Deploy");
+    waiting["phase"] = json!("Waiting");
+    waiting["round"] = json!(3);
+    waiting["roundsCompleted"] = json!(2);
+    waiting["worker"] = Value::Null;
+    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
+    inbox.deliver("ml", "thermal", report(3, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}})));
+    let done = json!({"phase": "Succeeded"});
     let mut pods: Vec<Value> = (1..=3)
         .flat_map(|round| {
-            let done = json!({"phase": "Succeeded"});
             [
-                pod("train", round, &format!("thermal-train-{round}"), done.clone()),
-                pod("eval", round, &format!("thermal-eval-{round}"), done),
+                labelled_pod("train", round, &format!("thermal-train-{round}"), done.clone()),
+                labelled_pod("eval", round, &format!("thermal-eval-{round}"), done.clone()),
             ]
         })
         .collect();
     let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
-    pods.push(pod("inference", 3, "thermal-inference-3", ready));
+    pods.push(labelled_pod("inference", 2, "thermal-inference-2", ready.clone()));
+    api.show_pods(pods.clone());
+    let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut starting = waiting;
+    merge_apply(&mut starting, &patch.body["status"]);
+    patch.ok(job_json(starting.clone()));
+    // One request: round 2's inference pod, and round 1's train and eval pods (rounds 2 and 3
+    // kept for `kubectl logs`).
+    let delete = api.expect("DELETE", PODS).await;
+    assert_eq!(
+        delete.query(),
+        format!(
+            "labelSelector=lifelonglearningjob.sedna.io/uid={UID},perennial.io/worker-round in (eval-1,inference-2,train-1)"
+        )
+    );
+    assert_eq!(delete.body["propagationPolicy"], "Background");
+    delete.ok(pod_list(vec![]));
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["labels"]["perennial.io/worker-round"], "inference-3");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-inference-3"));
+    assert_eq!(api.only_events().await, ["DeployStarted"]);
+    run.await.expect("join").expect("reconciled");
+
+    // The new pod is Ready, before the watch shows the deletions: the round completes, and
+    // nothing more is deleted.
+    pods.push(labelled_pod("inference", 3, "thermal-inference-3", ready));
     api.show_pods(pods);
-    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx.clone()));
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let mut done = starting;
     merge_apply(&mut done, &patch.body["status"]);
     assert_eq!((done["stage"].as_str(), done["roundsCompleted"].as_u64()), (Some("Train"), Some(3)));
-    patch.ok(job_json(done.clone()));
-    // After the status: one request for round 1's train and eval pods; rounds 2 and 3 are kept.
+    patch.ok(job_json(done));
+    assert!(api.only_events().await.is_empty(), "no request after the status");
+    run.await.expect("join").expect("reconciled");
+}
+
+#[tokio::test]
+async fn a_round_that_deploys_nothing_prunes_past_rounds_when_it_completes() {
+    let (mut api, ctx, inbox) = setup();
+    let mut waiting = status_after(&[train_ready()]);
+    waiting["stage"] = json!("Deploy");
+    waiting["phase"] = json!("Waiting");
+    waiting["round"] = json!(3);
+    waiting["roundsCompleted"] = json!(2);
+    waiting["worker"] = Value::Null;
+    // The selector chose no model: Deploy completes from the edge's report, no pod made.
+    let mut chose_none = report(3, Stage::Deploy, Phase::Completed, json!({}));
+    chose_none.reason = Some("no candidate beats the deployed model".into());
+    inbox.deliver("ml", "thermal", chose_none);
+    let done = json!({"phase": "Succeeded"});
+    let pods: Vec<Value> = (1..=3)
+        .flat_map(|round| {
+            [
+                labelled_pod("train", round, &format!("thermal-train-{round}"), done.clone()),
+                labelled_pod("eval", round, &format!("thermal-eval-{round}"), done.clone()),
+            ]
+        })
+        .collect();
+    api.show_pods(pods);
+    let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut completed = waiting;
+    merge_apply(&mut completed, &patch.body["status"]);
+    assert_eq!(completed["roundsCompleted"], 3);
+    patch.ok(job_json(completed));
     let delete = api.expect("DELETE", PODS).await;
     assert_eq!(
         delete.query(),
@@ -537,14 +677,8 @@ async fn a_deployed_round_deletes_the_train_and_eval_pods_of_rounds_before_the_n
             "labelSelector=lifelonglearningjob.sedna.io/uid={UID},lifelonglearningjob.sedna.io/worker-type in (train,eval),perennial.io/round notin (2,3)"
         )
     );
-    assert_eq!(delete.body["propagationPolicy"], "Background");
     delete.ok(pod_list(vec![]));
-    assert!(api.only_events().await.is_empty(), "the round's Deploy was said with its pod");
-    run.await.expect("join").expect("reconciled");
-
-    // The next reconcile, before the watch shows the deletion, completes no round: no request.
-    let run = tokio::spawn(reconcile::reconcile(job(done), ctx));
-    assert_eq!(api.only_events().await, Vec::<String>::new(), "nothing but events");
+    api.only_events().await; // and no other call
     run.await.expect("join").expect("reconciled");
 }
 
@@ -577,10 +711,7 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     assert_eq!(status["phase"], "Failed");
     assert_eq!(status["retries"], 1);
     patch.ok(job_json(status));
-    let delete = api.expect("DELETE", PODS).await;
-    // Only this round's train worker: earlier rounds' finished pods stay for `kubectl logs`.
-    assert!(delete.query().ends_with("worker-type=train,perennial.io/round=1"), "{}", delete.query());
-    delete.ok(pod_list(vec![]));
+    // The worker is gone: nothing to stop, so no request (only the Event).
     assert_eq!(api.only_events().await, ["StageFailed"]);
     let requeue = run.await.expect("join").expect("reconciled");
     assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(10)), "Sedna's first backoff");
