@@ -46,6 +46,10 @@ pub struct TestCloud {
     /// Each chunk asked for: (sha256, offset, bytes served, the connection asking: its index in
     /// `platforms`).
     pub artifact_gets: Mutex<Vec<(String, u64, usize, usize)>>,
+    /// How long each report takes to apply (a slow status write).
+    pub apply_delay: Mutex<Duration>,
+    /// The seqs offered before their turn (`CloudSide::queued`), in order.
+    pub offered: Mutex<Vec<u64>>,
     /// Chunks being read now, and the most read at once.
     reading: AtomicUsize,
     pub most_read_at_once: AtomicUsize,
@@ -66,6 +70,8 @@ impl TestCloud {
             artifact_delay: Mutex::default(),
             platforms: Mutex::default(),
             artifact_gets: Mutex::default(),
+            apply_delay: Mutex::default(),
+            offered: Mutex::default(),
             reading: AtomicUsize::new(0),
             most_read_at_once: AtomicUsize::new(0),
         }
@@ -96,6 +102,8 @@ impl CloudSide for TestCloud {
     }
 
     async fn apply(&self, node: &str, seq: u64, body: Value) -> Applied {
+        let delay = *self.apply_delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
         let mut conn = rusqlite::Connection::open(&self.path).expect("cloud db");
         let tx = conn.transaction().expect("tx");
         let watermark: i64 =
@@ -112,6 +120,10 @@ impl CloudSide for TestCloud {
             .expect("watermark");
         tx.commit().expect("commit");
         Applied::Applied
+    }
+
+    fn queued(&self, _node: &str, seq: u64, _body: &Value) {
+        self.offered.lock().unwrap().push(seq);
     }
 
     fn desired(&self, _node: &str) -> watch::Receiver<Arc<NodeDesired>> {

@@ -316,6 +316,34 @@ async fn a_report_on_another_nodes_job_is_refused_with_the_reason_and_the_rest_g
     let _ = edge.task.await;
 }
 
+/// A report that waits its turn behind one being applied is offered to the cloud early (where a
+/// stage result waits for the next stage's Ready), if it is in the node's scope; all are still
+/// applied once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_waiting_behind_another_is_offered_early_and_applied_in_its_turn() {
+    let pki = pki();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let side = Arc::new(TestCloud::new(&dir.path().join("cloud.db"), one_job()));
+    *side.apply_delay.lock().unwrap() = Duration::from_millis(300);
+    let cloud = start_cloud(&pki, side.clone(), 2).await;
+    let store = Arc::new(Mutex::new(Store::open(&dir.path().join("edge.db")).expect("edge db")));
+    {
+        let mut store = store.lock().unwrap();
+        let tx = store.write().expect("tx");
+        for (job, n) in [(JOB, 1), (JOB, 2), ("ml/elsewhere", 3)] {
+            enqueue(&tx, &report(job, n), n).expect("enqueue");
+        }
+        tx.commit().expect("commit");
+    }
+    let edge = start_edge(&pki, format!("wss://localhost:{}/v1/link", cloud.address.port()), store);
+    until("the outbox emptied", Duration::from_secs(10), || outbox_len(&edge) == 0).await;
+    let rounds: Vec<Value> = side.applied().into_iter().map(|(_, body)| body["round"].clone()).collect();
+    assert_eq!(rounds, [json!(1), json!(2)], "in order, once");
+    assert_eq!(*side.offered.lock().unwrap(), [2], "the first went at once; another node's job is never offered");
+    edge.stop.send_replace(true);
+    let _ = edge.task.await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_token_ends_its_session_and_opens_no_other() {
     let pki = pki();
