@@ -31,6 +31,7 @@ async fn a_fleet_of_200_nodes_connects_idles_starts_rounds_and_survives_churn_an
         dir: dir.path().to_path_buf(),
         nodes: NODES,
         k8s_state: None,
+        through_service: true,
     };
     let mut fleet = Fleet::start(setup).await;
     let idle = fleet.idle(Duration::from_secs(10)).await;
