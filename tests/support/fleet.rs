@@ -562,6 +562,17 @@ impl Drop for Operator {
     }
 }
 
+/// A free port below the kernel's ephemeral range (32768 and up by default), for the link the
+/// nodes dial before the operator listens on it: a port in that range could be taken by a
+/// retrying node's connection to itself (a TCP self-connect), and the operator could not bind it.
+fn free_port_below_ephemeral() -> u16 {
+    let start = 20_000 + (std::process::id() % 12_000) as u16;
+    (start..32_000)
+        .chain(20_000..start)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port under 32000")
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
@@ -824,7 +835,7 @@ impl Fleet {
             std::fs::write(setup.dir.join(file), pem).expect("pem");
         }
         let service = Service::start().await;
-        let link_port = free_port();
+        let link_port = free_port_below_ephemeral();
         let url = format!("wss://localhost:{}/v1/link", if setup.through_service { service.port } else { link_port });
         let mut nodes = Vec::with_capacity(n);
         for (i, (name, token)) in names.iter().zip(&tokens).enumerate() {

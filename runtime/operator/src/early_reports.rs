@@ -6,7 +6,7 @@
 //! (when it is offered, or when the result is handed in, whichever comes last). Its turn then
 //! awaits that receipt instead of handing it in again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde::Deserialize as _;
@@ -26,11 +26,11 @@ struct Offered {
     receipt: Option<oneshot::Receiver<()>>,
 }
 
-/// Offered reports by node and seq: at most a link window's a node (each goes at its turn, and
-/// a node's new connection drops what its last one left).
+/// Offered reports by node, then seq: at most a link window's a node (each goes at its turn,
+/// and a node's new connection drops what its last one left).
 #[derive(Default)]
 pub struct EarlyReports {
-    offered: Mutex<HashMap<(String, u64), Offered>>,
+    offered: Mutex<HashMap<String, BTreeMap<u64, Offered>>>,
 }
 
 impl EarlyReports {
@@ -43,20 +43,20 @@ impl EarlyReports {
         let receipt = inbox.follows(namespace, name, &report).then(|| inbox.deliver(namespace, name, report.clone()));
         let offered =
             Offered { body: body.clone(), namespace: namespace.to_owned(), name: name.to_owned(), report, receipt };
-        self.lock().insert((node.to_owned(), seq), offered);
+        self.lock().entry(node.to_owned()).or_default().insert(seq, offered);
     }
 
     /// A result that says its next stage's Ready follows was just handed to the inbox for job
     /// `namespace/name`: that Ready, if `node` already sent it, goes in now.
     pub fn hand_in_follower(&self, inbox: &Inbox, node: &str, namespace: &str, name: &str) {
         let mut offered = self.lock();
-        let follower = offered.iter_mut().find(|((of, _), o)| {
-            of == node
-                && o.receipt.is_none()
+        let Some(waiting) = offered.get_mut(node) else { return };
+        let follower = waiting.values_mut().find(|o| {
+            o.receipt.is_none()
                 && (o.namespace.as_str(), o.name.as_str()) == (namespace, name)
                 && inbox.follows(namespace, name, &o.report)
         });
-        if let Some((_, follower)) = follower {
+        if let Some(follower) = follower {
             follower.receipt = Some(inbox.deliver(namespace, name, follower.report.clone()));
         }
     }
@@ -64,16 +64,22 @@ impl EarlyReports {
     /// Report `seq` of `node`'s turn: the receipt of its early hand-in, if it had one and is the
     /// same report (an edge that renumbered its outbox may send another under that seq).
     pub fn take(&self, node: &str, seq: u64, body: &Value) -> Option<oneshot::Receiver<()>> {
-        let offered = self.lock().remove(&(node.to_owned(), seq))?;
+        let mut all = self.lock();
+        let waiting = all.get_mut(node)?;
+        let offered = waiting.remove(&seq);
+        if waiting.is_empty() {
+            all.remove(node);
+        }
+        let offered = offered?;
         offered.receipt.filter(|_| offered.body == *body)
     }
 
     /// A new connection of `node`: what its last one offered comes again.
     pub fn forget_node(&self, node: &str) {
-        self.lock().retain(|(of, _), _| of != node);
+        self.lock().remove(node);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u64), Offered>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<u64, Offered>>> {
         self.offered.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
