@@ -67,7 +67,22 @@ async fn reports_posted_while_the_operator_restarts_are_never_lost_or_applied_tw
     let job = world.job().await.expect("the job");
     assert_eq!(job["status"]["roundsCompleted"].as_u64(), Some(ROUNDS), "{}", job["status"]);
     for kind in ["train", "eval"] {
-        assert_eq!(kubelet.pods(kind).len() as u64, ROUNDS, "one {kind} pod a round, none made twice");
+        let pods = kubelet.pods(kind);
+        let made: Vec<String> = pods
+            .iter()
+            .map(|pod| {
+                let round = pod.metadata.labels.as_ref().and_then(|l| l.get("perennial.io/round")).cloned();
+                let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string());
+                format!("{} round {round:?} created {created:?}", pod.metadata.name.as_deref().unwrap_or(""))
+            })
+            .collect();
+        assert_eq!(
+            pods.len() as u64,
+            ROUNDS,
+            "one {kind} pod a round, none made twice: {made:#?}\njob status: {:#}\n{}",
+            job["status"],
+            world.logs()
+        );
     }
     // Each round's train result taken once: the edge relayed one report per train worker.
     let relayed = world.edge_query("SELECT count(*) FROM workers WHERE stage = 'train' AND last_report IS NOT NULL");

@@ -163,6 +163,11 @@ pub fn step(
         m.enter(Stage::Train, Phase::Waiting, None);
         m.actions.push(Action::Edge(StageNotice { stage: Stage::Train, round: 0, failed: false }));
     }
+    // A worker seen running ran before it reported: its Running goes first, also when its
+    // result comes before the Running was written (the operator holds a Running alone a moment).
+    if let Some(worker) = &observed.worker {
+        m.running_first(worker);
+    }
     for report in &observed.reports {
         m.apply(report);
     }
@@ -363,6 +368,15 @@ impl Machine<'_> {
         let input = self.status.data.as_ref().and_then(|d| d.input.clone()).unwrap_or_default();
         let previous_model = if stage == Stage::Train { self.status.last_trained.clone() } else { None };
         WorkerSpec { stage, round, input, previous_model }
+    }
+
+    /// Starting, the stage's worker of this round seen running: Running.
+    fn running_first(&mut self, worker: &WorkerObservation) {
+        let (stage, round) = (self.stage(), self.status.round);
+        let this_worker = worker.stage == stage && worker.round == round && stage != Stage::Deploy;
+        if this_worker && self.phase() == Phase::Starting && worker.phase == WorkerPhase::Running {
+            self.enter(stage, Phase::Running, None);
+        }
     }
 
     /// Starting/Running: follow the worker.

@@ -769,6 +769,24 @@ fn results() {
                 assert!(data.contains(&model("train-1").url), "{}: the Completed condition's data {data}", c.name);
                 assert_eq!(out.status.worker, None, "{}: worker", c.name);
             }),
+        // The operator holds a Running alone a moment: the result then comes with it.
+        case("Train result while Starting, the worker seen Running → Running, Completed, Eval Waiting", {
+            status(Train, Starting, 1)
+        })
+        .worker(worker(Train, 1, WorkerPhase::Running))
+        .report(completed(Train, 1, &["train-1"]))
+        .expect(Eval, Waiting, 1)
+        .appended(&[(Train, Running), (Train, Completed), (Eval, Waiting)])
+        .actions(edge(Eval, 1, false)),
+        case(
+            "Eval result while Starting, the worker Running → Running, Completed, Deploy Waiting",
+            status(Eval, Starting, 1),
+        )
+        .worker(worker(Eval, 1, WorkerPhase::Running))
+        .report(completed(Eval, 1, &["eval-1"]))
+        .expect(Deploy, Waiting, 1)
+        .appended(&[(Eval, Running), (Eval, Completed), (Deploy, Waiting)])
+        .actions(edge(Deploy, 1, false)),
         case("Train result while Starting → Eval Waiting", status(Train, Starting, 1))
             .report(completed(Train, 1, &["train-1"]))
             .expect(Eval, Waiting, 1)

@@ -22,6 +22,7 @@ pub mod observe;
 pub mod patch;
 pub mod pull_secrets;
 pub mod reconcile;
+pub mod running_hold;
 pub mod scope;
 pub mod watches;
 pub mod written;
@@ -146,6 +147,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         written_jobs,
         finished_rounds_kept: options.finished_rounds_kept,
         pull_secrets: Default::default(),
+        running_holds: Default::default(),
     });
     let stop_link = match (&options.link, link_tls, changes) {
         (Some(options), Some(tls), Some(changes)) => {

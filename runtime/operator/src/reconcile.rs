@@ -25,6 +25,7 @@ use super::events::Events;
 use super::inbox::Inbox;
 use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
 use super::patch;
+use super::running_hold;
 use super::watches::Stores;
 use perennial_api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, WorkerSpec};
@@ -78,6 +79,8 @@ pub struct Context {
     pub finished_rounds_kept: u64,
     /// The jobs' registry logins from their `imagePullSecrets`, read on each reconcile.
     pub pull_secrets: Arc<super::pull_secrets::PullSecrets>,
+    /// The workers' Running not written yet, each held a moment for a result to take it along.
+    pub running_holds: super::running_hold::RunningHolds,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -288,9 +291,16 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
             // Unwritten and unacknowledged: the edge keeps the result until the write that takes it.
             return Ok(Requeue::requeue(wait));
         }
+        if running_hold::running_alone(&status, &step.status, !reports.is_empty(), !step.actions.is_empty()) {
+            let waited = ctx.running_holds.waited(&key, step.status.round, stage);
+            if let Some(rest) = running_hold::rest_of_hold(waited) {
+                return Ok(Requeue::requeue(rest));
+            }
+        }
         match jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await {
             Ok(written) => {
                 ctx.written_jobs.wrote(written);
+                ctx.running_holds.forget(&key);
                 break (status, step);
             }
             Err(kube::Error::Api(status)) if status.is_conflict() && tries + 1 < STATUS_TRIES => {
@@ -663,6 +673,7 @@ async fn credential(
 async fn cleanup(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Error> {
     let (namespace, name, key) = (namespace_of(job), job.name_any(), perennial_api::key(&job.metadata));
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    ctx.running_holds.forget(&key);
     let uid = job.metadata.uid.clone().unwrap_or_default();
     // The job's pods as the watch shows them, with any created here that it does not show yet.
     let remaining = job_pods(ctx, &uid);

@@ -21,6 +21,7 @@ use perennial_lifecycle::{self as lifecycle, Settings};
 use perennial_operator::events::Events;
 use perennial_operator::patch::merge_apply;
 use perennial_operator::reconcile::{self, FINALIZER, WORKER_NAME_ANNOTATION};
+use perennial_operator::running_hold;
 use perennial_operator::watches::Stores;
 use perennial_operator::{Context, Inbox, Metrics, WorkerDefaults};
 use serde_json::{Value, json};
@@ -217,6 +218,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
         written_jobs: Default::default(),
         finished_rounds_kept: 2,
         pull_secrets: Default::default(),
+        running_holds: Default::default(),
     };
     let mut api = ApiServer {
         handle,
@@ -440,6 +442,58 @@ async fn a_succeeded_train_pod_and_its_result_move_the_job_to_eval() {
     assert!(api.only_events().await.is_empty(), "Eval's start is said with its pod");
     run.await.expect("join").expect("reconciled");
     receipt.await.expect("applied");
+}
+
+#[tokio::test]
+async fn a_workers_running_waits_a_moment_and_goes_in_one_write_with_its_result() {
+    let (mut api, ctx, inbox) = setup();
+    let starting = status_after(&[train_ready()]);
+    assert_eq!(starting["phase"], "Starting");
+    api.show_pods(vec![pod("train", 1, "thermal-train-x7k2p", json!({"phase": "Running"}))]);
+    // Running alone: no write yet, looked at again within the hold (not at the 5-minute resync).
+    let requeue = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx.clone()));
+    assert!(api.only_events().await.is_empty(), "no call for a Running alone");
+    let requeue = requeue.await.expect("join").expect("reconciled");
+    assert!(requeue != kube::runtime::controller::Action::requeue(Duration::from_secs(300)), "{requeue:?}");
+    assert_eq!(ctx.running_holds.len(), 1);
+    // The result comes within the hold: one write takes the Running and the result.
+    let model = json!({"format": "pkl", "url": "/output/thermal/train/1/model.pkl"});
+    let receipt = inbox.deliver(
+        "ml",
+        "thermal",
+        report(1, Stage::Train, Phase::Completed, json!({"output": {"models": [model]}})),
+    );
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx.clone()));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut status = starting.clone();
+    merge_apply(&mut status, &patch.body["status"]);
+    assert_eq!((status["stage"].as_str(), status["phase"].as_str()), (Some("Eval"), Some("Waiting")));
+    let train: Vec<&str> = status["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .filter(|c| c["stage"] == "Train")
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    assert!(train.ends_with(&["Running", "Completed"]), "the Running goes with its result: {train:?}");
+    patch.ok(job_json(status));
+    run.await.expect("join").expect("reconciled");
+    receipt.await.expect("applied");
+    assert!(ctx.running_holds.is_empty(), "nothing waits once written");
+    // A worker that runs on: its Running is written once the hold is over.
+    let (mut api, ctx, _inbox) = setup();
+    api.show_pods(vec![pod("train", 1, "thermal-train-x7k2p", json!({"phase": "Running"}))]);
+    let held = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx.clone()));
+    assert!(api.only_events().await.is_empty());
+    held.await.expect("join").expect("reconciled");
+    tokio::time::sleep(running_hold::RUNNING_WRITE_HOLD).await;
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["status"]["phase"], "Running");
+    let mut status = starting;
+    merge_apply(&mut status, &patch.body["status"]);
+    patch.ok(job_json(status));
+    run.await.expect("join").expect("reconciled");
 }
 
 #[tokio::test]
