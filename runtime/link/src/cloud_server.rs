@@ -17,7 +17,7 @@ use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 
-use super::desired::{DesiredSender, Kind};
+use super::desired::{DesiredObject, DesiredSender, Kind};
 use super::heartbeat::{Heartbeat, HeartbeatAction};
 use super::messages::{ARTIFACT_CHUNK_BYTES, Message, PolicyPlatform, check_sha256, encode};
 use super::receiver::{Receiver, Verdict};
@@ -27,12 +27,12 @@ use super::socket::{self, Credential, LinkError, NodeTokens, Reviewer, ServerStr
 use super::until_true;
 
 /// What one node should hold: its jobs and datasets, by `namespace/name`. Each object is shared
-/// (`Arc`): the operator's copies of a node's state (as the cluster makes it, as the node is
-/// sent it, as its session sent it) hold one job once.
+/// compact text ([`DesiredObject`]): the operator's copies of a node's state (as the cluster
+/// makes it, as the node is sent it, as its session sent it) hold one job once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeDesired {
-    pub jobs: BTreeMap<String, Arc<Value>>,
-    pub datasets: BTreeMap<String, Arc<Value>>,
+    pub jobs: BTreeMap<String, DesiredObject>,
+    pub datasets: BTreeMap<String, DesiredObject>,
 }
 
 /// How a report ended.

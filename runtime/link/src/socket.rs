@@ -154,8 +154,9 @@ fn digest(token: &str) -> [u8; 32] {
 
 /// A connection's read buffer. tungstenite's default (128 KiB, for high read loads) held per
 /// connection was most of an operator's memory at fleet size; the link carries a few small messages
-/// a minute, and a larger frame grows the buffer as it needs.
-const READ_BUFFER_BYTES: usize = 8 * 1024;
+/// a minute (a heartbeat, a report, a job's desired state: under 2 KiB each), and a larger frame
+/// grows the buffer as it needs. 8 KiB held 8 MiB at 1,000 nodes (heaptrack).
+const READ_BUFFER_BYTES: usize = 2 * 1024;
 
 /// The largest frame sent: a longer message goes in fragments of this. tungstenite keeps each
 /// connection's write buffer (and the peer its read buffer) at the largest frame it ever

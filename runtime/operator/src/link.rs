@@ -34,6 +34,7 @@ use super::watches::{Seen, Stores};
 use super::written::WrittenJobs;
 use perennial_api::{LifelongLearningJob, LifelongLearningJobStatus};
 use perennial_link::cloud_server::{Applied, ArtifactPiece, CloudSide, NodeDesired, ServerSettings, serve};
+use perennial_link::desired::DesiredObject;
 use perennial_link::messages::PolicyPlatform;
 use perennial_link::socket::{NodeTokens, server_tls};
 use perennial_types::{JobConfig, PolicyArtifact, Report};
@@ -231,8 +232,11 @@ impl NodeBook {
 /// Whether a job of `desired` is offered the ready artifact `sha256`.
 fn offers(desired: &NodeDesired, sha256: &str) -> bool {
     desired.jobs.values().any(|job| {
-        let offers = job.pointer("/config/policyArtifacts").and_then(Value::as_object);
-        offers.is_some_and(|offers| offers.values().any(|offer| offer["artifactSha256"] == sha256))
+        let offers = job.pointer("/config/policyArtifacts");
+        offers
+            .as_ref()
+            .and_then(Value::as_object)
+            .is_some_and(|offers| offers.values().any(|offer| offer["artifactSha256"] == sha256))
     })
 }
 
@@ -241,10 +245,12 @@ fn offers(desired: &NodeDesired, sha256: &str) -> bool {
 fn with_registry_auth(desired: &NodeDesired, pull_secrets: &PullSecrets) -> NodeDesired {
     let mut desired = desired.clone();
     for (key, job) in desired.jobs.iter_mut() {
-        let uid = job.pointer("/metadata/uid").and_then(Value::as_str);
-        let Some(auth) = pull_secrets.auth_of(key, uid) else { continue };
-        if let Some(config) = Arc::make_mut(job).get_mut("config").and_then(Value::as_object_mut) {
+        let mut value = job.value();
+        let uid = value.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_owned);
+        let Some(auth) = pull_secrets.auth_of(key, uid.as_deref()) else { continue };
+        if let Some(config) = value.get_mut("config").and_then(Value::as_object_mut) {
             config.insert("registryAuth".into(), serde_json::to_value(&*auth).unwrap_or_default());
+            *job = DesiredObject::new(&value);
         }
     }
     desired
@@ -263,8 +269,8 @@ pub async fn follow_pull_secrets(book: Arc<NodeBook>) {
 fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Option<&Arc<Artifacts>>) -> NodeDesired {
     let mut desired = desired.clone();
     for job in desired.jobs.values_mut() {
-        // Read in place: no copy of the config per node and publish.
-        let Some(Ok(config)) = job.get("config").map(JobConfig::deserialize) else { continue };
+        let mut value = job.value();
+        let Some(Ok(config)) = value.get("config").map(JobConfig::deserialize) else { continue };
         let mut offers = BTreeMap::new();
         for reference in config.policy_plugins() {
             if offers.contains_key(&reference.plugin) {
@@ -291,7 +297,8 @@ fn with_offers(desired: &NodeDesired, platform: &PolicyPlatform, artifacts: Opti
         }
         if !offers.is_empty() {
             // A copy of this job for this node's platform; the plain one stays shared.
-            Arc::make_mut(job)["config"]["policyArtifacts"] = serde_json::to_value(offers).unwrap_or_default();
+            value["config"]["policyArtifacts"] = serde_json::to_value(offers).unwrap_or_default();
+            *job = DesiredObject::new(&value);
         }
     }
     desired
@@ -393,8 +400,8 @@ impl OperatorSide {
         // (its last decision, its failing plugin) are not the new one's.
         let reported_uid = body.get("jobUid").and_then(Value::as_str);
         let desired = self.book.subscribe(node).borrow().clone();
-        let current_uid = desired.jobs.get(key).and_then(|job| job.pointer("/metadata/uid")).and_then(Value::as_str);
-        if let (Some(reported), Some(current)) = (reported_uid, current_uid)
+        let current_uid = desired.jobs.get(key).and_then(|job| job.pointer("/metadata/uid"));
+        if let (Some(reported), Some(current)) = (reported_uid, current_uid.as_ref().and_then(Value::as_str))
             && reported != current
         {
             return Applied::Rejected(format!(
@@ -771,12 +778,15 @@ mod tests {
         let pull_secrets = Arc::new(PullSecrets::default());
         let book = NodeBook::default().with_pull_secrets(pull_secrets.clone());
         let mut job = with_config("a");
-        Arc::make_mut(job.jobs.get_mut("ml/a").unwrap())["metadata"]["uid"] = json!("u1");
+        let held = job.jobs.get_mut("ml/a").unwrap();
+        let mut value = held.value();
+        value["metadata"]["uid"] = json!("u1");
+        *held = value.into();
         book.set("edge-1", job);
         book.set("edge-2", with_config("b"));
         let (mut one, two) = (book.subscribe("edge-1"), book.subscribe("edge-2"));
         let auth_of = |seen: &mut watch::Receiver<Arc<NodeDesired>>, key: &str| {
-            seen.borrow_and_update().jobs[key]["config"].get("registryAuth").cloned()
+            seen.borrow_and_update().jobs[key].value()["config"].get("registryAuth").cloned()
         };
         assert_eq!(auth_of(&mut one, "ml/a"), None);
         let login =
@@ -799,8 +809,10 @@ mod tests {
         let mut offered = with_config("a");
         let ready =
             json!({"state": "ready", "componentSha256": "c", "artifactSha256": sha, "size": 3, "platform": "p"});
-        Arc::make_mut(offered.jobs.get_mut("ml/a").expect("the job"))["config"]["policyArtifacts"] =
-            json!({"oci://r/p@sha256:c": ready});
+        let job = offered.jobs.get_mut("ml/a").expect("the job");
+        let mut value = job.value();
+        value["config"]["policyArtifacts"] = json!({"oci://r/p@sha256:c": ready});
+        *job = value.into();
         let book = NodeBook::default();
         book.set("edge-1", offered);
         book.set("edge-2", with_config("b"));
@@ -823,7 +835,7 @@ mod tests {
         book.set("edge-1", with_config("a"));
         let mut seen = book.subscribe("edge-1");
         let offers = |seen: &mut watch::Receiver<Arc<NodeDesired>>| {
-            seen.borrow_and_update().jobs["ml/a"]["config"].get("policyArtifacts").cloned()
+            seen.borrow_and_update().jobs["ml/a"].value()["config"].get("policyArtifacts").cloned()
         };
         assert_eq!(offers(&mut seen), None, "a node that said nothing gets its jobs as they are");
         // A compiling node, and an operator that compiles nothing: the node compiles itself.

@@ -15,6 +15,7 @@ use super::observe::{UID_LABEL, WORKER_TYPE_LABEL};
 use super::reconcile::WORKER_NAME_ANNOTATION;
 use perennial_api::{Dataset, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_link::cloud_server::NodeDesired;
+use perennial_link::desired::DesiredObject;
 use perennial_types::JobConfig;
 use perennial_types::JobSpec;
 use perennial_types::{NodeJob, NodeJobMeta, NodeWorker, StageNotice};
@@ -175,11 +176,12 @@ impl DesiredNodes {
 }
 
 /// Holds `object` at `key`; false, keeping the copy held (and shared), when it is the same.
-fn set_if_changed(objects: &mut BTreeMap<String, Arc<Value>>, key: &str, object: Value) -> bool {
-    if objects.get(key).is_some_and(|held| **held == object) {
+fn set_if_changed(objects: &mut BTreeMap<String, DesiredObject>, key: &str, object: Value) -> bool {
+    let object = DesiredObject::new(&object);
+    if objects.get(key).is_some_and(|held| *held == object) {
         return false;
     }
-    objects.insert(key.to_owned(), Arc::new(object));
+    objects.insert(key.to_owned(), object);
     true
 }
 
@@ -322,8 +324,8 @@ mod tests {
         let edge1 = &nodes["edge-1"];
         assert_eq!(edge1.jobs.keys().collect::<Vec<_>>(), ["ml/a"]);
         assert_eq!(edge1.datasets.keys().collect::<Vec<_>>(), ["ml/d1"]);
-        assert!(edge1.datasets["ml/d1"].get("status").is_none(), "a count change is no desired change");
-        let a: NodeJob = serde_json::from_value(Value::clone(&edge1.jobs["ml/a"])).expect("a node job");
+        assert!(edge1.datasets["ml/d1"].value().get("status").is_none(), "a count change is no desired change");
+        let a: NodeJob = serde_json::from_value(edge1.jobs["ml/a"].value()).expect("a node job");
         assert_eq!(a.metadata, NodeJobMeta { namespace: "ml".into(), name: "a".into(), uid: "uid-1-a".into() });
         assert_eq!(a.config.name, "ml/a");
         assert_eq!(a.config.spec.dataset, "ml/d1");
