@@ -163,9 +163,10 @@ pub fn step(
         m.enter(Stage::Train, Phase::Waiting, None);
         m.actions.push(Action::Edge(StageNotice { stage: Stage::Train, round: 0, failed: false }));
     }
-    // A worker seen running ran before it reported: its Running goes first, also when its
-    // result comes before the Running was written (the operator holds a Running alone a moment).
-    if let Some(worker) = &observed.worker {
+    // A worker seen running (or done) ran before it reported: with its reports, its Running goes
+    // first, also when it was not written yet (the operator holds a Running alone a moment).
+    // Without reports the worker is followed as before (a timeout, a crash loop: no Running).
+    if let Some(worker) = observed.worker.as_ref().filter(|_| !observed.reports.is_empty()) {
         m.running_first(worker);
     }
     for report in &observed.reports {
@@ -370,11 +371,12 @@ impl Machine<'_> {
         WorkerSpec { stage, round, input, previous_model }
     }
 
-    /// Starting, the stage's worker of this round seen running: Running.
+    /// Starting, the stage's worker of this round seen running or exited 0: Running.
     fn running_first(&mut self, worker: &WorkerObservation) {
         let (stage, round) = (self.stage(), self.status.round);
         let this_worker = worker.stage == stage && worker.round == round && stage != Stage::Deploy;
-        if this_worker && self.phase() == Phase::Starting && worker.phase == WorkerPhase::Running {
+        let ran = matches!(worker.phase, WorkerPhase::Running | WorkerPhase::Succeeded);
+        if this_worker && self.phase() == Phase::Starting && ran {
             self.enter(stage, Phase::Running, None);
         }
     }

@@ -778,6 +778,26 @@ fn results() {
         .expect(Eval, Waiting, 1)
         .appended(&[(Train, Running), (Train, Completed), (Eval, Waiting)])
         .actions(edge(Eval, 1, false)),
+        // The worker exited before its result came, its Running never written: still in order.
+        case("Train result while Starting, the worker Succeeded → Running, Completed, Eval Waiting", {
+            status(Train, Starting, 1)
+        })
+        .worker(worker(Train, 1, WorkerPhase::Succeeded))
+        .report(completed(Train, 1, &["train-1"]))
+        .expect(Eval, Waiting, 1)
+        .appended(&[(Train, Running), (Train, Completed), (Eval, Waiting)])
+        .actions(edge(Eval, 1, false)),
+        // Without a report the worker is followed as before: a timeout fails it from Starting.
+        case("Starting, the worker Running past its timeout, no report → Failed, no Running", {
+            status(Train, Starting, 1)
+        })
+        .worker(worker(Train, 1, WorkerPhase::Running))
+        .timeout(Train, 120)
+        .now(60)
+        .expect(Train, Failed, 1)
+        .appended(&[(Train, Failed)])
+        .actions(stops(Train))
+        .recheck(10),
         case(
             "Eval result while Starting, the worker Running → Running, Completed, Deploy Waiting",
             status(Eval, Starting, 1),

@@ -455,6 +455,7 @@ async fn a_workers_running_waits_a_moment_and_goes_in_one_write_with_its_result(
     assert!(api.only_events().await.is_empty(), "no call for a Running alone");
     let requeue = requeue.await.expect("join").expect("reconciled");
     assert!(requeue != kube::runtime::controller::Action::requeue(Duration::from_secs(300)), "{requeue:?}");
+    assert!(requeue != kube::runtime::controller::Action::await_change(), "looked at again: {requeue:?}");
     assert_eq!(ctx.running_holds.len(), 1);
     // The result comes within the hold: one write takes the Running and the result.
     let model = json!({"format": "pkl", "url": "/output/thermal/train/1/model.pkl"});
