@@ -1043,6 +1043,24 @@ impl Fleet {
         figures
     }
 
+    /// Waits until the operator has no Event left to publish.
+    async fn events_sent(&self, limit: Duration) {
+        let metric = "perennial_operator_events_queued";
+        let deadline = Instant::now() + limit;
+        loop {
+            // `None`: not read (a slow /metrics at fleet size: read again), or an older binary
+            // given to the bench, which has no such metric.
+            let queued = measure::operator_metric(&self.http, self.operator.metrics_port, metric).await;
+            match queued {
+                Some(queued) if queued <= 0.0 => return,
+                None if std::env::var_os("PERENNIAL_BENCH_BINARY").is_some() => return,
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "{metric} still {queued:?} after {limit:?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     fn connects(&self) -> u64 {
         self.totals.connects.load(Ordering::Relaxed)
     }
@@ -1094,6 +1112,10 @@ impl Fleet {
         let count = ((self.nodes.len() as f64 * share).round() as usize).clamp(1, self.nodes.len());
         let playing: Vec<Arc<SimNode>> = self.nodes.iter().take(count).cloned().collect();
         self.run_pods.store(full, Ordering::Relaxed);
+        let limit = Duration::from_secs(300 + count as u64 / 2);
+        // The Events of the phases before (a start's first Waiting of each job) sent first: still
+        // queued, they were counted as the rounds' (7 a job-round at 10,000 nodes).
+        self.events_sent(limit).await;
         let state = self.setup.k8s_state.clone();
         let before = measure::apiserver_requests(&self.setup.client).await;
         let operator_before = measure::operator_requests(&self.http, self.operator.metrics_port).await;
@@ -1102,7 +1124,6 @@ impl Fleet {
         let operator_cpu_before = self.operator.cpu_seconds();
         let started = Instant::now();
         let wanted = start_rounds(&playing);
-        let limit = Duration::from_secs(300 + count as u64 / 2);
         if full {
             self.until("every playing node's round deployed", limit, |_| {
                 playing.iter().all(|node| lock(&node.state).rounds_done_at.is_some())

@@ -1,6 +1,11 @@
 //! `LifelongLearningJob` (Sedna's `lifelonglearningjob_types.go`), with Perennial's optional
 //! fields: `spec.dataset.splitPolicy`, `spec.trainSpec.trigger.policy`,
 //! `spec.deploySpec.selectPolicy`, and `timeoutSeconds` per stage.
+//!
+//! The pod templates are behind an `Arc`: typed, a template is 1.8 KiB inline, and the operator's
+//! job store, which holds them as text, shares one empty template among all its jobs.
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use kube::CustomResource;
@@ -67,7 +72,7 @@ pub struct TrainSpec {
         description = "The train worker's pod template (core/v1 PodTemplateSpec).",
         transform = super::crd::without_nested_descriptions
     )]
-    pub template: PodTemplateSpec,
+    pub template: Arc<PodTemplateSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<Trigger>,
     /// Perennial: fail the stage when its worker runs longer than this.
@@ -84,7 +89,7 @@ pub struct EvalSpec {
         description = "The eval worker's pod template (core/v1 PodTemplateSpec).",
         transform = super::crd::without_nested_descriptions
     )]
-    pub template: PodTemplateSpec,
+    pub template: Arc<PodTemplateSpec>,
     /// Perennial: fail the stage when its worker runs longer than this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
@@ -106,7 +111,7 @@ pub struct DeploySpec {
         description = "The inference worker's pod template (core/v1 PodTemplateSpec).",
         transform = super::crd::without_nested_descriptions
     )]
-    pub template: PodTemplateSpec,
+    pub template: Arc<PodTemplateSpec>,
     /// Perennial: the selector policy. Absent: Sedna's rule (the first evaluated model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub select_policy: Option<PolicyRef>,

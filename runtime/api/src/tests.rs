@@ -359,6 +359,7 @@ fn robot_dog_delivery_is_a_dataset_then_a_job() {
 /// `creationTimestamp: null`) that kubectl prints.
 fn without_empty_template_parts(mut spec: LifelongLearningJobSpec) -> LifelongLearningJobSpec {
     for template in [&mut spec.train_spec.template, &mut spec.eval_spec.template, &mut spec.deploy_spec.template] {
+        let template = std::sync::Arc::make_mut(template);
         if template.metadata == Some(Default::default()) {
             template.metadata = None;
         }
@@ -1262,17 +1263,17 @@ fn validate_job_templates_and_timeouts() {
     run_job_cases(vec![
         case(
             "train template with no containers",
-            |j| j.spec.train_spec.template.spec.as_mut().unwrap().containers.clear(),
+            |j| std::sync::Arc::make_mut(&mut j.spec.train_spec.template).spec.as_mut().unwrap().containers.clear(),
             &[("spec.trainSpec.template.spec.containers", "a worker template needs at least one container")],
         ),
         case(
             "eval template with no spec",
-            |j| j.spec.eval_spec.template.spec = None,
+            |j| std::sync::Arc::make_mut(&mut j.spec.eval_spec.template).spec = None,
             &[("spec.evalSpec.template.spec.containers", "a worker template needs at least one container")],
         ),
         case(
             "deploy template with no containers",
-            |j| j.spec.deploy_spec.template.spec.as_mut().unwrap().containers.clear(),
+            |j| std::sync::Arc::make_mut(&mut j.spec.deploy_spec.template).spec.as_mut().unwrap().containers.clear(),
             &[("spec.deploySpec.template.spec.containers", "at least one container")],
         ),
         case(
@@ -1336,7 +1337,7 @@ fn validate_job_reports_every_error_at_once() {
     condition_mut(&mut job).operator = "~=".into();
     condition_mut(&mut job).metric = "accuracy".into();
     trigger_mut(&mut job).timer = Some(Timer { start: "25:00".into(), end: "2:00".into() });
-    job.spec.eval_spec.template.spec.as_mut().unwrap().containers.clear();
+    std::sync::Arc::make_mut(&mut job.spec.eval_spec.template).spec.as_mut().unwrap().containers.clear();
     job.spec.deploy_spec.timeout_seconds = Some(0);
     job.spec.deploy_spec.select_policy = Some(PolicyRef::new("builtin:nope"));
     job.spec.output_dir = "http://x/y".into();

@@ -54,7 +54,10 @@ impl Events {
             action,
             secondary: None,
         };
+        // Counted before it is sent: the publisher may take it and count it off first.
+        self.metrics.events_queued.inc();
         if self.queue.try_send((reference.clone(), event)).is_err() {
+            self.metrics.events_queued.dec();
             self.metrics.error("events_dropped");
         }
     }
@@ -112,7 +115,9 @@ async fn publish_all(
 ) {
     let mut failing: u64 = 0;
     while let Some((reference, event)) = queued.recv().await {
-        match publisher.publish(&event, &reference).await {
+        let published = publisher.publish(&event, &reference).await;
+        metrics.events_queued.dec();
+        match published {
             Ok(()) if failing > 0 => {
                 tracing::info!("publishing events works again after failing {failing} times");
                 failing = 0;

@@ -24,6 +24,7 @@ pub mod pull_secrets;
 pub mod reconcile;
 pub mod running_hold;
 pub mod scope;
+pub mod stored_templates;
 pub mod watches;
 pub mod written;
 

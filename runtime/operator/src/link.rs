@@ -245,6 +245,10 @@ fn offers(desired: &NodeDesired, sha256: &str) -> bool {
 fn with_registry_auth(desired: &NodeDesired, pull_secrets: &PullSecrets) -> NodeDesired {
     let mut desired = desired.clone();
     for (key, job) in desired.jobs.iter_mut() {
+        // Most jobs have no logins: not parsed.
+        if !pull_secrets.holds(key) {
+            continue;
+        }
         let mut value = job.value();
         let uid = value.pointer("/metadata/uid").and_then(Value::as_str).map(str::to_owned);
         let Some(auth) = pull_secrets.auth_of(key, uid.as_deref()) else { continue };

@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Status writes kept until the job watch shows them ([`crate::written::WrittenJobs`]): a
     /// few while jobs change, none once the operator idles.
     pub written_jobs_kept: Gauge,
+    /// Events queued and not yet published ([`crate::events::Events`]).
+    pub events_queued: Gauge,
     registry: Registry,
     /// Set once the controller runs (the leader) or waits as a standby: the process is healthy.
     healthy: AtomicBool,
@@ -73,6 +75,7 @@ impl Default for Metrics {
         let pods_created = Family::<PodLabels, Counter>::default();
         let link_refusals = Family::<RefusalLabels, Counter>::default();
         let written_jobs_kept = Gauge::default();
+        let events_queued = Gauge::default();
         registry.register("reconciles", "Reconciles of LifelongLearningJobs", reconciles.clone());
         registry.register("errors", "Errors by kind", errors.clone());
         registry.register("stage_transitions", "Stage transitions (conditions written)", transitions.clone());
@@ -87,6 +90,7 @@ impl Default for Metrics {
             "Job status writes kept until the job watch shows them",
             written_jobs_kept.clone(),
         );
+        registry.register("events_queued", "Events queued, not yet published", events_queued.clone());
         Metrics {
             reconciles,
             errors,
@@ -94,6 +98,7 @@ impl Default for Metrics {
             pods_created,
             link_refusals,
             written_jobs_kept,
+            events_queued,
             registry,
             healthy: AtomicBool::new(true),
             ready: AtomicBool::new(false),

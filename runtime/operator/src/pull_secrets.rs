@@ -94,6 +94,11 @@ impl PullSecrets {
         self.lock().metadata.insert(key.to_owned(), metadata) != Some(metadata)
     }
 
+    /// Whether logins are held for job `key` (of any uid).
+    pub fn holds(&self, key: &str) -> bool {
+        self.lock().by_job.contains_key(key)
+    }
+
     /// The logins of job `key` if it is the job of `uid`.
     pub fn auth_of(&self, key: &str, uid: Option<&str>) -> Option<Arc<RegistryAuth>> {
         let state = self.lock();
@@ -119,7 +124,10 @@ pub fn job_metadata(job: &LifelongLearningJob) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
     let meta = &job.metadata;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (&meta.uid, meta.generation, &meta.labels, &meta.annotations).hash(&mut hasher);
+    (&meta.uid, meta.generation, &meta.labels).hash(&mut hasher);
+    // The job's own: a stored copy's templates (`stored_templates`) are not a change.
+    let annotations = meta.annotations.iter().flatten();
+    annotations.filter(|(key, _)| !super::stored_templates::is_ours(key)).for_each(|pair| pair.hash(&mut hasher));
     hasher.finish()
 }
 
@@ -146,6 +154,9 @@ pub const MAX_PULL_SECRETS: usize = 8;
 /// The Secrets the job's worker pod templates name in `imagePullSecrets`, each once, in the
 /// order named (the first that has a registry's login gives it, as for the kubelet).
 pub fn secret_names(job: &LifelongLearningJob) -> Vec<String> {
+    let Ok(job) = super::stored_templates::restored(job) else {
+        return Vec::new(); // a bug, said by the job's reconcile
+    };
     let spec = &job.spec;
     let templates: [&PodTemplateSpec; 3] =
         [&spec.train_spec.template, &spec.eval_spec.template, &spec.deploy_spec.template];
@@ -480,6 +491,12 @@ mod tests {
         .expect("a job");
         assert_eq!(registries(&job), BTreeSet::from(["ghcr.io".to_owned(), HOST.to_owned()]));
         assert_eq!(secret_names(&job), ["b", "a", "c"], "each once, in the order named");
+
+        // The job store's copy (its templates compact): the same names, the same own metadata.
+        let mut stored = job.clone();
+        crate::stored_templates::compact(&mut stored);
+        assert_eq!(secret_names(&stored), ["b", "a", "c"]);
+        assert_eq!(job_metadata(&stored), job_metadata(&job), "a stored copy is not a change by a user");
     }
 
     #[test]

@@ -26,6 +26,7 @@ use super::inbox::Inbox;
 use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
 use super::patch;
 use super::running_hold;
+use super::stored_templates;
 use super::watches::Stores;
 use perennial_api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, WorkerSpec};
@@ -150,7 +151,15 @@ async fn with_finalizer(
     let name = job.name_any();
     let ours = job.finalizers().iter().position(|finalizer| finalizer == FINALIZER);
     match (ours, job.metadata.deletion_timestamp.is_some()) {
-        (Some(_), false) => apply(&job, ctx).await,
+        (Some(_), false) => {
+            // Stored with its pod templates compact: validated and made into pods here.
+            let job = stored_templates::restored_arc(job).map_err(|err| Error::Kube {
+                what: "stored_templates",
+                object: key.to_owned(),
+                source: Box::new(kube::Error::SerdeError(err)),
+            })?;
+            apply(&job, ctx).await
+        }
         (None, false) => {
             let apply_finalizer = json!({
                 "apiVersion": LifelongLearningJob::api_version(&()),

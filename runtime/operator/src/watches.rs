@@ -83,7 +83,7 @@ pub fn start(
     let shown = written.clone();
     let relisted = written.clone();
     let stored = Stored {
-        trim: trim_meta,
+        trim: trim_job,
         then: move |job: &LifelongLearningJob| shown.shown(job),
         listed: move || relisted.relisted(),
     };
@@ -110,6 +110,12 @@ pub(crate) fn trim_meta<K: Resource>(object: &mut K) {
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
+}
+
+/// A job as the operator keeps it: its pod templates as compact text (see `stored_templates`).
+pub(crate) fn trim_job(job: &mut LifelongLearningJob) {
+    trim_meta(job);
+    super::stored_templates::compact(job);
 }
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";

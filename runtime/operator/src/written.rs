@@ -110,6 +110,7 @@ impl WrittenJobs {
         match written.get(&uid) {
             Some(known) if version(known) >= version(&job) => {}
             _ => {
+                super::stored_templates::compact(&mut job);
                 written.insert(uid, Box::new(job));
             }
         }

@@ -262,8 +262,11 @@ fn job_json(status: Value) -> Value {
     })
 }
 
+/// The job as the operator's job watch stores it: its pod templates compact.
 fn job(status: Value) -> Arc<LifelongLearningJob> {
-    Arc::new(serde_json::from_value(job_json(status)).expect("a job"))
+    let mut job = serde_json::from_value(job_json(status)).expect("a job");
+    perennial_operator::stored_templates::compact(&mut job);
+    Arc::new(job)
 }
 
 fn dataset_json() -> Value {
@@ -402,6 +405,9 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     assert_eq!(pod["metadata"]["labels"]["lifelonglearningjob.sedna.io/worker-type"], "train");
     assert_eq!(pod["metadata"]["labels"]["perennial.io/round"], "1");
     assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], UID);
+    // From the template the job store holds compact.
+    assert_eq!(pod["spec"]["containers"][0]["image"], "sedna/train:v1");
+    assert!(pod["metadata"]["annotations"].get("operator.perennial.io/stored-templates").is_none());
     let env = env_of(&pod);
     let worker = env.iter().find(|(k, _)| k == "WORKER_NAME").map(|(_, v)| v.clone()).expect("WORKER_NAME");
     assert!(worker.starts_with("train-worker-") && worker.len() == "train-worker-".len() + 24, "{worker}");
