@@ -596,6 +596,14 @@ async fn act(
             tracing::debug!(job = key, round = notice.round, "the edge waits for {}", notice.stage)
         }
         Action::Event { warning, reason, message } => {
+            if *warning {
+                // With the pods the step judged by: a worker taken for vanished names what it saw.
+                let seen: Vec<(&str, Option<&String>)> = pods
+                    .iter()
+                    .map(|pod| (pod.metadata.name.as_deref().unwrap_or_default(), pod.labels().get(ROUND_LABEL)))
+                    .collect();
+                tracing::debug!(job = key, reason, pods = ?seen, "{message}");
+            }
             ctx.events.publish(reference, *warning, reason, format!("Round{round}"), message.clone());
         }
     }
