@@ -146,6 +146,10 @@ pub struct Step {
     pub actions: Vec<Action>,
     /// Step again after this long even if nothing is observed (a backoff, a timeout, a grace).
     pub recheck_after: Option<Duration>,
+    /// The stage's worker was not among the observed ones, though this step did not just start
+    /// it: gone (made again, or the stage failed over the restart limit), as far as the
+    /// observation goes. A caller whose observation may lag checks it before acting.
+    pub worker_gone: bool,
 }
 
 /// Runs the machine once.
@@ -156,8 +160,16 @@ pub fn step(
     now: Timestamp,
     settings: &Settings,
 ) -> Step {
-    let mut m =
-        Machine { job, settings, now, status: status.clone(), actions: Vec::new(), recheck: None, started: false };
+    let mut m = Machine {
+        job,
+        settings,
+        now,
+        status: status.clone(),
+        actions: Vec::new(),
+        recheck: None,
+        started: false,
+        worker_gone: false,
+    };
     if m.status.stage.is_none() {
         m.status.start_time = Some(Time(now));
         m.enter(Stage::Train, Phase::Waiting, None);
@@ -180,7 +192,7 @@ pub fn step(
             break;
         }
     }
-    Step { status: m.status, actions: m.actions, recheck_after: m.recheck }
+    Step { status: m.status, actions: m.actions, recheck_after: m.recheck, worker_gone: m.worker_gone }
 }
 
 struct Machine<'a> {
@@ -192,6 +204,8 @@ struct Machine<'a> {
     recheck: Option<Duration>,
     /// A worker was started in this step: the observation predates it.
     started: bool,
+    /// See [`Step::worker_gone`].
+    worker_gone: bool,
 }
 
 impl Machine<'_> {
@@ -399,6 +413,7 @@ impl Machine<'_> {
                 return; // just created; the next observation will show it
             }
             // Vanished (deleted, node lost, the embedded mode restarted): start it again, counted.
+            self.worker_gone = true;
             known.recreations += 1;
             known.restarts += 1;
             if known.restarts > self.settings.restart_limit {

@@ -259,6 +259,12 @@ fn run_case(c: &Case) -> Step {
     );
     assert!((c.actions)(&out.actions), "{name}: unexpected actions {:#?}", out.actions);
     assert_eq!(out.recheck_after, c.recheck, "{name}: recheck_after");
+    // A worker judged gone is said so (the operator confirms it with a read before acting).
+    let made_again = out.actions.iter().any(|a| matches!(a, Action::Event { reason: "WorkerVanished", .. }));
+    let failed_gone = s.phase == Some(Phase::Failed)
+        && c.status.phase != Some(Phase::Failed)
+        && s.message.as_deref().is_some_and(|m| m.contains("vanished"));
+    assert_eq!(out.worker_gone, made_again || failed_gone, "{name}: worker_gone");
 
     // The conditions: the old ones kept (the oldest dropped past the cap; data only on the newest
     // of each stage and type), the new ones appended.

@@ -18,7 +18,7 @@ use crate::client::ApiHealth;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// What failed: `patch_status`, `create_pod`, `delete_pods`, `read_job`, `read_dataset`,
+    /// What failed: `patch_status`, `create_pod`, `delete_pods`, `read_job`, `read_pods`, `read_dataset`,
     /// `publish_event`, `events_dropped`...
     pub kind: String,
 }

@@ -272,7 +272,8 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
     // status would be acknowledged and lost.
     let mut current = ctx.written_jobs.newest(job);
     let mut read_fresh_once = false;
-    let listed = job_pods(ctx, &view.uid);
+    let mut listed = job_pods(ctx, &view.uid);
+    let mut pods_read = false;
 
     let mut tries = 0;
     let (before, step) = loop {
@@ -282,6 +283,14 @@ async fn apply(job: &LifelongLearningJob, ctx: &Context) -> Result<Requeue, Erro
         let worker = observe::worker_of(&listed, stage, status.round, now);
         let observed = Observations { reports: reports.clone(), worker };
         let step = lifecycle::step(&view, &status, &observed, now, &ctx.settings);
+        // A worker the pod store lacks is made again only once a read of the job's pods agrees
+        // that it is gone: a store behind, or a pod created here and forgotten, would have it
+        // made twice. (Rare: a read only when a worker seems to have vanished.)
+        if !pods_read && step.worker_gone {
+            pods_read = true;
+            listed = read_pods(ctx, &namespace, &view.uid, &key).await?;
+            continue;
+        }
         let old = serde_json::to_value(&status).unwrap_or_default();
         let new = serde_json::to_value(&step.status).unwrap_or_default();
         let version = current.metadata.resource_version.clone().unwrap_or_default();
@@ -476,6 +485,13 @@ async fn read_fresh(
 ) -> Result<Option<LifelongLearningJob>, Error> {
     let fresh = jobs.get_opt(name).await.map_err(kube_error("read_job", key))?;
     Ok(fresh.filter(|job| job.metadata.uid.as_deref() == Some(uid)))
+}
+
+/// The job's pods as the API server has them now (a worker the store lacks is confirmed gone).
+async fn read_pods(ctx: &Context, namespace: &str, uid: &str, key: &str) -> Result<Vec<Pod>, Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let listed = pods.list(&ListParams::default().labels(&format!("{UID_LABEL}={uid}"))).await;
+    Ok(listed.map_err(kube_error("read_pods", key))?.items)
 }
 
 /// The conditions `after` has that `before` did not (the list is capped: found by the last

@@ -750,6 +750,10 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     running["phase"] = json!("Running");
     running["worker"]["name"] = json!("thermal-train-x7k2p");
     let run = tokio::spawn(reconcile::reconcile(job(running.clone()), ctx.clone()));
+    // The store lacks it: the API server is asked before the worker is taken for gone.
+    let read = api.expect("GET", PODS).await;
+    assert_eq!(read.query(), format!("labelSelector=lifelonglearningjob.sedna.io/uid={UID}"));
+    read.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
     assert_eq!(patch.body["status"]["phase"], Value::Null, "still Running: no new condition");
@@ -767,6 +771,7 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     running["worker"]["restarts"] = json!(3);
     running["worker"]["recreations"] = json!(3);
     let run = tokio::spawn(reconcile::reconcile(job(running), ctx));
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let status = patch.body["status"].clone();
     assert_eq!(status["phase"], "Failed");
@@ -776,6 +781,24 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     assert_eq!(api.only_events().await, ["StageFailed"]);
     let requeue = run.await.expect("join").expect("reconciled");
     assert_eq!(requeue, kube::runtime::controller::Action::requeue(Duration::from_secs(10)), "Sedna's first backoff");
+}
+
+/// The pod store behind (or a pod created here and forgotten): the worker the API server still
+/// has is followed, not made a second time.
+#[tokio::test]
+async fn a_worker_the_store_lacks_but_the_api_server_has_is_not_made_again() {
+    let (mut api, ctx, _inbox) = setup();
+    let mut running = status_after(&[train_ready()]);
+    running["phase"] = json!("Running");
+    running["worker"]["name"] = json!("thermal-train-x7k2p");
+    running["worker"]["node"] = json!("edge-1");
+    let run = tokio::spawn(reconcile::reconcile(job(running), ctx));
+    let read = api.expect("GET", PODS).await;
+    let there = pod("train", 1, "thermal-train-x7k2p", json!({"phase": "Running"}));
+    read.ok(pod_list(vec![there]));
+    // Still running, as the pod says: no status write, no pod created, no WorkerVanished.
+    assert_eq!(api.only_events().await, Vec::<String>::new());
+    run.await.expect("join").expect("reconciled");
 }
 
 #[tokio::test]
@@ -924,7 +947,9 @@ async fn a_status_made_from_a_stale_cache_is_refused_and_made_again_from_a_fresh
     cached["phase"] = json!("Starting");
     let receipt = inbox.deliver("ml", "thermal", train_ready());
     let run = tokio::spawn(reconcile::reconcile(job(cached), ctx));
-    // Made from the cache (its pod looks vanished) under the cache's version: refused.
+    // Made from the cache (its pod looks vanished, which a read of the pods confirms) under the
+    // cache's version: refused.
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
     let stale = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(stale.body["metadata"]["resourceVersion"], "10");
     stale.respond(StatusCode::CONFLICT, conflict());
@@ -995,8 +1020,9 @@ async fn a_deploy_restarted_after_a_crash_removes_the_old_inference_pod_first() 
     status["data"] = json!({"input": {"models": [model]}});
     status["worker"]["stage"] = json!("Deploy");
     let old = pod("inference", 0, "thermal-inference-old", json!({"phase": "Running"}));
-    api.show_pods(vec![old]);
+    api.show_pods(vec![old.clone()]);
     let run = tokio::spawn(reconcile::reconcile(job(status), ctx));
+    api.expect("GET", PODS).await.ok(pod_list(vec![old]));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
     patch.ok(job_json(Value::Null));
