@@ -66,6 +66,20 @@ pub fn raise_fd_limit() -> (u64, u64) {
     perennial_link::open_files::raise_to_hard_limit()
 }
 
+/// [`raise_fd_limit`], the hard limit first raised to `needed` where this process may (root, or
+/// CAP_SYS_RESOURCE: up to the kernel's `fs.nr_open`); where it may not, the hard limit stays.
+pub fn raise_fd_limit_to(needed: u64) -> (u64, u64) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a properly initialised rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && (limit.rlim_max as u64) < needed {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_cur, rlim_max: needed as libc::rlim_t };
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &raised);
+        }
+    }
+    raise_fd_limit()
+}
+
 /// Where the fleet runs.
 pub struct Setup {
     /// An admin client of the API server.
@@ -732,6 +746,8 @@ pub struct Fleet {
     /// The kubelet's own API calls.
     own_calls: Arc<AtomicU64>,
     pods_seen: Arc<PodsSeen>,
+    /// How many nodes (the first ones) a rounds phase has played.
+    played: usize,
     kubelet: tokio::task::JoinHandle<()>,
     http: reqwest::Client,
     pub figures: Vec<Figures>,
@@ -910,6 +926,7 @@ impl Fleet {
             run_pods,
             own_calls,
             pods_seen,
+            played: 0,
             kubelet,
             http: reqwest::Client::new(),
             figures: Vec::new(),
@@ -1108,11 +1125,19 @@ impl Fleet {
     /// `share` of the nodes play one round of their job (`full`: Train Ready to deployed, the
     /// fleet playing the kubelet and the workers; else Train Ready to the train pod created, left
     /// Pending). API requests and the API server's CPU per job-round.
-    pub async fn rounds(&mut self, share: f64, full: bool) -> Figures {
-        let count = ((self.nodes.len() as f64 * share).round() as usize).clamp(1, self.nodes.len());
-        let playing: Vec<Arc<SimNode>> = self.nodes.iter().take(count).cloned().collect();
+    pub async fn rounds(&mut self, nodes: usize, at_once: usize, full: bool) -> Figures {
+        // The next nodes that have not played yet (each phase's a first round: a later one also
+        // deletes the round before's pods), at least one.
+        let first = self.played.min(self.nodes.len() - 1);
+        let count = nodes.clamp(1, self.nodes.len() - first);
+        self.played = first + count;
+        let playing: Vec<Arc<SimNode>> = self.nodes[first..first + count].to_vec();
         self.run_pods.store(full, Ordering::Relaxed);
-        let limit = Duration::from_secs(300 + count as u64 / 2);
+        // In waves of `at_once`, each after the one before is deployed: every job's round without
+        // the burst of all of them at once (which at 10,000 kept the API server from renewing the
+        // Lease), or one job alone after another.
+        let wave = at_once.clamp(1, count);
+        let limit = Duration::from_secs(300 + wave as u64 / 2);
         // The Events of the phases before (a start's first Waiting of each job) sent first: still
         // queued, they were counted as the rounds' (7 a job-round at 10,000 nodes).
         self.events_sent(limit).await;
@@ -1123,13 +1148,14 @@ impl Fleet {
         let cpu_before = state.as_deref().and_then(measure::control_plane_cpu);
         let operator_cpu_before = self.operator.cpu_seconds();
         let started = Instant::now();
-        let wanted = start_rounds(&playing);
         if full {
-            self.until("every playing node's round deployed", limit, |_| {
-                playing.iter().all(|node| lock(&node.state).rounds_done_at.is_some())
-            })
-            .await;
+            for (index, wave) in playing.chunks(wave).enumerate() {
+                start_rounds(wave);
+                let what = format!("wave {}'s rounds deployed ({} nodes)", index + 1, wave.len());
+                self.until(&what, limit, |_| wave.iter().all(|node| lock(&node.state).rounds_done_at.is_some())).await;
+            }
         } else {
+            let wanted = start_rounds(&playing);
             self.until("a train pod for every playing job", limit, |fleet| fleet.train_pods_seen(&wanted)).await;
         }
         let elapsed = started.elapsed();
@@ -1155,6 +1181,9 @@ impl Fleet {
         let mut figures = self.figures(if full { "rounds" } else { "train" });
         figures.seconds = elapsed.as_secs_f64();
         figures.job_rounds = Some(count);
+        if full && wave < count {
+            figures.extra.push(("at_once".into(), wave.to_string()));
+        }
         // The fleet's own calls (the kubelet's, and the two reads of /metrics) are not the
         // operator's cost.
         figures.requests_per_job_round = Some((total - own - 2.0) / per);

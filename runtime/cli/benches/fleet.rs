@@ -17,7 +17,10 @@
 //! - policy: every job's trigger changed; the time until every node holds (serves) it;
 //! - rounds: `PERENNIAL_BENCH_ROUND_SHARE` (1.0) of the nodes play one whole round (Train Ready
 //!   to deployed, the bench playing the kubelet and the workers): API requests and kube-apiserver
-//!   and etcd CPU seconds per job-round, the operator's RSS after;
+//!   and etcd CPU seconds per job-round, the operator's RSS after. `PERENNIAL_BENCH_ROUNDS` runs
+//!   several rounds phases, each on nodes that have not played yet: `10/1,100,1000,all/1000` is ten
+//!   jobs alone one after another, 100 at once, 1,000 at once, then every other node in waves of
+//!   1,000 (each wave started once the one before is deployed);
 //! - churn: nodes drop and reconnect at `PERENNIAL_BENCH_CHURN_PER_SEC` (nodes / 100) for
 //!   `PERENNIAL_BENCH_CHURN_SECS` (60), each with a report in flight;
 //! - failover: a standby beside the leader, `PERENNIAL_BENCH_FAILOVER_SHARE` (0.1) of the nodes
@@ -27,9 +30,9 @@
 //!
 //! Then the checks: no node that never connected, no report lost or doubled, the operator alive.
 //! The nodes connect straight to the operator's link, or through the in-process Service when the
-//! failover phase runs: three sockets a node in this process, so that an open-file limit of
-//! 20,000 (this machine's hard limit) holds about 6,600 nodes with failover, about 19,000
-//! without.
+//! failover phase runs: three sockets a node in this process. The bench raises its open-file
+//! limit to what that needs where it may (as root, past a hard limit of 20,000 as this machine's:
+//! up to the kernel's `fs.nr_open`), else it stops and says so.
 //! `PERENNIAL_BENCH_ONLY=idle,policy,rounds,churn,failover` picks phases; `PERENNIAL_BENCH_BINARY` runs
 //! another `perennial` binary; `PERENNIAL_BENCH_K8S_STATE` the `up` state directory (else the
 //! kubeconfig's folder) for kube-apiserver's and etcd's CPU.
@@ -88,13 +91,16 @@ fn main() {
         eprintln!("PERENNIAL_BENCH_NODES=0: a fleet has at least one node");
         std::process::exit(2)
     }
-    let (soft, hard) = fleet::raise_fd_limit();
-    // A node is a socket here and one in the operator, which inherits this limit.
-    if (soft as usize) < nodes + 1000 {
+    let only = std::env::var("PERENNIAL_BENCH_ONLY").unwrap_or_default();
+    let wants = |phase: &str| only.is_empty() || only.split(',').any(|p| p.trim() == phase);
+    // A node is a socket here and one in the operator, which inherits this limit; through the
+    // failover phase's Service, two more here.
+    let needed = if wants("failover") { 3 * nodes + 1000 } else { nodes + 1000 };
+    let (soft, hard) = fleet::raise_fd_limit_to(needed as u64);
+    if (soft as usize) < needed {
         eprintln!(
-            "the open-file limit is {soft} (hard {hard}): {nodes} nodes need about {} in this process and in the \
-             operator (`ulimit -Hn` higher, or fewer nodes)",
-            nodes + 1000
+            "the open-file limit is {soft} (hard {hard}): {nodes} nodes need about {needed} in this process \
+             (`ulimit -Hn` higher, run as root, or fewer nodes)"
         );
         std::process::exit(2)
     }
@@ -104,10 +110,15 @@ fn main() {
         fleet::kill_started();
         std::process::exit(1);
     });
-    let only = std::env::var("PERENNIAL_BENCH_ONLY").unwrap_or_default();
-    let wants = |phase: &str| only.is_empty() || only.split(',').any(|p| p.trim() == phase);
     let idle = Duration::from_secs(env_or("PERENNIAL_BENCH_IDLE_SECS", 60));
     let share: f64 = env_or("PERENNIAL_BENCH_ROUND_SHARE", 1.0);
+    let round_phases = match std::env::var("PERENNIAL_BENCH_ROUNDS") {
+        Ok(list) => round_phases(&list).unwrap_or_else(|err| {
+            eprintln!("PERENNIAL_BENCH_ROUNDS={list}: {err}");
+            std::process::exit(2)
+        }),
+        Err(_) => vec![(((nodes as f64) * share).round() as usize, usize::MAX)],
+    };
     let churn_secs = Duration::from_secs(env_or("PERENNIAL_BENCH_CHURN_SECS", 60));
     let churn_rate: f64 = env_or("PERENNIAL_BENCH_CHURN_PER_SEC", (nodes as f64 / 100.0).max(1.0));
     let failover_share: f64 = env_or("PERENNIAL_BENCH_FAILOVER_SHARE", 0.1);
@@ -149,7 +160,9 @@ fn main() {
                 fleet.policy_change().await;
             }
             if wants("rounds") {
-                fleet.rounds(share, true).await;
+                for (count, at_once) in round_phases {
+                    fleet.rounds(count, at_once, true).await;
+                }
             }
             if wants("churn") {
                 fleet.churn(churn_secs, churn_rate).await;
@@ -173,4 +186,21 @@ fn main() {
     if outcome.is_err() {
         std::process::exit(1);
     }
+}
+
+/// `PERENNIAL_BENCH_ROUNDS`: rounds phases, each `<nodes>` (at once) or `<nodes>/<at once>` (in
+/// waves), `all` for every node not played yet; each phase plays nodes that have not played.
+fn round_phases(list: &str) -> Result<Vec<(usize, usize)>, String> {
+    let number = |text: &str| match text.trim() {
+        "all" => Ok(usize::MAX),
+        text => {
+            text.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| format!("{text:?} is not a count of nodes"))
+        }
+    };
+    list.split(',')
+        .map(|phase| match phase.split_once('/') {
+            Some((nodes, at_once)) => Ok((number(nodes)?, number(at_once)?)),
+            None => Ok((number(phase)?, usize::MAX)),
+        })
+        .collect()
 }
