@@ -43,4 +43,5 @@ mod restart;
 mod rollout;
 mod rounds;
 mod stack;
+mod vanished;
 mod walkthrough;

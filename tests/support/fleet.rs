@@ -68,6 +68,8 @@ pub fn raise_fd_limit() -> (u64, u64) {
 
 /// [`raise_fd_limit`], the hard limit first raised to `needed` where this process may (root, or
 /// CAP_SYS_RESOURCE: up to the kernel's `fs.nr_open`); where it may not, the hard limit stays.
+// rlim_t is 32 bits wide on some targets.
+#[allow(clippy::unnecessary_cast)]
 pub fn raise_fd_limit_to(needed: u64) -> (u64, u64) {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit with a valid pointer to a properly initialised rlimit.
@@ -95,10 +97,10 @@ pub struct Setup {
     pub nodes: usize,
     /// The `up` state directory (kube-apiserver.pid, etcd.pid), for their CPU.
     pub k8s_state: Option<PathBuf>,
-    /// The nodes reach the operator through a Service that follows the leading replica (the
-    /// failover phase needs it); else straight at the operator's link. The Service proxies in
-    /// this process: three sockets a node instead of one, so that an open-file limit of 20,000
-    /// holds about 6,600 nodes through it.
+    /// The nodes reach the operator through a Service that follows the leading replica; else
+    /// straight at the operator's link (and a failover's standby takes the leader's link port).
+    /// The Service proxies in this process: three sockets a node instead of one, so that an
+    /// open-file limit of 20,000 holds about 6,600 nodes through it.
     pub through_service: bool,
 }
 
@@ -1269,8 +1271,11 @@ impl Fleet {
     /// once, and the rounds complete. Figures: kill -> standby leads, kill -> every node resynced
     /// (p50 and the last), and the new leader's API requests until then (none is per node).
     pub async fn failover(&mut self, share: f64) -> Figures {
-        assert!(self.setup.through_service, "failover needs the nodes to come through the Service");
-        let standby = spawn_operator(&self.setup, &self.operator_kubeconfig, "fleet-standby", free_port());
+        // Through the Service, or (when this process cannot hold its two sockets a node) on the
+        // leader's own link port, which the standby binds once it leads: the same one address
+        // that leads to whichever replica leads, refused while none does.
+        let link_port = if self.setup.through_service { free_port() } else { self.operator.link_port };
+        let standby = spawn_operator(&self.setup, &self.operator_kubeconfig, "fleet-standby", link_port);
         self.service.add(&standby);
         let metrics = format!("http://127.0.0.1:{}/metrics", standby.metrics_port);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -1354,6 +1359,8 @@ impl Fleet {
         let p50 = resynced.get(resynced.len() / 2).copied().unwrap_or(f64::NAN);
         figures.extra.push(("resynced_s_p50".into(), format!("{p50:.1}")));
         figures.extra.push(("mid_round_jobs".into(), count.to_string()));
+        let through = if self.setup.through_service { "service" } else { "shared_port" };
+        figures.extra.push(("through".into(), through.into()));
         figures.extra.push(("reconnects".into(), (self.connects() - reconnects0).to_string()));
         figures.extra.push(("new_leader_reads".into(), format!("{reads:.0}")));
         figures.extra.push(("new_leader_top".into(), shown.join(",")));
