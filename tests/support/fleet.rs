@@ -1129,8 +1129,12 @@ impl Fleet {
     /// Pending). API requests and the API server's CPU per job-round.
     pub async fn rounds(&mut self, nodes: usize, at_once: usize, full: bool) -> Figures {
         // The next nodes that have not played yet (each phase's a first round: a later one also
-        // deletes the round before's pods), at least one.
-        let first = self.played.min(self.nodes.len() - 1);
+        // deletes the round before's pods); none left, no phase.
+        let first = self.played;
+        if first >= self.nodes.len() {
+            println!("fleet rounds   skipped: every node has played its round already");
+            return self.figures("rounds");
+        }
         let count = nodes.clamp(1, self.nodes.len() - first);
         self.played = first + count;
         let playing: Vec<Arc<SimNode>> = self.nodes[first..first + count].to_vec();
@@ -1267,8 +1271,8 @@ impl Fleet {
     /// Failover at fleet size: a standby started beside the leader; `share` of the nodes (the
     /// last ones) start a round, and once each has its train pod the leader is SIGKILLed; every
     /// node queues a report (its dataset's count) while no replica leads. The standby takes the
-    /// Lease, every node reconnects through the Service and resyncs, every report is applied
-    /// once, and the rounds complete. Figures: kill -> standby leads, kill -> every node resynced
+    /// Lease, every node reconnects (through the Service, or to the port the standby takes) and
+    /// resyncs, every report is applied once, and the rounds complete. Figures: kill -> standby leads, kill -> every node resynced
     /// (p50 and the last), and the new leader's API requests until then (none is per node).
     pub async fn failover(&mut self, share: f64) -> Figures {
         // Through the Service, or (when this process cannot hold its two sockets a node) on the
@@ -1333,6 +1337,13 @@ impl Fleet {
             .map(|since_kill| since_kill.as_secs_f64())
             .collect();
         resynced.sort_by(f64::total_cmp);
+        // Said now: what comes after (the reports, the rounds) may not finish.
+        println!(
+            "fleet failover: the standby leads {:.1} s after the kill; every node resynced {:.1} s after it (p50 {:.1} s)",
+            leads_after.as_secs_f64(),
+            resynced.last().copied().unwrap_or(f64::NAN),
+            resynced.get(resynced.len() / 2).copied().unwrap_or(f64::NAN)
+        );
         let requests_after = measure::operator_requests(&self.http, self.operator.metrics_port).await;
         let grown = measure::grown(&requests_after, &requests_before);
         // Its reads: what a takeover costs whatever the reports (a list and a watch per kind, not
@@ -1495,6 +1506,20 @@ async fn kubelet(
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if !handled.insert(uid.clone()) {
+            // These Nodes never post a status, so kube-controller-manager's node lifecycle
+            // controller marks some of their pods NotReady; the kubelet running the pod says it
+            // is Ready again (an inference pod not Ready is not deployed: its job waited forever).
+            // (Inference pods only: a train or eval pod goes on to Succeeded, which this must not undo.)
+            let inference = label("lifelonglearningjob.sedna.io/worker-type") == "inference";
+            if inference && run_pods.load(Ordering::Relaxed) && marked_not_ready(&pod) {
+                let (pods, own_calls) = (pods.clone(), own_calls.clone());
+                tokio::spawn(async move {
+                    own_calls.fetch_add(1, Ordering::Relaxed);
+                    let _ = pods
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::running()))
+                        .await;
+                });
+            }
             continue;
         }
         let job = label("lifelonglearningjob.sedna.io/name");
@@ -1523,6 +1548,13 @@ async fn kubelet(
             let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&sedna_worker::succeeded())).await;
         });
     }
+}
+
+/// A running pod whose Ready condition someone else turned False.
+fn marked_not_ready(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else { return false };
+    status.phase.as_deref() == Some("Running")
+        && status.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "False")
 }
 
 /// Node `i`'s Dataset and job (Sedna's fields; the job's pods placed on the node).

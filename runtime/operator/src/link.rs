@@ -667,6 +667,30 @@ pub fn load_tls(options: &LinkOptions) -> Result<Arc<ServerConfig>, LinkSetupErr
     })
 }
 
+/// How long a new leader waits for its link port while another process still holds it.
+const PORT_HELD_WAIT: Duration = Duration::from_secs(30);
+
+/// Binds `address`; while it is in use (a former leader on this host, one port for the replicas,
+/// that has not exited yet), tries again every second for up to `wait`, said once. A leader
+/// that gave up at once led with no link until it was restarted.
+async fn bind_when_free(address: SocketAddr, wait: Duration) -> Result<tokio::net::TcpListener, LinkSetupError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut said = false;
+    loop {
+        match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => return Ok(listener),
+            Err(source) if source.kind() == std::io::ErrorKind::AddrInUse && tokio::time::Instant::now() < deadline => {
+                if !said {
+                    tracing::warn!(%address, "the edge link's port is in use (a former leader still exiting?); trying again");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(source) => return Err(LinkSetupError::Listen { address, source }),
+        }
+    }
+}
+
 /// Opens the listener and serves nodes until `stop`.
 pub async fn listen(
     options: &LinkOptions,
@@ -677,9 +701,7 @@ pub async fn listen(
     stop: watch::Receiver<bool>,
     listening: tokio::sync::oneshot::Sender<()>,
 ) -> Result<(), LinkSetupError> {
-    let listener = tokio::net::TcpListener::bind(options.addr)
-        .await
-        .map_err(|source| LinkSetupError::Listen { address: options.addr, source })?;
+    let listener = bind_when_free(options.addr, PORT_HELD_WAIT).await?;
     tracing::info!(address = %options.addr, "the edge link listens");
     let _ = listening.send(());
     let reviewer = Arc::new(TokenReviewer::new(side.client.clone(), options.identity.clone()));
@@ -702,6 +724,26 @@ pub async fn listen(
 
 #[cfg(test)]
 mod tests {
+    /// A port held a moment (a former leader exiting) is taken once free; one held past the
+    /// wait is an error that names it.
+    #[tokio::test]
+    async fn the_link_port_is_bound_once_a_former_holder_lets_it_go() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let address = held.local_addr().expect("its address");
+        let freed = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            drop(held);
+        });
+        let listener = super::bind_when_free(address, std::time::Duration::from_secs(10)).await;
+        assert_eq!(listener.expect("bound once free").local_addr().ok(), Some(address));
+        freed.join().expect("the holder");
+
+        let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let address = held.local_addr().expect("its address");
+        let err = super::bind_when_free(address, std::time::Duration::from_secs(2)).await.expect_err("still held");
+        assert!(err.to_string().contains(&address.to_string()), "{err}");
+    }
+
     use serde_json::json;
 
     use super::*;
