@@ -1124,9 +1124,10 @@ impl Fleet {
         figures
     }
 
-    /// `share` of the nodes play one round of their job (`full`: Train Ready to deployed, the
-    /// fleet playing the kubelet and the workers; else Train Ready to the train pod created, left
-    /// Pending). API requests and the API server's CPU per job-round.
+    /// `nodes` nodes that have not played yet play one round of their job, `at_once` at a time
+    /// (`full`: Train Ready to deployed, the fleet playing the kubelet and the workers; else Train
+    /// Ready to the train pod created, left Pending). API requests and the API server's CPU per
+    /// job-round.
     pub async fn rounds(&mut self, nodes: usize, at_once: usize, full: bool) -> Figures {
         // The next nodes that have not played yet (each phase's a first round: a later one also
         // deletes the round before's pods); none left, no phase.
