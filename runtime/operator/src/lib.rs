@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod node_state;
 pub mod observe;
 pub mod patch;
+pub mod pod_name;
 pub mod pull_secrets;
 pub mod reconcile;
 pub mod running_hold;

@@ -25,6 +25,7 @@ use super::events::Events;
 use super::inbox::Inbox;
 use super::observe::{self, UID_LABEL, WORKER_TYPE_LABEL};
 use super::patch;
+use super::pod_name::{Start, worker_pod_name};
 use super::running_hold;
 use super::stored_templates;
 use super::watches::Stores;
@@ -490,8 +491,10 @@ async fn read_fresh(
 /// The job's pods as the API server has them now (a worker the store lacks is confirmed gone).
 async fn read_pods(ctx: &Context, namespace: &str, uid: &str, key: &str) -> Result<Vec<Pod>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let listed = pods.list(&ListParams::default().labels(&format!("{UID_LABEL}={uid}"))).await;
-    Ok(listed.map_err(kube_error("read_pods", key))?.items)
+    let selector = format!("{UID_LABEL}={uid}");
+    let listed = pods.list(&ListParams::default().labels(&selector)).await.map_err(kube_error("read_pods", key))?;
+    tracing::debug!(job = key, selector, pods = listed.items.len(), "read the job's pods");
+    Ok(listed.items)
 }
 
 /// The conditions `after` has that `before` did not (the list is capped: found by the last
@@ -560,8 +563,19 @@ async fn act(
 ) -> Result<(), Error> {
     let (namespace, key, round) = (namespace_of(job), perennial_api::key(&job.metadata), status.round);
     match action {
-        Action::StartWorker(spec) => match start_worker(job, ctx, spec).await {
-            Ok(pod) => {
+        Action::StartWorker(spec) => match start_worker(job, ctx, spec, status).await {
+            // Made by an operator process before this one (its create in flight when it died):
+            // the one worker there is, not said again.
+            Ok(Started::Existed(pod)) => {
+                tracing::info!(
+                    job = key,
+                    round = spec.round,
+                    pod,
+                    "the {} pod exists already",
+                    spec.stage.worker_kind()
+                );
+            }
+            Ok(Started::Created(pod)) => {
                 ctx.metrics.pod_created(spec.stage.worker_kind());
                 let action = format!("Round{}{}", spec.round, spec.stage);
                 let (reason, note) = if first {
@@ -634,8 +648,20 @@ fn started_reason(stage: Stage) -> &'static str {
     }
 }
 
-/// Creates the stage's pod from the job's template; returns its name.
-async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpec) -> Result<String, Error> {
+/// What [`start_worker`] did: the pod's name, and whether this call made it.
+enum Started {
+    Created(String),
+    Existed(String),
+}
+
+/// Creates the stage's pod from the job's template, named by which start of the stage it is
+/// (`pod_name`), so that a second create of the same start finds the first's pod.
+async fn start_worker(
+    job: &LifelongLearningJob,
+    ctx: &Context,
+    spec: &WorkerSpec,
+    status: &LifelongLearningJobStatus,
+) -> Result<Started, Error> {
     let (namespace, key) = (namespace_of(job), perennial_api::key(&job.metadata));
     let dataset_name = &job.spec.dataset.name;
     // From the Dataset watch only: the edge heard of the job through that watch (its Dataset's
@@ -664,12 +690,26 @@ async fn start_worker(job: &LifelongLearningJob, ctx: &Context, spec: &WorkerSpe
     };
     let mut pod = build_pod(spec, &context);
     pod.metadata.annotations.get_or_insert_with(Default::default).insert(WORKER_NAME_ANNOTATION.into(), worker_name);
+    let start = Start {
+        job_uid: job.metadata.uid.as_deref().unwrap_or_default(),
+        kind,
+        round: spec.round,
+        retries: status.retries,
+        recreations: status.worker.as_ref().map_or(0, |worker| worker.recreations),
+    };
+    let name = worker_pod_name(&job.name_any(), &start);
+    pod.metadata.name = Some(name.clone());
+    pod.metadata.generate_name = None;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let created = pods.create(&PostParams::default(), &pod).await.map_err(kube_error("create_pod", &key))?;
+    let created = match pods.create(&PostParams::default(), &pod).await {
+        Ok(created) => created,
+        Err(kube::Error::Api(status)) if status.code == 409 => return Ok(Started::Existed(name)),
+        Err(err) => return Err(kube_error("create_pod", &key)(err)),
+    };
     let name = created.name_any();
-    ctx.written.created(job.metadata.uid.as_deref().unwrap_or_default(), created);
+    ctx.written.created(start.job_uid, created);
     tracing::info!(job = key, round = spec.round, pod = name, "created the {kind} pod");
-    Ok(name)
+    Ok(Started::Created(name))
 }
 
 /// A credential Secret as the pod builder needs it: its name and the endpoint of its

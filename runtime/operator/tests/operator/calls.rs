@@ -20,6 +20,7 @@ use perennial_api::{Dataset, LifelongLearningJob, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Settings};
 use perennial_operator::events::Events;
 use perennial_operator::patch::merge_apply;
+use perennial_operator::pod_name::{Start, worker_pod_name};
 use perennial_operator::reconcile::{self, FINALIZER, WORKER_NAME_ANNOTATION};
 use perennial_operator::running_hold;
 use perennial_operator::watches::Stores;
@@ -344,6 +345,11 @@ fn env_of(pod: &Value) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// The first start (no re-creation) of a `kind` worker of `round` after `retries` failures.
+fn start(kind: &'static str, round: u64, retries: u32) -> Start<'static> {
+    Start { job_uid: UID, kind, round, retries, recreations: 0 }
+}
+
 fn created(mut pod: Value, name: &str) -> Value {
     pod["metadata"]["name"] = json!(name);
     pod["metadata"]["uid"] = json!(format!("uid-{name}"));
@@ -401,7 +407,9 @@ async fn train_ready_creates_the_train_pod_after_the_status_and_acknowledges_the
     // The pod, from the dataset's facts (the Dataset watch's: no call).
     let create = api.expect("POST", PODS).await;
     let pod = create.body.clone();
-    assert_eq!(pod["metadata"]["generateName"], "thermal-train-");
+    // Named by which start it is (round 1's first Train): a second create of it would find it.
+    assert_eq!(pod["metadata"]["name"], worker_pod_name("thermal", &start("train", 1, 0)));
+    assert_eq!(pod["metadata"]["generateName"], Value::Null);
     assert_eq!(pod["metadata"]["labels"]["lifelonglearningjob.sedna.io/worker-type"], "train");
     assert_eq!(pod["metadata"]["labels"]["perennial.io/round"], "1");
     assert_eq!(pod["metadata"]["ownerReferences"][0]["uid"], UID);
@@ -532,7 +540,7 @@ async fn a_train_result_the_edge_follows_with_eval_ready_is_written_once_with_it
     assert_eq!(status["lastTrained"]["url"], "/output/thermal/train/1/model.pkl");
     patch.ok(job_json(status));
     let create = api.expect("POST", PODS).await;
-    assert_eq!(create.body["metadata"]["generateName"], "thermal-eval-");
+    assert_eq!(create.body["metadata"]["name"], worker_pod_name("thermal", &start("eval", 1, 0)));
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-eval-1"));
     assert_eq!(api.only_events().await, ["EvalStarted"]);
@@ -566,7 +574,7 @@ async fn a_first_deploy_with_no_inference_pod_to_replace_asks_no_delete() {
     patch.ok(job_json(starting));
     // Straight to the new pod: no deletecollection that would find nothing.
     let create = api.expect("POST", PODS).await;
-    assert_eq!(create.body["metadata"]["generateName"], "thermal-inference-");
+    assert!(create.body["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("thermal-inference-")));
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-inference-1"));
     assert_eq!(api.only_events().await, ["DeployStarted"]);
@@ -603,7 +611,7 @@ async fn deploy_rolls_the_inference_pod_and_completes_when_the_new_one_is_ready(
     );
     delete.ok(pod_list(vec![]));
     let create = api.expect("POST", PODS).await;
-    assert_eq!(create.body["metadata"]["generateName"], "thermal-inference-");
+    assert!(create.body["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("thermal-inference-")));
     assert_eq!(create.body["spec"]["restartPolicy"], Value::Null, "the template's (Always by default)");
     let env = env_of(&create.body);
     assert!(env.iter().any(|(k, v)| k == "WORKER_NAME" && v.starts_with("inferworker-")));
@@ -762,6 +770,11 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     patch.ok(job_json(after));
     let create = api.expect("POST", PODS).await;
     assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
+    // Another name than the vanished one's: it is another start (its first re-creation).
+    assert_eq!(
+        create.body["metadata"]["name"],
+        worker_pod_name("thermal", &Start { recreations: 1, ..start("train", 1, 0) })
+    );
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-train-again"));
     assert_eq!(api.only_events().await, ["WorkerVanished", "WorkerCreated"]);
@@ -799,6 +812,33 @@ async fn a_worker_the_store_lacks_but_the_api_server_has_is_not_made_again() {
     // Still running, as the pod says: no status write, no pod created, no WorkerVanished.
     assert_eq!(api.only_events().await, Vec::<String>::new());
     run.await.expect("join").expect("reconciled");
+}
+
+/// An operator process that died with its create in flight, and the one after it that creates
+/// the same start again: the API server has the pod by that name already. It is the worker: no
+/// error, no second pod, not counted or said as created again.
+#[tokio::test]
+async fn a_create_of_a_start_whose_pod_exists_already_takes_that_pod() {
+    let (mut api, ctx, _inbox) = setup();
+    let mut starting = status_after(&[train_ready()]);
+    starting["worker"]["name"] = json!("");
+    let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx.clone()));
+    // Neither the store nor the API server's list shows it yet (the create was in flight).
+    api.expect("GET", PODS).await.ok(pod_list(vec![]));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    assert_eq!(patch.body["status"]["worker"]["recreations"], 1);
+    let mut after = starting.clone();
+    merge_apply(&mut after, &patch.body["status"]);
+    patch.ok(job_json(after));
+    let create = api.expect("POST", PODS).await;
+    let name = worker_pod_name("thermal", &Start { recreations: 1, ..start("train", 1, 0) });
+    assert_eq!(create.body["metadata"]["name"], name.as_str());
+    let exists = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists",
+                        "code": 409, "message": format!("pods \"{name}\" already exists")});
+    create.respond(StatusCode::CONFLICT, exists);
+    assert_eq!(api.only_events().await, ["WorkerVanished"], "no WorkerCreated, no WorkerNotCreated");
+    run.await.expect("join").expect("reconciled, not an error");
+    assert!(!ctx.metrics.render().contains("perennial_operator_pods_created_total{worker=\"train\"}"));
 }
 
 #[tokio::test]
