@@ -655,7 +655,8 @@ enum Started {
 }
 
 /// Creates the stage's pod from the job's template, named by which start of the stage it is
-/// (`pod_name`), so that a second create of the same start finds the first's pod.
+/// (`pod_name`), so that a second create of the same start finds the first's pod (a vanished
+/// worker's too, until it is gone).
 async fn start_worker(
     job: &LifelongLearningJob,
     ctx: &Context,
@@ -695,7 +696,6 @@ async fn start_worker(
         kind,
         round: spec.round,
         retries: status.retries,
-        recreations: status.worker.as_ref().map_or(0, |worker| worker.recreations),
     };
     let name = worker_pod_name(&job.name_any(), &start);
     pod.metadata.name = Some(name.clone());

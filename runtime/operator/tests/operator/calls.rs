@@ -345,9 +345,9 @@ fn env_of(pod: &Value) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// The first start (no re-creation) of a `kind` worker of `round` after `retries` failures.
+/// The start of a `kind` worker of `round` after `retries` failures.
 fn start(kind: &'static str, round: u64, retries: u32) -> Start<'static> {
-    Start { job_uid: UID, kind, round, retries, recreations: 0 }
+    Start { job_uid: UID, kind, round, retries }
 }
 
 fn created(mut pod: Value, name: &str) -> Value {
@@ -770,11 +770,8 @@ async fn a_pod_deleted_while_running_is_recreated_and_counted_then_fails_over_th
     patch.ok(job_json(after));
     let create = api.expect("POST", PODS).await;
     assert_eq!(create.body["metadata"]["labels"]["perennial.io/round"], "1");
-    // Another name than the vanished one's: it is another start (its first re-creation).
-    assert_eq!(
-        create.body["metadata"]["name"],
-        worker_pod_name("thermal", &Start { recreations: 1, ..start("train", 1, 0) })
-    );
+    // The vanished one's name: were it still there, the create would find it (409), not make two.
+    assert_eq!(create.body["metadata"]["name"], worker_pod_name("thermal", &start("train", 1, 0)));
     let body = create.body.clone();
     create.respond(StatusCode::CREATED, created(body, "thermal-train-again"));
     assert_eq!(api.only_events().await, ["WorkerVanished", "WorkerCreated"]);
@@ -831,7 +828,7 @@ async fn a_create_of_a_start_whose_pod_exists_already_takes_that_pod() {
     merge_apply(&mut after, &patch.body["status"]);
     patch.ok(job_json(after));
     let create = api.expect("POST", PODS).await;
-    let name = worker_pod_name("thermal", &Start { recreations: 1, ..start("train", 1, 0) });
+    let name = worker_pod_name("thermal", &start("train", 1, 0));
     assert_eq!(create.body["metadata"]["name"], name.as_str());
     let exists = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists",
                         "code": 409, "message": format!("pods \"{name}\" already exists")});
