@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
@@ -177,6 +177,15 @@ struct AgentPods {
     changed: tokio::sync::watch::Receiver<bool>,
 }
 
+/// An agent's pod as the review reads it (its metadata and node): its spec, most of a pod, is
+/// dropped but for the node. (Agents' pods stay `Pod`s; the workers' have a type of their own.)
+fn trim_agent_pod(pod: &mut Pod) {
+    super::watches::trim_meta(pod);
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = PodSpec { node_name: spec.node_name.take(), ..PodSpec::default() };
+    }
+}
+
 /// How long a token the review refused is refused without another review.
 const REFUSED_FOR: Duration = Duration::from_secs(30);
 
@@ -199,7 +208,7 @@ impl TokenReviewer {
         tokio::spawn(async move {
             // Stored as the review reads them (name, uid, node): not whole pods.
             let pods = watcher(api, watcher::Config::default()).default_backoff();
-            let events = pods.modify(super::watches::trim_pod).reflect(writer);
+            let events = pods.modify(trim_agent_pod).reflect(writer);
             futures::pin_mut!(events);
             while let Some(event) = events.next().await {
                 match event {
@@ -396,7 +405,6 @@ mod tests {
     use std::collections::BTreeMap;
 
     use k8s_openapi::api::authentication::v1::UserInfo;
-    use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;

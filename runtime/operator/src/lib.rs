@@ -27,6 +27,7 @@ pub mod running_hold;
 pub mod scope;
 pub mod stored_templates;
 pub mod watches;
+pub mod worker_pod;
 pub mod written;
 
 use std::net::SocketAddr;

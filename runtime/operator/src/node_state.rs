@@ -7,12 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::observe::{UID_LABEL, WORKER_TYPE_LABEL};
 use super::reconcile::WORKER_NAME_ANNOTATION;
+use super::worker_pod::WorkerPod;
 use perennial_api::{Dataset, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_link::cloud_server::NodeDesired;
 use perennial_link::desired::DesiredObject;
@@ -35,7 +35,11 @@ pub struct DesiredNodes {
 
 impl DesiredNodes {
     /// From the whole cluster: at start, and after a watch listed a kind again.
-    pub fn build(jobs: &[Arc<LifelongLearningJob>], datasets: &[Arc<Dataset>], pods: &[Arc<Pod>]) -> DesiredNodes {
+    pub fn build(
+        jobs: &[Arc<LifelongLearningJob>],
+        datasets: &[Arc<Dataset>],
+        pods: &[Arc<WorkerPod>],
+    ) -> DesiredNodes {
         let mut nodes = DesiredNodes::default();
         for dataset in datasets {
             nodes.place_dataset(&perennial_api::key(&dataset.metadata), Some(dataset));
@@ -46,7 +50,7 @@ impl DesiredNodes {
         for dataset in datasets {
             by_name.insert((dataset.namespace(), dataset.name_any()), dataset.clone());
         }
-        let mut by_job: HashMap<&str, Vec<Arc<Pod>>> = HashMap::new();
+        let mut by_job: HashMap<&str, Vec<Arc<WorkerPod>>> = HashMap::new();
         for pod in pods {
             if let Some(uid) = pod.labels().get(UID_LABEL) {
                 by_job.entry(uid.as_str()).or_default().push(pod.clone());
@@ -81,7 +85,7 @@ impl DesiredNodes {
         key: &str,
         job: Option<&Arc<LifelongLearningJob>>,
         datasets: &[Arc<Dataset>],
-        pods: &[Arc<Pod>],
+        pods: &[Arc<WorkerPod>],
     ) -> BTreeSet<String> {
         self.place_job(key, job, datasets, pods)
     }
@@ -94,7 +98,7 @@ impl DesiredNodes {
         dataset: Option<&Arc<Dataset>>,
         jobs: &[Arc<LifelongLearningJob>],
         datasets: &[Arc<Dataset>],
-        pods: &[Arc<Pod>],
+        pods: &[Arc<WorkerPod>],
     ) -> BTreeSet<String> {
         let mut changed = self.place_dataset(key, dataset);
         let Some((namespace, name)) = key.split_once('/') else { return changed };
@@ -111,7 +115,7 @@ impl DesiredNodes {
         uid: &str,
         jobs: &[Arc<LifelongLearningJob>],
         datasets: &[Arc<Dataset>],
-        pods: &[Arc<Pod>],
+        pods: &[Arc<WorkerPod>],
     ) -> BTreeSet<String> {
         match jobs.iter().find(|job| job.metadata.uid.as_deref() == Some(uid)) {
             Some(job) => self.place_job(&perennial_api::key(&job.metadata), Some(job), datasets, pods),
@@ -142,7 +146,7 @@ impl DesiredNodes {
         key: &str,
         job: Option<&Arc<LifelongLearningJob>>,
         datasets: &[Arc<Dataset>],
-        pods: &[Arc<Pod>],
+        pods: &[Arc<WorkerPod>],
     ) -> BTreeSet<String> {
         let mut changed = BTreeSet::new();
         let placed = job.and_then(|job| {
@@ -189,7 +193,7 @@ fn set_if_changed(objects: &mut BTreeMap<String, DesiredObject>, key: &str, obje
 /// Dataset names no node or is being deleted. A job edited into something the operator refuses
 /// stays (the edge would otherwise forget its rounds): its node keeps running it, and a policy
 /// reference that does not load is refused there, the previous policy serving on.
-pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<Pod>]) -> Option<NodeJob> {
+pub fn node_job(job: &LifelongLearningJob, dataset: &Dataset, pods: &[Arc<WorkerPod>]) -> Option<NodeJob> {
     if job.metadata.deletion_timestamp.is_some()
         || dataset.spec.node_name.is_empty()
         || dataset.metadata.deletion_timestamp.is_some()
@@ -244,7 +248,7 @@ pub fn notice_of(status: &LifelongLearningJobStatus) -> Option<StageNotice> {
 }
 
 /// The worker a pod runs: its `WORKER_NAME`, round and stage (Sedna's worker type).
-pub fn worker_of_pod(pod: &Pod) -> Option<NodeWorker> {
+pub fn worker_of_pod(pod: &WorkerPod) -> Option<NodeWorker> {
     let name = pod.annotations().get(WORKER_NAME_ANNOTATION)?.clone();
     let round = pod.labels().get(ROUND_LABEL)?.parse().ok()?;
     let stage = match pod.labels().get(WORKER_TYPE_LABEL)?.as_str() {
@@ -299,7 +303,7 @@ mod tests {
         )
     }
 
-    fn pod(job_uid: &str, kind: &str, round: &str, worker: Option<&str>) -> Arc<Pod> {
+    fn pod(job_uid: &str, kind: &str, round: &str, worker: Option<&str>) -> Arc<WorkerPod> {
         let mut metadata = json!({"name": format!("p-{kind}-{round}"), "namespace": "ml", "labels": {
             UID_LABEL: job_uid, WORKER_TYPE_LABEL: kind, ROUND_LABEL: round}});
         if let Some(worker) = worker {
@@ -403,7 +407,7 @@ mod tests {
     fn a_change_touches_only_its_nodes_and_ends_where_a_full_build_does() {
         let mut jobs = vec![job("a", "d1", Value::Null), job("b", "d2", Value::Null)];
         let mut datasets = vec![dataset("d1", "edge-1"), dataset("d2", "edge-2")];
-        let mut pods: Vec<Arc<Pod>> = Vec::new();
+        let mut pods: Vec<Arc<WorkerPod>> = Vec::new();
         let mut desired = DesiredNodes::build(&jobs, &datasets, &pods);
         let nodes = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
 

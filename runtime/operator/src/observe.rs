@@ -2,11 +2,12 @@
 //! pods listed by the job's uid label.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
 use perennial_api::Stage;
 use perennial_lifecycle::{WorkerObservation, WorkerPhase};
 use perennial_workers::pod::{ROUND_LABEL, WORKER_ROUND_LABEL};
+
+use super::worker_pod::{WorkerContainerStatus, WorkerPod};
 
 /// Sedna's worker-type label.
 pub const WORKER_TYPE_LABEL: &str = "lifelonglearningjob.sedna.io/worker-type";
@@ -15,7 +16,7 @@ pub const UID_LABEL: &str = "lifelonglearningjob.sedna.io/uid";
 
 /// The pod of `stage` and `round` among a job's pods, as the stage machine reads it. The newest
 /// wins when there are several (a re-created worker beside one still terminating).
-pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Option<WorkerObservation> {
+pub fn worker_of(pods: &[WorkerPod], stage: Stage, round: u64, now: Timestamp) -> Option<WorkerObservation> {
     let kind = stage.worker_kind();
     pods.iter()
         .filter(|pod| label(pod, WORKER_TYPE_LABEL) == Some(kind))
@@ -28,7 +29,7 @@ pub fn worker_of(pods: &[Pod], stage: Stage, round: u64, now: Timestamp) -> Opti
 /// `kept` rounds, if the job has any not already being deleted; `None` when nothing is to go (or
 /// `kept` is 0: every round stays, as in Sedna). The selector names the kept rounds (`notin`), so
 /// its size is bounded by `kept`, however many rounds are left to prune.
-pub fn prune_selector(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Option<String> {
+pub fn prune_selector(pods: &[WorkerPod], uid: &str, round: u64, kept: u64) -> Option<String> {
     let oldest_kept = round.saturating_sub(kept.checked_sub(1)?);
     let any_older = pods
         .iter()
@@ -47,9 +48,9 @@ pub fn prune_selector(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Option<
 /// ([`prune_selector`]), done now with them. One selector naming each pod's worker-round label
 /// when they all carry it, else one for each set (pods of an older operator); none when nothing
 /// is to go. Pods already being deleted are not asked for again.
-pub fn deploy_deletions(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Vec<String> {
+pub fn deploy_deletions(pods: &[WorkerPod], uid: &str, round: u64, kept: u64) -> Vec<String> {
     let oldest_kept = kept.checked_sub(1).map(|k| round.saturating_sub(k));
-    let going: Vec<&Pod> = pods
+    let going: Vec<&WorkerPod> = pods
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
         .filter(|pod| match label(pod, WORKER_TYPE_LABEL) {
@@ -81,7 +82,7 @@ pub fn deploy_deletions(pods: &[Pod], uid: &str, round: u64, kept: u64) -> Vec<S
 
 /// Whether the job's `pods` hold the worker of `stage` and `round` (not being deleted already):
 /// what a failed Train or Eval stops.
-pub fn any_to_stop(pods: &[Pod], stage: Stage, round: u64) -> bool {
+pub fn any_to_stop(pods: &[WorkerPod], stage: Stage, round: u64) -> bool {
     let round = round.to_string();
     pods.iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
@@ -95,7 +96,7 @@ const STUCK: &[&str] =
 const STUCK_FOR_SECS: i64 = 300;
 
 /// One pod as a worker observation.
-pub fn observe(pod: &Pod, stage: Stage, round: u64, now: Timestamp) -> WorkerObservation {
+pub fn observe(pod: &WorkerPod, stage: Stage, round: u64, now: Timestamp) -> WorkerObservation {
     let status = pod.status.clone().unwrap_or_default();
     let containers = status.container_statuses.clone().unwrap_or_default();
     let init = status.init_container_statuses.clone().unwrap_or_default();
@@ -144,13 +145,13 @@ pub fn observe(pod: &Pod, stage: Stage, round: u64, now: Timestamp) -> WorkerObs
     }
 }
 
-fn label<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+fn label<'a>(pod: &'a WorkerPod, key: &str) -> Option<&'a str> {
     pod.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
 /// Whether the pod says it is Ready (an inference worker without a readiness probe is Ready
 /// once its containers run).
-fn ready(pod: &Pod) -> bool {
+fn ready(pod: &WorkerPod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -158,16 +159,13 @@ fn ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.status == "True")
 }
 
-fn ready_transition(pod: &Pod) -> Option<Timestamp> {
+fn ready_transition(pod: &WorkerPod) -> Option<Timestamp> {
     let conditions = pod.status.as_ref()?.conditions.as_ref()?;
     conditions.iter().find(|c| c.type_ == "Ready")?.last_transition_time.as_ref().map(|t| t.0)
 }
 
 /// The first container (init containers too) waiting on a reason that does not clear by itself.
-fn stuck_reason(
-    containers: &[k8s_openapi::api::core::v1::ContainerStatus],
-    init: &[k8s_openapi::api::core::v1::ContainerStatus],
-) -> Option<String> {
+fn stuck_reason(containers: &[WorkerContainerStatus], init: &[WorkerContainerStatus]) -> Option<String> {
     init.iter().chain(containers).find_map(|c| {
         let waiting = c.state.as_ref()?.waiting.as_ref()?;
         let reason = waiting.reason.as_deref().filter(|r| STUCK.contains(r))?;
@@ -177,7 +175,7 @@ fn stuck_reason(
 }
 
 /// Why a pod failed: the pod's reason and message, or the first failed container's.
-fn failure_detail(pod: &Pod) -> Option<String> {
+fn failure_detail(pod: &WorkerPod) -> Option<String> {
     let status = pod.status.as_ref()?;
     if let Some(reason) = &status.reason {
         return Some(match &status.message {
@@ -204,7 +202,7 @@ mod tests {
         "2026-01-01T00:01:00Z".parse().expect("time")
     }
 
-    fn pod(value: serde_json::Value) -> Pod {
+    fn pod(value: serde_json::Value) -> WorkerPod {
         serde_json::from_value(value).expect("a pod")
     }
 
@@ -217,7 +215,8 @@ mod tests {
             }
             pod(json!({"metadata": metadata, "spec": {"containers": []}}))
         };
-        let mut pods: Vec<Pod> = (1..=5).flat_map(|r| [worker("train", r, false), worker("eval", r, false)]).collect();
+        let mut pods: Vec<WorkerPod> =
+            (1..=5).flat_map(|r| [worker("train", r, false), worker("eval", r, false)]).collect();
         pods.push(worker("inference", 1, false));
         // Round 5 done, two kept: rounds 4 and 5 stay; an inference pod is never pruned here.
         let selector =
@@ -228,9 +227,9 @@ mod tests {
         assert_eq!(prune_selector(&pods, "u-1", 2, 5), None);
         assert_eq!(prune_selector(&[worker("inference", 1, false)], "u-1", 5, 2), None, "inference is Deploy's");
         // Pods already being deleted are not asked for again; one left of round 2 is.
-        let deleting: Vec<Pod> = vec![worker("train", 1, true), worker("eval", 1, true)];
+        let deleting: Vec<WorkerPod> = vec![worker("train", 1, true), worker("eval", 1, true)];
         assert_eq!(prune_selector(&deleting, "u-1", 4, 2), None);
-        let deleting: Vec<Pod> = deleting.into_iter().chain([worker("train", 2, false)]).collect();
+        let deleting: Vec<WorkerPod> = deleting.into_iter().chain([worker("train", 2, false)]).collect();
         assert_eq!(prune_selector(&deleting, "u-1", 4, 2), Some(selector("3,4")));
     }
 
@@ -243,8 +242,8 @@ mod tests {
             }
             pod(json!({"metadata": {"name": format!("{kind}-{round}"), "labels": labels}, "spec": {"containers": []}}))
         };
-        let rounds = |labelled: bool| -> Vec<Pod> {
-            let mut pods: Vec<Pod> =
+        let rounds = |labelled: bool| -> Vec<WorkerPod> {
+            let mut pods: Vec<WorkerPod> =
                 (1..=3).flat_map(|r| [worker("train", r, labelled), worker("eval", r, labelled)]).collect();
             pods.push(worker("inference", 2, labelled));
             pods
@@ -285,7 +284,7 @@ mod tests {
         assert!(!any_to_stop(&[], Stage::Eval, 1), "a vanished worker");
     }
 
-    fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> Pod {
+    fn train_pod(name: &str, round: u64, created: &str, status: serde_json::Value) -> WorkerPod {
         pod(json!({
             "metadata": {
                 "name": name,
@@ -416,7 +415,7 @@ mod tests {
             }
             vec![pod(value)]
         };
-        let phase = |pods: Vec<Pod>| worker_of(&pods, Stage::Deploy, 4, now()).map(|w| w.phase);
+        let phase = |pods: Vec<WorkerPod>| worker_of(&pods, Stage::Deploy, 4, now()).map(|w| w.phase);
         assert_eq!(phase(inference("False", false)), Some(WorkerPhase::Pending));
         assert_eq!(phase(inference("True", false)), Some(WorkerPhase::Running));
         assert_eq!(phase(inference("True", true)), Some(WorkerPhase::Pending));

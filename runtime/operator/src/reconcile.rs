@@ -29,6 +29,7 @@ use super::pod_name::{Start, worker_pod_name};
 use super::running_hold;
 use super::stored_templates;
 use super::watches::Stores;
+use super::worker_pod::WorkerPod;
 use perennial_api::{Dataset, JobCondition, LifelongLearningJob, LifelongLearningJobStatus, Phase, Stage};
 use perennial_lifecycle::{self as lifecycle, Action, JobView, Observations, Settings, WorkerSpec};
 use perennial_workers::pod::{Credential, PodContext, ROUND_LABEL, build_pod, endpoint_url};
@@ -235,7 +236,7 @@ pub fn job_view(job: &LifelongLearningJob) -> JobView {
 
 /// The job's pods (by its uid label) from the pod store, with those created here that it does
 /// not show yet.
-fn job_pods(ctx: &Context, uid: &str) -> Vec<Pod> {
+fn job_pods(ctx: &Context, uid: &str) -> Vec<WorkerPod> {
     let (stored, version) = ctx.stores.pods_with_version();
     let pods = stored
         .iter()
@@ -440,7 +441,7 @@ async fn set_refusal(
 /// one request: finished pods would otherwise pile up, two a round, in etcd and in every pod
 /// watch. Housekeeping only: a failure is counted and said (once a round at most), and the next
 /// round's prune takes what this one left.
-async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[Pod], round: u64, key: &str) {
+async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[WorkerPod], round: u64, key: &str) {
     let Some(selector) = observe::prune_selector(pods, uid, round, ctx.finished_rounds_kept) else {
         return;
     };
@@ -488,9 +489,10 @@ async fn read_fresh(
     Ok(fresh.filter(|job| job.metadata.uid.as_deref() == Some(uid)))
 }
 
-/// The job's pods as the API server has them now (a worker the store lacks is confirmed gone).
-async fn read_pods(ctx: &Context, namespace: &str, uid: &str, key: &str) -> Result<Vec<Pod>, Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+/// The job's pods as the API server has them now (a worker the store lacks is confirmed gone),
+/// read as the store keeps them.
+async fn read_pods(ctx: &Context, namespace: &str, uid: &str, key: &str) -> Result<Vec<WorkerPod>, Error> {
+    let pods: Api<WorkerPod> = Api::namespaced(ctx.client.clone(), namespace);
     let selector = format!("{UID_LABEL}={uid}");
     let listed = pods.list(&ListParams::default().labels(&selector)).await.map_err(kube_error("read_pods", key))?;
     tracing::debug!(job = key, selector, pods = listed.items.len(), "read the job's pods");
@@ -559,7 +561,7 @@ async fn act(
     action: &Action,
     status: &LifelongLearningJobStatus,
     first: bool,
-    pods: &[Pod],
+    pods: &[WorkerPod],
 ) -> Result<(), Error> {
     let (namespace, key, round) = (namespace_of(job), perennial_api::key(&job.metadata), status.round);
     match action {
@@ -707,7 +709,7 @@ async fn start_worker(
         Err(err) => return Err(kube_error("create_pod", &key)(err)),
     };
     let name = created.name_any();
-    ctx.written.created(start.job_uid, created);
+    ctx.written.created(start.job_uid, created.into());
     tracing::info!(job = key, round = spec.round, pod = name, "created the {kind} pod");
     Ok(Started::Created(name))
 }

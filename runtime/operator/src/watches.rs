@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
-use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -18,6 +17,7 @@ use serde::de::DeserializeOwned;
 
 use super::observe::UID_LABEL;
 use super::scope::Scope;
+use super::worker_pod::WorkerPod;
 use super::written::WrittenJobs;
 use perennial_api::{Dataset, LifelongLearningJob};
 
@@ -26,7 +26,7 @@ use perennial_api::{Dataset, LifelongLearningJob};
 pub struct Stores {
     pub jobs: Store<LifelongLearningJob>,
     pub datasets: Store<Dataset>,
-    pub pods: Store<Pod>,
+    pub pods: Store<WorkerPod>,
     /// The highest resourceVersion the pod watch has delivered (its store holds every change up
     /// to it): a pod created at or below it that the store lacks is gone (see `written`). Read
     /// with the store through [`Stores::pods_with_version`].
@@ -38,7 +38,7 @@ impl Stores {
     /// event). The version is read first: the store holds everything up to it, so a snapshot
     /// taken after holds at least that. (The other way round, a pod stored between the two reads
     /// would be judged gone by a version past it, and created a second time.)
-    pub fn pods_with_version(&self) -> (Vec<Arc<Pod>>, Option<u64>) {
+    pub fn pods_with_version(&self) -> (Vec<Arc<WorkerPod>>, Option<u64>) {
         let seen = self.pods_seen.load(Ordering::Acquire);
         (self.pods.state(), (seen > 0).then_some(seen))
     }
@@ -52,7 +52,7 @@ impl Stores {
 pub enum Seen {
     Job(Arc<LifelongLearningJob>),
     Dataset(Arc<Dataset>),
-    Pod(Arc<Pod>),
+    Pod(Arc<WorkerPod>),
     Listed(Kind),
 }
 
@@ -68,7 +68,7 @@ pub enum Kind {
 pub struct Triggers {
     pub jobs: UnboundedReceiver<Result<LifelongLearningJob, watcher::Error>>,
     pub datasets: UnboundedReceiver<Result<Dataset, watcher::Error>>,
-    pub pods: UnboundedReceiver<Result<Pod, watcher::Error>>,
+    pub pods: UnboundedReceiver<Result<WorkerPod, watcher::Error>>,
 }
 
 /// Starts the three watches over `scope` (pods: only the jobs', by Sedna's uid label). `link`
@@ -95,7 +95,7 @@ pub fn start(
         follow(client, scope, all, Kind::Datasets, link.clone(), Seen::Dataset, None, stored);
     let pods_seen = Arc::new(AtomicU64::new(0));
     let config = watcher::Config::default().labels(UID_LABEL);
-    let stored = Stored { trim: trim_pod, then: |_: &Pod| {}, listed: || {} };
+    let stored = Stored { trim: trim_pod, then: |_: &WorkerPod| {}, listed: || {} };
     let (pod_store, pod_triggers) =
         follow(client, scope, config, Kind::Pods, link, Seen::Pod, Some(pods_seen.clone()), stored);
     let stores = Stores { jobs: job_store, datasets: dataset_store, pods: pod_store, pods_seen };
@@ -120,14 +120,11 @@ pub(crate) fn trim_job(job: &mut LifelongLearningJob) {
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// A worker pod as the operator reads it: its metadata (labels, annotations, times), its node
-/// and its status. Its spec (containers, env, volumes: most of a pod) was written here from the
-/// job's template and is never read back; kept, it was most of the operator's memory per job.
-pub(crate) fn trim_pod(pod: &mut Pod) {
+/// A worker pod as the operator keeps it. Its spec (containers, env, volumes: most of a pod) and
+/// the parts of its status it never reads are not in the type at all (`worker_pod`: deserialised
+/// without them); what is left to drop is in its metadata.
+pub(crate) fn trim_pod(pod: &mut WorkerPod) {
     trim_meta(pod);
-    if let Some(spec) = pod.spec.as_mut() {
-        *spec = PodSpec { node_name: spec.node_name.take(), ..PodSpec::default() };
-    }
 }
 
 /// What a watch does with each object: `trim` before it is stored, `then` once it is stored (a
@@ -260,11 +257,12 @@ fn version_of<K: Resource>(object: &K) -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// A stored worker pod keeps all the operator reads of it (its observation, its worker name
-    /// for the edge) and none of what it never reads.
+    /// A stored worker pod (deserialised by the watch into the small type, then trimmed) keeps
+    /// all the operator reads of it (its observation, its worker name for the edge) and none of
+    /// what it never reads.
     #[test]
     fn a_trimmed_pod_is_observed_as_the_whole_one() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
+        let value = serde_json::json!({
             "metadata": {
                 "name": "job-train-x", "uid": "p1", "creationTimestamp": "2026-12-06T10:00:00Z",
                 "labels": {UID_LABEL: "u1", "lifelonglearningjob.sedna.io/worker-type": "train",
@@ -277,21 +275,31 @@ mod tests {
                 "env": [{"name": "BASE_MODEL_URL", "value": "s3://models/base"}]}]},
             "status": {"phase": "Running", "containerStatuses": [{"name": "train", "image": "worker:1",
                 "imageID": "", "ready": true, "restartCount": 2, "state": {"running": {}}}]},
-        }))
-        .expect("a pod");
-        let mut trimmed = pod.clone();
+        });
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(value.clone()).expect("a pod");
+        let whole = WorkerPod::from(pod.clone());
+        let mut trimmed: WorkerPod = serde_json::from_value(value).expect("a worker pod");
         trim_pod(&mut trimmed);
         let now = jiff::Timestamp::now();
         for stage in [perennial_api::Stage::Train, perennial_api::Stage::Deploy] {
-            assert_eq!(crate::observe::observe(&trimmed, stage, 3, now), crate::observe::observe(&pod, stage, 3, now));
+            assert_eq!(
+                crate::observe::observe(&trimmed, stage, 3, now),
+                crate::observe::observe(&whole, stage, 3, now)
+            );
         }
+        let seen = crate::observe::observe(&trimmed, perennial_api::Stage::Train, 3, now);
+        assert_eq!((seen.name.as_str(), seen.restarts, seen.node.as_deref()), ("job-train-x", 2, Some("edge-1")));
+        assert_eq!(seen.phase, perennial_lifecycle::WorkerPhase::Running);
+        let worker = crate::node_state::worker_of_pod(&trimmed).expect("a worker");
+        assert_eq!(worker.name, "job-train-3");
         assert_eq!(trimmed.metadata.labels, pod.metadata.labels);
         let annotations = trimmed.metadata.annotations.clone().unwrap_or_default();
         assert_eq!(annotations.keys().collect::<Vec<_>>(), [crate::reconcile::WORKER_NAME_ANNOTATION]);
         assert!(trimmed.metadata.managed_fields.is_none());
+        let kept = serde_json::to_value(&trimmed).expect("json");
+        assert!(kept["spec"].get("containers").is_none(), "the containers are never read back");
         let spec = trimmed.spec.expect("its spec");
         assert_eq!(spec.node_name.as_deref(), Some("edge-1"));
-        assert!(spec.containers.is_empty(), "the containers are never read back");
     }
 
     /// Per-namespace watches: the store is complete up to the lowest of their versions, and

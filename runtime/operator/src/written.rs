@@ -15,9 +15,10 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use perennial_api::LifelongLearningJob;
+
+use super::worker_pod::WorkerPod;
 
 /// How long a created pod is remembered at most: far past any cache lag.
 const REMEMBER: Duration = Duration::from_secs(60);
@@ -25,19 +26,21 @@ const REMEMBER: Duration = Duration::from_secs(60);
 /// The pods this operator created, by job uid, until a list shows them.
 #[derive(Default)]
 pub struct WrittenPods {
-    created: Mutex<HashMap<String, Vec<(Pod, Instant)>>>,
+    created: Mutex<HashMap<String, Vec<(WorkerPod, Instant)>>>,
 }
 
 impl WrittenPods {
-    /// Remembers `pod` (the API server's answer to its creation) for job `uid`.
-    pub fn created(&self, uid: &str, pod: Pod) {
+    /// Remembers `pod` (the API server's answer to its creation) for job `uid`, trimmed as the
+    /// pod store keeps its pods.
+    pub fn created(&self, uid: &str, mut pod: WorkerPod) {
+        super::watches::trim_pod(&mut pod);
         let mut created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         created.entry(uid.to_owned()).or_default().push((pod, Instant::now()));
     }
 
     /// `listed` (from the store, complete up to resourceVersion `version`) with the pods created
     /// for `uid` that it does not show yet.
-    pub fn with_created(&self, uid: &str, listed: Vec<Pod>, version: Option<u64>) -> Vec<Pod> {
+    pub fn with_created(&self, uid: &str, listed: Vec<WorkerPod>, version: Option<u64>) -> Vec<WorkerPod> {
         let mut created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let Some(remembered) = created.get_mut(uid) else { return listed };
         let (pods, still) = merge(listed, version, std::mem::take(remembered), Instant::now());
@@ -196,11 +199,11 @@ fn version(job: &LifelongLearningJob) -> Option<u64> {
 /// yet, not older than [`REMEMBER`], and created after the store's version (a store at or past
 /// a pod's creation that lacks it says it is gone: deleted since).
 fn merge(
-    mut listed: Vec<Pod>,
+    mut listed: Vec<WorkerPod>,
     list_version: Option<u64>,
-    remembered: Vec<(Pod, Instant)>,
+    remembered: Vec<(WorkerPod, Instant)>,
     now: Instant,
-) -> (Vec<Pod>, Vec<(Pod, Instant)>) {
+) -> (Vec<WorkerPod>, Vec<(WorkerPod, Instant)>) {
     let number = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
     let mut still = Vec::new();
     for (pod, at) in remembered {
@@ -222,12 +225,12 @@ fn merge(
 mod tests {
     use super::*;
 
-    fn pod(uid: &str) -> Pod {
+    fn pod(uid: &str) -> WorkerPod {
         let metadata = serde_json::json!({"name": format!("p-{uid}"), "uid": uid, "resourceVersion": "100"});
         serde_json::from_value(serde_json::json!({ "metadata": metadata })).unwrap()
     }
 
-    fn uids(pods: &[Pod]) -> Vec<String> {
+    fn uids(pods: &[WorkerPod]) -> Vec<String> {
         pods.iter().map(|p| p.metadata.uid.clone().unwrap_or_default()).collect()
     }
 

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::client::Body;
@@ -24,6 +23,7 @@ use perennial_operator::pod_name::{Start, worker_pod_name};
 use perennial_operator::reconcile::{self, FINALIZER, WORKER_NAME_ANNOTATION};
 use perennial_operator::running_hold;
 use perennial_operator::watches::Stores;
+use perennial_operator::worker_pod::WorkerPod;
 use perennial_operator::{Context, Inbox, Metrics, WorkerDefaults};
 use serde_json::{Value, json};
 
@@ -89,7 +89,7 @@ struct ApiServer {
     events: VecDeque<(String, String, String)>,
     /// The operator's watches, as the tests fill them.
     jobs: Writer<LifelongLearningJob>,
-    pods: Writer<Pod>,
+    pods: Writer<WorkerPod>,
     datasets: Writer<Dataset>,
     pods_seen: Arc<AtomicU64>,
 }
@@ -198,7 +198,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
     let inbox = Arc::new(inbox);
     let reporter = Reporter { controller: "perennial-operator".into(), instance: Some("test".into()) };
     let (jobs, jobs_writer) = reflector::store::<LifelongLearningJob>();
-    let (pods, pods_writer) = reflector::store::<Pod>();
+    let (pods, pods_writer) = reflector::store::<WorkerPod>();
     let (datasets, datasets_writer) = reflector::store::<Dataset>();
     let pods_seen = Arc::new(AtomicU64::new(0));
     let metrics = Arc::new(Metrics::default());
