@@ -122,9 +122,20 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// A worker pod as the operator keeps it. Its spec (containers, env, volumes: most of a pod) and
 /// the parts of its status it never reads are not in the type at all (`worker_pod`: deserialised
-/// without them); what is left to drop is in its metadata.
+/// without them); what is left to drop: metadata, the conditions but Ready (the only one read),
+/// and a finished container's termination message (up to 4 KiB; its reason and code say why).
 pub(crate) fn trim_pod(pod: &mut WorkerPod) {
     trim_meta(pod);
+    let Some(status) = pod.status.as_mut() else { return };
+    if let Some(conditions) = status.conditions.as_mut() {
+        conditions.retain(|condition| condition.type_ == "Ready");
+    }
+    let containers = status.container_statuses.iter_mut().chain(status.init_container_statuses.iter_mut());
+    for container in containers.flatten() {
+        if let Some(terminated) = container.state.as_mut().and_then(|state| state.terminated.as_mut()) {
+            terminated.message = None;
+        }
+    }
 }
 
 /// What a watch does with each object: `trim` before it is stored, `then` once it is stored (a
@@ -300,6 +311,63 @@ mod tests {
         assert!(kept["spec"].get("containers").is_none(), "the containers are never read back");
         let spec = trimmed.spec.expect("its spec");
         assert_eq!(spec.node_name.as_deref(), Some("edge-1"));
+    }
+
+    /// Of the conditions only Ready stays, and a finished container keeps why it ended but not
+    /// its termination message: the observation (Ready, its time, the failure's detail) is the
+    /// same as the whole pod's.
+    #[test]
+    fn a_trimmed_pod_keeps_ready_and_why_its_container_ended() {
+        let at = "2026-12-06T10:00:05Z";
+        let conditions = serde_json::json!([
+            {"type": "Initialized", "status": "True", "lastTransitionTime": at},
+            {"type": "Ready", "status": "True", "lastTransitionTime": at},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": at},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": at},
+        ]);
+        let ended = serde_json::json!({"terminated": {"exitCode": 3, "reason": "Error", "finishedAt": at,
+            "message": "x".repeat(4096)}});
+        for phase in ["Running", "Failed"] {
+            let value = serde_json::json!({
+                "metadata": {"name": "job-eval-x", "uid": "p2", "creationTimestamp": "2026-12-06T10:00:00Z",
+                    "labels": {UID_LABEL: "u1", "lifelonglearningjob.sedna.io/worker-type": "eval",
+                               perennial_workers::pod::ROUND_LABEL: "3"}},
+                "spec": {"nodeName": "edge-1"},
+                "status": {"phase": phase, "conditions": conditions,
+                    "containerStatuses": [{"name": "eval", "restartCount": 0, "state": ended}]},
+            });
+            let whole = WorkerPod::from(
+                serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(value.clone()).expect("a pod"),
+            );
+            let mut trimmed: WorkerPod = serde_json::from_value(value).expect("a worker pod");
+            trim_pod(&mut trimmed);
+            let now = jiff::Timestamp::now();
+            for stage in [perennial_api::Stage::Eval, perennial_api::Stage::Deploy] {
+                assert_eq!(
+                    crate::observe::observe(&trimmed, stage, 3, now),
+                    crate::observe::observe(&whole, stage, 3, now),
+                    "{phase} {stage}"
+                );
+            }
+            let status = trimmed.status.expect("its status");
+            let kept: Vec<&str> = status.conditions.iter().flatten().map(|c| c.type_.as_str()).collect();
+            assert_eq!(kept, ["Ready"]);
+            let state = status.container_statuses.iter().flatten().find_map(|c| c.state.clone()).expect("a state");
+            let terminated = state.terminated.expect("terminated");
+            assert_eq!(
+                (terminated.exit_code, terminated.reason.as_deref(), terminated.message),
+                (3, Some("Error"), None)
+            );
+        }
+        let failed = crate::observe::observe(
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Failed",
+                "containerStatuses": [{"name": "eval", "restartCount": 0, "state": ended}]}}))
+            .expect("a worker pod"),
+            perennial_api::Stage::Eval,
+            3,
+            jiff::Timestamp::now(),
+        );
+        assert_eq!(failed.detail.as_deref(), Some("container eval exited 3 (Error)"));
     }
 
     /// Per-namespace watches: the store is complete up to the lowest of their versions, and
