@@ -177,6 +177,27 @@ pub fn operator_deployment() -> &'static tokio::sync::Mutex<()> {
     &DEPLOYMENT
 }
 
+impl Cluster {
+    /// `deploy/operator`'s Deployment as a fresh install has it, for the holder of
+    /// [`operator_deployment`]: deleted, and applied again when `reapply`. Installed at the
+    /// suite's start with no kubelet to run its pods, it is marked ProgressDeadlineExceeded 600 s
+    /// on, and `kubectl rollout status` then fails at once (a slow machine's suite gets there).
+    pub fn fresh_operator_deployment(&self, reapply: bool) {
+        self.kubectl_ok(&[
+            "delete",
+            "deployment",
+            "perennial-operator",
+            "-n",
+            "perennial-system",
+            "--ignore-not-found",
+        ]);
+        if reapply {
+            let _applying = self.applying_cluster_wide();
+            self.kubectl_ok(&["apply", "-k", "deploy/operator"]);
+        }
+    }
+}
+
 /// A free port on 127.0.0.1 (bound then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()

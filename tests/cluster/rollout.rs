@@ -204,6 +204,7 @@ pub async fn leader_behind_the_service(world: &World, namespace: &str, service: 
 async fn both_replicas_roll_out_and_a_rolling_update_completes_with_the_service_on_the_leader() {
     let _operator_pods = crate::harness::operator_deployment().lock().await;
     let world = Arc::new(World::new("rollout").await);
+    world.cluster.fresh_operator_deployment(true);
     // Alone in labelling the operator's pods (rbac.rs runs an operator with a pod there too).
     let _labelling = world.cluster.labelling_operator_pods().await;
     // kube-controller-manager turns the Deployment into a ReplicaSet: without one, say what to start.

@@ -449,6 +449,8 @@ async fn the_cluster_guides_walkthrough_runs_as_written() {
     cluster.install();
     // deploy/operator's pods and Lease are the rollout test's too.
     let _operator_pods = crate::harness::operator_deployment().lock().await;
+    // Installed as the guide's first block does it, on a cluster without it yet.
+    cluster.fresh_operator_deployment(false);
     let client = cluster.client().await;
     let namespace = cluster.namespace(&client, "walkthrough").await;
     // What an earlier run against the same API server left of the walk-through's own objects.

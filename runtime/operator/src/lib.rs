@@ -110,7 +110,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     // A bad certificate is said at once, not after winning the election.
     let link_tls = options.link.as_ref().map(link::load_tls).transpose()?;
     let lease_client = options.leader_client.clone().map_or_else(|| client.clone(), |own| own.0);
-    let elector = options.leader.clone().map(|settings| leader::Elector::new(lease_client, settings));
+    let elector = options.leader.clone().map(|settings| Arc::new(leader::Elector::new(lease_client, settings)));
     let own_pod =
         options.own_pod.as_ref().map(|(namespace, name)| leader_label::OwnPod::new(client.clone(), namespace, name));
     if let Some(pod) = &own_pod {
@@ -191,15 +191,12 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         reconciles.await;
     };
     tracing::info!(namespaces = options.scope.describe(), "reconciling LifelongLearningJobs");
-    match &elector {
+    match elector {
         None => controller.await,
         Some(elector) => {
-            tokio::select! {
-                () = controller => elector.release().await,
-                lost = elector.hold() => {
-                    metrics.set_healthy(false);
-                    return Err(lost.into());
-                }
+            if let Err(lost) = leader::lead(elector, controller).await {
+                metrics.set_healthy(false);
+                return Err(lost.into());
             }
         }
     }

@@ -39,9 +39,11 @@ use perennial_link::messages::PolicyPlatform;
 use perennial_link::socket::{NodeTokens, server_tls};
 use perennial_types::{JobConfig, PolicyArtifact, Report};
 
-/// How long a report may wait for the status write that applies it before the connection is
-/// dropped (the edge resends it; the stage machine takes it once).
-const APPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a report may wait for the status write that applies it before it is said (debug).
+/// The connection keeps waiting: ended, its edge would reconnect, resync and resend the report
+/// into the same queue (a burst of 1,000 jobs' rounds at once ended thousands of connections).
+/// The job's own errors are said by its reconcile; a deleted job ends the wait.
+const APPLY_SLOW: Duration = Duration::from_secs(60);
 
 /// How often the node tokens' Secret is read again (the operator may only `get` Secrets).
 const TOKENS_REFRESH: Duration = Duration::from_secs(30);
@@ -389,10 +391,17 @@ impl OperatorSide {
                 receipt
             }
         };
-        match tokio::time::timeout(APPLY_TIMEOUT, receipt).await {
-            Ok(Ok(())) => Applied::Applied,
-            Ok(Err(_)) => Applied::Rejected(format!("job {} was deleted before the report was applied", report.job)),
-            Err(_) => Applied::Failed(format!("job {}'s status was not written within {APPLY_TIMEOUT:?}", report.job)),
+        let mut receipt = receipt;
+        let written = match tokio::time::timeout(APPLY_SLOW, &mut receipt).await {
+            Ok(written) => written,
+            Err(_) => {
+                tracing::debug!(node, job = report.job, "a report waits past {APPLY_SLOW:?} for its status write");
+                receipt.await
+            }
+        };
+        match written {
+            Ok(()) => Applied::Applied,
+            Err(_) => Applied::Rejected(format!("job {} was deleted before the report was applied", report.job)),
         }
     }
 
@@ -724,6 +733,10 @@ pub async fn listen(
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    use super::*;
+
     /// A port held a moment (a former leader exiting) is taken once free; one held past the
     /// wait is an error that names it.
     #[tokio::test]
@@ -744,9 +757,53 @@ mod tests {
         assert!(err.to_string().contains(&address.to_string()), "{err}");
     }
 
-    use serde_json::json;
+    /// A report whose status write is slow (a burst of rounds at once) is waited for past
+    /// [`APPLY_SLOW`], the connection kept, and answered as applied once written; one whose job
+    /// goes meanwhile is refused, not left waiting.
+    #[tokio::test(start_paused = true)]
+    async fn a_report_waiting_past_the_slow_mark_keeps_its_connection_and_is_applied_once_written() {
+        let (inbox, _woken) = Inbox::new();
+        let inbox = Arc::new(inbox);
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("a url"));
+        let client = Client::try_from(config).expect("a client");
+        let side = Arc::new(OperatorSide::new(
+            Arc::new(NodeBook::default()),
+            inbox.clone(),
+            client,
+            Arc::new(WrittenJobs::default()),
+        ));
+        let report = |round| Report {
+            job: "ml/thermal".into(),
+            job_uid: "u1".into(),
+            round,
+            phase: perennial_types::Stage::Train,
+            status: perennial_types::Phase::Ready,
+            input: None,
+            output: None,
+            reason: None,
+            next_follows: false,
+        };
+        let body = serde_json::to_value(report(1)).expect("json");
+        let waiting = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply_job("edge-1", 1, body).await }
+        });
+        tokio::time::sleep(APPLY_SLOW * 3).await;
+        assert!(!waiting.is_finished(), "still waiting for the write, the connection kept");
+        assert_eq!(inbox.peek("ml", "thermal").len(), 1, "the report is in the inbox meanwhile");
+        inbox.applied("ml", "thermal", 1);
+        assert_eq!(waiting.await.expect("join"), Applied::Applied);
 
-    use super::*;
+        let body = serde_json::to_value(report(2)).expect("json");
+        let waiting = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply_job("edge-1", 2, body).await }
+        });
+        tokio::time::sleep(APPLY_SLOW * 2).await;
+        inbox.forget("ml", "thermal");
+        let refused = waiting.await.expect("join");
+        assert!(matches!(&refused, Applied::Rejected(why) if why.contains("deleted")), "{refused:?}");
+    }
 
     fn holding(job: &str) -> NodeDesired {
         let mut desired = NodeDesired::default();

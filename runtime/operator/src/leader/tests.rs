@@ -525,3 +525,66 @@ async fn release_frees_only_our_own_lease() {
     task.await.unwrap();
     assert!(!matches!(server.0.poll_request(), Poll::Ready(Some(_))), "no write after seeing another holder");
 }
+
+/// The work run while leading keeps its own task busy for three lease durations without a pause
+/// (a Controller polling a takeover's burst of reconciles): the lease, held by a task of its own,
+/// is renewed all along, and released once the work ends. (Renewed beside the work in its task,
+/// it was not renewed once and leadership was given up.) Real time: two worker threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_leader_still_renews_its_lease_on_time() {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let fast = LeaseSettings {
+        duration: Duration::from_secs(1),
+        renew_every: Duration::from_millis(200),
+        retry_every: Duration::from_millis(100),
+        ..settings()
+    };
+    let elector = std::sync::Arc::new(Elector::new(Client::new(service, "default"), fast));
+    let mut server = ApiServer(handle);
+    let acquiring = tokio::spawn({
+        let elector = elector.clone();
+        async move { elector.acquire().await }
+    });
+    server.get().await.send_response(status(404, "NotFound"));
+    let (created, reply) = server.create().await;
+    let mut current = lease(created.spec.clone().expect("a spec"), "1");
+    reply.send_response(ok(&current));
+    acquiring.await.expect("join").expect("acquired");
+
+    let busy = Duration::from_secs(3);
+    let started = Instant::now();
+    let mut leading = tokio::spawn(super::lead(elector, async move { std::thread::sleep(busy) }));
+    // The API server: each read answered with the lease as last written, each write taken.
+    let mut renewals_while_busy = 0;
+    let mut released = false;
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut leading => break outcome.expect("join"),
+            request = server.0.next_request() => {
+                // No more calls: the elector is gone with the work done.
+                let Some((request, reply)) = request else { break leading.await.expect("join") };
+                let method = request.method().clone();
+                let body = request.into_body().collect_bytes().await.expect("request body");
+                match method {
+                    Method::GET => reply.send_response(ok(&current)),
+                    _ => {
+                        let written: Lease = serde_json::from_slice(&body).expect("a Lease written");
+                        let version = current.metadata.resource_version.as_deref().unwrap_or("0");
+                        let next = (version.parse::<u64>().unwrap_or(0) + 1).to_string();
+                        let spec = written.spec.clone().expect("a spec");
+                        if spec.holder_identity.as_deref() == Some(ME) && started.elapsed() < busy {
+                            renewals_while_busy += 1;
+                        }
+                        released |= spec.holder_identity.as_deref() != Some(ME);
+                        current = lease(spec, &next);
+                        reply.send_response(ok(&current));
+                    }
+                }
+            }
+        }
+    };
+    assert!(outcome.is_ok(), "leadership kept while the work was busy: {outcome:?}");
+    assert!(renewals_while_busy >= 5, "renewed every 200 ms while busy, not {renewals_while_busy} times");
+    assert!(released, "released once the work ended");
+}
