@@ -13,10 +13,11 @@
 //! shell that reads and writes the Lease:
 //!
 //! ```ignore
-//! elector.acquire().await?; // returns once this replica leads
-//! // The lease held by a task of its own while the controller runs; released on a clean stop
-//! // (the standby takes over at once); lost: the controller dropped, exit, come back as standby.
-//! leader::lead(elector, controller).await?;
+//! let mut lease = LeaseThread::start(make_client, settings)?; // its own thread and client
+//! lease.acquire().await?; // returns once this replica leads
+//! // Held while the controller runs; released on a clean stop (the standby takes over at once);
+//! // lost: the controller dropped, exit, come back as the standby.
+//! lease.lead(controller).await?;
 //! ```
 //!
 //! Expiry compares the holder's `renewTime` with the reader's clock, as in Kubernetes' own Lease
@@ -168,36 +169,94 @@ pub enum LeaderError {
     RenewFailed { lease: String, since: Duration, last_error: String },
 }
 
-/// Runs `work` while this replica leads (after [`Elector::acquire`]): the lease is held by a task
-/// of its own, so that `work` keeping its own task busy never delays a renewal. (A kube
-/// Controller polls every reconcile inside its own task: at a takeover of 10,000 jobs it held
-/// that task for seconds at a time, and a renewal selected beside it woke past the lease's end.)
-/// Returns once `work` ends, the lease released; or, `work` dropped, why the lease was lost.
-pub async fn lead(
-    elector: std::sync::Arc<Elector>,
-    work: impl std::future::Future<Output = ()>,
-) -> Result<(), LeaderError> {
-    let holder = elector.clone();
-    let mut holding = tokio::spawn(async move { holder.hold().await });
-    // Its first poll now: a task just spawned waits in this worker's own slot, which the other
-    // workers do not steal from, until this task yields; `work` may not yield for seconds.
-    tokio::task::yield_now().await;
-    tokio::select! {
-        () = work => {
-            holding.abort();
-            elector.release().await;
-            Ok(())
+/// Makes the Lease's client, on the Lease's own thread (its connections and tasks live there).
+pub type MakeClient = Box<dyn FnOnce() -> Result<kube::Client, String> + Send>;
+
+/// The Lease, taken and held on a thread of its own, with its own runtime and client: nothing
+/// the operator's runtime does can delay a renewal. (A kube Controller polls every reconcile
+/// inside one task: at a takeover of 10,000 jobs it held its worker for seconds at a time, and a
+/// renewal polled beside it woke past the Lease's end; a task of its own on the same runtime was
+/// not enough, as a busy worker may be the one that drives the runtime's timers.)
+pub struct LeaseThread {
+    acquired: tokio::sync::oneshot::Receiver<Result<(), LeaderError>>,
+    lost: tokio::sync::oneshot::Receiver<LeaderError>,
+    release: Option<tokio::sync::oneshot::Sender<tokio::sync::oneshot::Sender<()>>>,
+    lease: String,
+}
+
+impl LeaseThread {
+    /// Starts the thread, which takes the Lease as soon as it may.
+    pub fn start(make_client: MakeClient, settings: LeaseSettings) -> std::io::Result<LeaseThread> {
+        let (acquired_tx, acquired) = tokio::sync::oneshot::channel();
+        let (lost_tx, lost) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<tokio::sync::oneshot::Sender<()>>();
+        let lease = settings.lease();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("lease".into()).spawn(move || {
+            runtime.block_on(async move {
+                let client = match make_client() {
+                    Ok(client) => client,
+                    Err(why) => {
+                        let error = LeaderError::RenewFailed {
+                            lease: settings.lease(),
+                            since: Duration::ZERO,
+                            last_error: format!("the Lease's client: {why}"),
+                        };
+                        let _ = acquired_tx.send(Err(error));
+                        return;
+                    }
+                };
+                let elector = Elector::new(client, settings);
+                let taken = elector.acquire().await;
+                let failed = taken.is_err();
+                if acquired_tx.send(taken).is_err() || failed {
+                    return;
+                }
+                tokio::select! {
+                    lost = elector.hold() => { let _ = lost_tx.send(lost); }
+                    asked = release_rx => {
+                        elector.release().await;
+                        if let Ok(done) = asked {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            });
+        })?;
+        Ok(LeaseThread { acquired, lost, release: Some(release), lease })
+    }
+
+    /// Waits until this replica holds the Lease (see [`Elector::acquire`]).
+    pub async fn acquire(&mut self) -> Result<(), LeaderError> {
+        let lease = self.lease.clone();
+        (&mut self.acquired).await.unwrap_or_else(|_| Err(ended(lease)))
+    }
+
+    /// Runs `work` while this replica leads (after [`LeaseThread::acquire`]). Returns once
+    /// `work` ends, the Lease released; or, `work` dropped, why the Lease was lost.
+    pub async fn lead(mut self, work: impl std::future::Future<Output = ()>) -> Result<(), LeaderError> {
+        tokio::select! {
+            () = work => {
+                let (done, released) = tokio::sync::oneshot::channel();
+                if let Some(release) = self.release.take()
+                    && release.send(done).is_ok()
+                {
+                    let _ = released.await;
+                }
+                Ok(())
+            }
+            lost = &mut self.lost => Err(lost.unwrap_or_else(|_| ended(self.lease.clone()))),
         }
-        lost = &mut holding => Err(lost.unwrap_or_else(|ended| LeaderError::RenewFailed {
-            lease: elector.settings.lease(),
-            since: Duration::ZERO,
-            last_error: format!("the task holding the lease ended: {ended}"),
-        })),
     }
 }
 
-/// Takes, keeps and gives up the lease. `acquire`, then `hold` while acting (see [`lead`]),
-/// `release` on a clean stop.
+/// The Lease's thread ended without a word (it panicked).
+fn ended(lease: String) -> LeaderError {
+    LeaderError::RenewFailed { lease, since: Duration::ZERO, last_error: "the Lease's thread ended".into() }
+}
+
+/// Takes, keeps and gives up the lease. `acquire`, then `hold` while acting, `release` on a
+/// clean stop (run on a thread of its own by [`LeaseThread`]).
 pub struct Elector {
     api: Api<Lease>,
     settings: LeaseSettings,

@@ -72,9 +72,10 @@ pub struct OperatorOptions {
     pub api_health: Arc<client::ApiHealth>,
 }
 
-/// The Lease's own client ([`OperatorOptions::leader_client`]).
+/// How to make the Lease's own client ([`OperatorOptions::leader_client`]), called on the Lease's
+/// own thread ([`leader::LeaseThread`]).
 #[derive(Clone)]
-pub struct LeaseClient(pub Client);
+pub struct LeaseClient(pub Arc<dyn Fn() -> Result<Client, String> + Send + Sync>);
 
 impl std::fmt::Debug for LeaseClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -88,6 +89,8 @@ pub enum OperatorError {
     Metrics { address: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error("starting the Lease's thread: {source}")]
+    LeaseThread { source: std::io::Error },
     #[error(transparent)]
     Link(#[from] link::LinkSetupError),
 }
@@ -109,8 +112,23 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
 
     // A bad certificate is said at once, not after winning the election.
     let link_tls = options.link.as_ref().map(link::load_tls).transpose()?;
-    let lease_client = options.leader_client.clone().map_or_else(|| client.clone(), |own| own.0);
-    let elector = options.leader.clone().map(|settings| Arc::new(leader::Elector::new(lease_client, settings)));
+    let make_client: leader::MakeClient = match options.leader_client {
+        Some(own) => {
+            let make = own.0.clone();
+            Box::new(move || make())
+        }
+        None => {
+            let shared = client.clone();
+            Box::new(move || Ok(shared))
+        }
+    };
+    let mut elector = match options.leader.clone() {
+        Some(settings) => Some(
+            leader::LeaseThread::start(make_client, settings)
+                .map_err(|source| OperatorError::LeaseThread { source })?,
+        ),
+        None => None,
+    };
     let own_pod =
         options.own_pod.as_ref().map(|(namespace, name)| leader_label::OwnPod::new(client.clone(), namespace, name));
     if let Some(pod) = &own_pod {
@@ -118,7 +136,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         retry("taking the leader's label off this replica's pod", || pod.step_down()).await;
     }
     metrics.set_ready(true);
-    if let Some(elector) = &elector {
+    if let Some(elector) = elector.as_mut() {
         tracing::info!("waiting to become the leader");
         elector.acquire().await?;
     }
@@ -194,7 +212,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     match elector {
         None => controller.await,
         Some(elector) => {
-            if let Err(lost) = leader::lead(elector, controller).await {
+            if let Err(lost) = elector.lead(controller).await {
                 metrics.set_healthy(false);
                 return Err(lost.into());
             }

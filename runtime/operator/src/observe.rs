@@ -49,19 +49,7 @@ pub fn prune_selector(pods: &[WorkerPod], uid: &str, round: u64, kept: u64) -> O
 /// when they all carry it, else one for each set (pods of an older operator); none when nothing
 /// is to go. Pods already being deleted are not asked for again.
 pub fn deploy_deletions(pods: &[WorkerPod], uid: &str, round: u64, kept: u64) -> Vec<String> {
-    let oldest_kept = kept.checked_sub(1).map(|k| round.saturating_sub(k));
-    let going: Vec<&WorkerPod> = pods
-        .iter()
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .filter(|pod| match label(pod, WORKER_TYPE_LABEL) {
-            Some("inference") => true,
-            Some("train" | "eval") => {
-                let pod_round = label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok());
-                pod_round.zip(oldest_kept).is_some_and(|(pod_round, oldest)| pod_round < oldest)
-            }
-            _ => false,
-        })
-        .collect();
+    let going = deploy_going(pods, round, kept);
     if going.is_empty() {
         return Vec::new();
     }
@@ -78,6 +66,35 @@ pub fn deploy_deletions(pods: &[WorkerPod], uid: &str, round: u64, kept: u64) ->
             stop.into_iter().chain(prune_selector(pods, uid, round, kept)).collect()
         }
     }
+}
+
+/// The pods a Deploy of `round` removes (what [`deploy_deletions`] selects): the inference pods
+/// there are, and the Train and Eval pods outside the newest `kept` rounds; none already being
+/// deleted.
+pub fn deploy_going(pods: &[WorkerPod], round: u64, kept: u64) -> Vec<&WorkerPod> {
+    let oldest_kept = kept.checked_sub(1).map(|k| round.saturating_sub(k));
+    pods.iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| match label(pod, WORKER_TYPE_LABEL) {
+            Some("inference") => true,
+            Some("train" | "eval") => {
+                let pod_round = label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok());
+                pod_round.zip(oldest_kept).is_some_and(|(pod_round, oldest)| pod_round < oldest)
+            }
+            _ => false,
+        })
+        .collect()
+}
+
+/// The pods a completed `round` prunes (what [`prune_selector`] selects): the Train and Eval
+/// pods outside the newest `kept` rounds (none when `kept` is 0), not already being deleted.
+pub fn prune_going(pods: &[WorkerPod], round: u64, kept: u64) -> Vec<&WorkerPod> {
+    let Some(oldest_kept) = kept.checked_sub(1).map(|k| round.saturating_sub(k)) else { return Vec::new() };
+    pods.iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| matches!(label(pod, WORKER_TYPE_LABEL), Some("train" | "eval")))
+        .filter(|pod| label(pod, ROUND_LABEL).and_then(|r| r.parse::<u64>().ok()).is_some_and(|r| r < oldest_kept))
+        .collect()
 }
 
 /// Whether the job's `pods` hold the worker of `stage` and `round` (not being deleted already):

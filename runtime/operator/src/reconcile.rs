@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
@@ -445,12 +445,49 @@ async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[
     let Some(selector) = observe::prune_selector(pods, uid, round, ctx.finished_rounds_kept) else {
         return;
     };
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    if let Err(err) = api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector)).await
-    {
+    let going = observe::prune_going(pods, round, ctx.finished_rounds_kept);
+    if let Err(err) = delete_pods(ctx, namespace, std::slice::from_ref(&selector), &going).await {
         ctx.metrics.error("prune_pods");
         tracing::warn!(job = key, "deleting the finished pods of past rounds ({selector}): {err}");
     }
+}
+
+/// Above this many worker pods in a namespace, the job's pods go by name, one request each,
+/// not in one deletecollection: the API server answers a deletecollection by reading every pod
+/// of the namespace (at 30,000, 7–17 s each, some 504 Gateway Timeout), a delete by name reads
+/// one.
+pub const COLLECTION_DELETE_MAX_PODS: usize = 1000;
+
+/// Deletes `going`, the pods `selectors` select: one request per selector in a namespace of at
+/// most [`COLLECTION_DELETE_MAX_PODS`] worker pods (the pod store's count), else one per pod by
+/// name, each bound to its uid (a pod gone meanwhile, or made again under its name, is not
+/// touched).
+async fn delete_pods(
+    ctx: &Context,
+    namespace: &str,
+    selectors: &[String],
+    going: &[&WorkerPod],
+) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let in_namespace =
+        ctx.stores.pods.state().iter().filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace)).count();
+    if in_namespace <= COLLECTION_DELETE_MAX_PODS {
+        for selector in selectors {
+            api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(selector)).await?;
+        }
+        return Ok(());
+    }
+    for pod in going {
+        let (Some(name), uid) = (pod.metadata.name.as_deref(), pod.metadata.uid.clone()) else { continue };
+        let params = DeleteParams::background().preconditions(Preconditions { uid, resource_version: None });
+        match api.delete(name, &params).await {
+            Ok(_) => {}
+            // Gone already, or another pod under its name now: nothing of this one to delete.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(())
 }
 
 /// The job as the watch (or a write of the link's) shows it once past resourceVersion `version`,
@@ -598,15 +635,13 @@ async fn act(
             }
         },
         // Deploy replaces the inference pod of any round, and the finished pods of past rounds
-        // go with it (`deploy_deletions`: one request, none when nothing is there).
+        // go with it (`deploy_deletions`: one request, none when nothing is there; by name in a
+        // crowded namespace, `delete_pods`).
         Action::StopWorkers { stage: Stage::Deploy } => {
-            let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
             let uid = job.metadata.uid.clone().unwrap_or_default();
-            for selector in observe::deploy_deletions(pods, &uid, round, ctx.finished_rounds_kept) {
-                api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(&selector))
-                    .await
-                    .map_err(kube_error("delete_pods", &key))?;
-            }
+            let selectors = observe::deploy_deletions(pods, &uid, round, ctx.finished_rounds_kept);
+            let going = observe::deploy_going(pods, round, ctx.finished_rounds_kept);
+            delete_pods(ctx, &namespace, &selectors, &going).await.map_err(kube_error("delete_pods", &key))?;
         }
         // No request when no such pod is there to stop (a vanished worker): the pod store,
         // complete before any reconcile, and the pods created here that it does not show yet

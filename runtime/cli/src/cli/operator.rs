@@ -118,8 +118,16 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     let api_health = std::sync::Arc::new(cloud::client::ApiHealth::default());
     // The Lease's own client (its own connections, not behind the others' limit).
-    let leader_client = (!args.no_leader_election).then(|| cloud::client::build(config.clone(), api_health.clone()));
-    let leader_client = leader_client.transpose()?.map(cloud::LeaseClient);
+    // Built here once so that a bad config is said at once; made again on the Lease's thread.
+    let leader_client = match args.no_leader_election {
+        true => None,
+        false => {
+            cloud::client::build(config.clone(), api_health.clone())?;
+            let (config, health) = (config.clone(), api_health.clone());
+            let make = move || cloud::client::build(config.clone(), health.clone()).map_err(|err| err.to_string());
+            Some(cloud::LeaseClient(std::sync::Arc::new(make)))
+        }
+    };
     let client = cloud::client::build(config, api_health.clone())?;
     let identity = args
         .identity

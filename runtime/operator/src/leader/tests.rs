@@ -526,10 +526,11 @@ async fn release_frees_only_our_own_lease() {
     assert!(!matches!(server.0.poll_request(), Poll::Ready(Some(_))), "no write after seeing another holder");
 }
 
-/// The work run while leading keeps its own task busy for three lease durations without a pause
-/// (a Controller polling a takeover's burst of reconciles): the lease, held by a task of its own,
-/// is renewed all along, and released once the work ends. (Renewed beside the work in its task,
-/// it was not renewed once and leadership was given up.) Real time: two worker threads.
+/// The work run while leading keeps both of the runtime's workers busy for three lease
+/// durations without a pause (a Controller polling a takeover's burst of reconciles): the Lease,
+/// held on a thread of its own with its own client, is renewed all along, and released once the
+/// work ends. (Renewed beside the work, or by a task of the same runtime, it was not renewed
+/// once.) Real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_leader_still_renews_its_lease_on_time() {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
@@ -539,21 +540,25 @@ async fn a_busy_leader_still_renews_its_lease_on_time() {
         retry_every: Duration::from_millis(100),
         ..settings()
     };
-    let elector = std::sync::Arc::new(Elector::new(Client::new(service, "default"), fast));
+    let make: super::MakeClient = Box::new(move || Ok(Client::new(service, "default")));
+    let mut keeper = super::LeaseThread::start(make, fast).expect("the lease's thread");
     let mut server = ApiServer(handle);
-    let acquiring = tokio::spawn({
-        let elector = elector.clone();
-        async move { elector.acquire().await }
+    let acquiring = tokio::spawn(async move {
+        let taken = keeper.acquire().await;
+        (keeper, taken)
     });
     server.get().await.send_response(status(404, "NotFound"));
     let (created, reply) = server.create().await;
     let mut current = lease(created.spec.clone().expect("a spec"), "1");
     reply.send_response(ok(&current));
-    acquiring.await.expect("join").expect("acquired");
+    let (keeper, taken) = acquiring.await.expect("join");
+    taken.expect("acquired");
 
     let busy = Duration::from_secs(3);
     let started = Instant::now();
-    let mut leading = tokio::spawn(super::lead(elector, async move { std::thread::sleep(busy) }));
+    // Both workers blocked: the work, and a neighbour as busy.
+    let neighbour = tokio::spawn(async move { std::thread::sleep(busy) });
+    let mut leading = tokio::spawn(keeper.lead(async move { std::thread::sleep(busy) }));
     // The API server: each read answered with the lease as last written, each write taken.
     let mut renewals_while_busy = 0;
     let mut released = false;
@@ -562,7 +567,7 @@ async fn a_busy_leader_still_renews_its_lease_on_time() {
             biased;
             outcome = &mut leading => break outcome.expect("join"),
             request = server.0.next_request() => {
-                // No more calls: the elector is gone with the work done.
+                // No more calls: the Lease's thread is done with the work.
                 let Some((request, reply)) = request else { break leading.await.expect("join") };
                 let method = request.method().clone();
                 let body = request.into_body().collect_bytes().await.expect("request body");
@@ -584,6 +589,7 @@ async fn a_busy_leader_still_renews_its_lease_on_time() {
             }
         }
     };
+    neighbour.await.expect("join");
     assert!(outcome.is_ok(), "leadership kept while the work was busy: {outcome:?}");
     assert!(renewals_while_busy >= 5, "renewed every 200 ms while busy, not {renewals_while_busy} times");
     assert!(released, "released once the work ended");

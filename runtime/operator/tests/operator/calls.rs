@@ -710,6 +710,68 @@ async fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_reque
     run.await.expect("join").expect("reconciled");
 }
 
+/// In a namespace of more worker pods than a deletecollection should read (the API server reads
+/// every pod of the namespace for one), a Deploy removes the pods it replaces by name, each bound
+/// to its uid: the same pods as the one request above.
+#[tokio::test]
+async fn in_a_crowded_namespace_a_deploy_deletes_each_pod_by_name() {
+    let (mut api, ctx, inbox) = setup();
+    let mut waiting = status_after(&[train_ready()]);
+    waiting["stage"] = json!("Deploy");
+    waiting["phase"] = json!("Waiting");
+    waiting["round"] = json!(3);
+    waiting["roundsCompleted"] = json!(2);
+    waiting["worker"] = Value::Null;
+    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
+    inbox.deliver("ml", "thermal", report(3, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}})));
+    let done = json!({"phase": "Succeeded"});
+    let with_uid = |mut pod: Value| {
+        pod["metadata"]["uid"] = json!(format!("uid-{}", pod["metadata"]["name"].as_str().unwrap_or_default()));
+        pod
+    };
+    let mut pods: Vec<Value> = (1..=3)
+        .flat_map(|round| {
+            [
+                with_uid(labelled_pod("train", round, &format!("thermal-train-{round}"), done.clone())),
+                with_uid(labelled_pod("eval", round, &format!("thermal-eval-{round}"), done.clone())),
+            ]
+        })
+        .collect();
+    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    pods.push(with_uid(labelled_pod("inference", 2, "thermal-inference-2", ready)));
+    // Other jobs' pods fill the namespace past the bound.
+    for i in 0..reconcile::COLLECTION_DELETE_MAX_PODS {
+        let mut other = labelled_pod("inference", 1, &format!("other-{i}"), done.clone());
+        other["metadata"]["labels"]["lifelonglearningjob.sedna.io/uid"] = json!(format!("other-job-{i}"));
+        pods.push(other);
+    }
+    api.show_pods(pods);
+    let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let mut starting = waiting;
+    merge_apply(&mut starting, &patch.body["status"]);
+    patch.ok(job_json(starting));
+    let mut deleted = Vec::new();
+    for _ in 0..3 {
+        let call = api.next_call("a delete by name").await;
+        assert_eq!(call.method, "DELETE", "{}", call.uri);
+        let name = call.path().strip_prefix(&format!("{PODS}/")).expect("a pod's path").to_owned();
+        assert_eq!(call.body["preconditions"]["uid"], format!("uid-{name}"), "bound to its uid");
+        assert_eq!(call.body["propagationPolicy"], "Background");
+        let body = pod("x", 1, &name, json!({}));
+        call.ok(body);
+        deleted.push(name);
+    }
+    deleted.sort();
+    assert_eq!(deleted, ["thermal-eval-1", "thermal-inference-2", "thermal-train-1"]);
+    let create = api.expect("POST", PODS).await;
+    assert_eq!(create.body["metadata"]["labels"]["perennial.io/worker-round"], "inference-3");
+    let body = create.body.clone();
+    create.respond(StatusCode::CREATED, created(body, "thermal-inference-3"));
+    assert_eq!(api.only_events().await, ["DeployStarted"]);
+    run.await.expect("join").expect("reconciled");
+}
+
 #[tokio::test]
 async fn a_round_that_deploys_nothing_prunes_past_rounds_when_it_completes() {
     let (mut api, ctx, inbox) = setup();
