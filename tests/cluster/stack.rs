@@ -518,9 +518,13 @@ impl NodeHeartbeats {
             if !self.last.contains_key(name) {
                 let node = json!({"apiVersion": "v1", "kind": "Node",
                     "metadata": {"name": name, "labels": {"perennial.io/test": "cluster"}}});
-                // Already there (another test's world, or the test itself made it): kept.
-                let _ = self.nodes.create(&PostParams::default(), &serde_json::from_value(node).expect("a node")).await;
-                self.last.insert(name.to_owned(), Instant::now() - Self::EVERY);
+                // Already there (another test's world, or the test itself made it): kept. Any
+                // other failure: tried again at the next beat.
+                let made =
+                    self.nodes.create(&PostParams::default(), &serde_json::from_value(node).expect("a node")).await;
+                if made.is_ok() || matches!(&made, Err(kube::Error::Api(status)) if status.code == 409) {
+                    self.last.insert(name.to_owned(), Instant::now() - Self::EVERY);
+                }
             }
         }
         let heartbeat = jiff::Timestamp::now().to_string();

@@ -122,6 +122,13 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
             Box::new(move || Ok(shared))
         }
     };
+    let own_pod =
+        options.own_pod.as_ref().map(|(namespace, name)| leader_label::OwnPod::new(client.clone(), namespace, name));
+    if let Some(pod) = &own_pod {
+        // Not Ready while the pod may still carry a former leader's label (a restarted container).
+        retry("taking the leader's label off this replica's pod", || pod.step_down()).await;
+    }
+    // Only now: a replica still stepping down must not hold the Lease without acting.
     let mut elector = match options.leader.clone() {
         Some(settings) => Some(
             leader::LeaseThread::start(make_client, settings)
@@ -129,12 +136,6 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         ),
         None => None,
     };
-    let own_pod =
-        options.own_pod.as_ref().map(|(namespace, name)| leader_label::OwnPod::new(client.clone(), namespace, name));
-    if let Some(pod) = &own_pod {
-        // Not Ready while the pod may still carry a former leader's label (a restarted container).
-        retry("taking the leader's label off this replica's pod", || pod.step_down()).await;
-    }
     metrics.set_ready(true);
     if let Some(elector) = elector.as_mut() {
         tracing::info!("waiting to become the leader");

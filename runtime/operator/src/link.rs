@@ -44,6 +44,10 @@ use perennial_types::{JobConfig, PolicyArtifact, Report};
 /// into the same queue (a burst of 1,000 jobs' rounds at once ended thousands of connections).
 /// The job's own errors are said by its reconcile; a deleted job ends the wait.
 const APPLY_SLOW: Duration = Duration::from_secs(60);
+/// How long it waits in all: then the connection ends and the edge resends (a report the
+/// operator will never take, its job refused or gone meanwhile, must not hold the node's later
+/// reports for ever; the edge learns of a job's end from the resync).
+const APPLY_GIVE_UP: Duration = Duration::from_secs(600);
 
 /// How often the node tokens' Secret is read again (the operator may only `get` Secrets).
 const TOKENS_REFRESH: Duration = Duration::from_secs(30);
@@ -396,7 +400,13 @@ impl OperatorSide {
             Ok(written) => written,
             Err(_) => {
                 tracing::debug!(node, job = report.job, "a report waits past {APPLY_SLOW:?} for its status write");
-                receipt.await
+                match tokio::time::timeout(APPLY_GIVE_UP - APPLY_SLOW, receipt).await {
+                    Ok(written) => written,
+                    Err(_) => {
+                        let why = format!("job {}'s status was not written within {APPLY_GIVE_UP:?}", report.job);
+                        return Applied::Failed(why);
+                    }
+                }
             }
         };
         match written {
@@ -803,6 +813,18 @@ mod tests {
         inbox.forget("ml", "thermal");
         let refused = waiting.await.expect("join");
         assert!(matches!(&refused, Applied::Rejected(why) if why.contains("deleted")), "{refused:?}");
+
+        // One never written (its job refused meanwhile) does not hold the node's later reports
+        // for ever: at the bound the connection ends, and the edge resends after its resync.
+        let body = serde_json::to_value(report(3)).expect("json");
+        let waiting = tokio::spawn({
+            let side = side.clone();
+            async move { side.apply_job("edge-1", 3, body).await }
+        });
+        tokio::time::sleep(APPLY_GIVE_UP - Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "still waiting just before the bound");
+        let ended = waiting.await.expect("join");
+        assert!(matches!(&ended, Applied::Failed(why) if why.contains("not written within")), "{ended:?}");
     }
 
     fn holding(job: &str) -> NodeDesired {

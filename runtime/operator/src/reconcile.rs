@@ -477,6 +477,8 @@ async fn delete_pods(
         }
         return Ok(());
     }
+    // Each tried, the first failure returned: one refused does not keep the others.
+    let mut failed = None;
     for pod in going {
         let (Some(name), uid) = (pod.metadata.name.as_deref(), pod.metadata.uid.clone()) else { continue };
         let params = DeleteParams::background().preconditions(Preconditions { uid, resource_version: None });
@@ -484,10 +486,10 @@ async fn delete_pods(
             Ok(_) => {}
             // Gone already, or another pod under its name now: nothing of this one to delete.
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
-            Err(err) => return Err(err),
+            Err(err) => failed = failed.or(Some(err)),
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 /// The job as the watch (or a write of the link's) shows it once past resourceVersion `version`,
@@ -740,7 +742,10 @@ async fn start_worker(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let created = match pods.create(&PostParams::default(), &pod).await {
         Ok(created) => created,
-        Err(kube::Error::Api(status)) if status.code == 409 => return Ok(Started::Existed(name)),
+        // Only AlreadyExists: a 409 Conflict (a ResourceQuota updated meanwhile) made nothing.
+        Err(kube::Error::Api(status)) if status.code == 409 && status.is_already_exists() => {
+            return Ok(Started::Existed(name));
+        }
         Err(err) => return Err(kube_error("create_pod", &key)(err)),
     };
     let name = created.name_any();

@@ -900,6 +900,26 @@ async fn a_create_of_a_start_whose_pod_exists_already_takes_that_pod() {
     assert!(!ctx.metrics.render().contains("perennial_operator_pods_created_total{worker=\"train\"}"));
 }
 
+/// A 409 that is not AlreadyExists (a ResourceQuota changed under the create) made no pod: an
+/// error said on the job and retried, never taken for the worker.
+#[tokio::test]
+async fn a_create_refused_with_a_conflict_is_an_error_not_the_worker() {
+    let (mut api, ctx, inbox) = setup();
+    let waiting = status_after(&[]);
+    let _receipt = inbox.deliver("ml", "thermal", train_ready());
+    let run = tokio::spawn(reconcile::reconcile(job(waiting), ctx));
+    let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
+    let status = patch.body["status"].clone();
+    patch.ok(job_json(status));
+    let create = api.expect("POST", PODS).await;
+    let quota = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+        "message": "Operation cannot be fulfilled on resourcequotas \"compute\": the object has been modified"});
+    create.respond(StatusCode::CONFLICT, quota);
+    let events = api.only_events().await;
+    assert!(events.iter().any(|reason| reason == "WorkerNotCreated"), "{events:?}");
+    assert!(run.await.expect("join").is_err(), "an error, retried with backoff");
+}
+
 #[tokio::test]
 async fn a_status_conflict_is_retried_from_the_watchs_newer_copy_without_a_read() {
     let (mut api, ctx, inbox) = setup();
