@@ -64,6 +64,21 @@ async fn the_standby_takes_over_mid_round_and_nothing_is_lost_or_doubled() {
     world.append_samples(50);
     world.until_deployed(1, Duration::from_secs(90)).await;
     assert!(!leads(standby.metrics_port).await, "the standby serves nothing while the leader leads");
+    // A third replica asked to stop while it waits to lead (a rolling update's old standby, a
+    // drained node) stops at once, by its own handler: as a container's PID 1 it gets no default
+    // action for SIGTERM, and without one lived on until the kubelet's SIGKILL 30 s later.
+    let mut third = world.start_operator("replica-c");
+    until("replica-c following the leader", Duration::from_secs(60), || async {
+        third.process.log_text().contains("following the leader").then_some(())
+    })
+    .await;
+    let stopped = third.process.stop_within(Duration::from_secs(5)).await;
+    assert!(
+        stopped.is_some_and(|status| status.success()),
+        "replica-c, waiting to lead, did not exit 0 within 5 s of SIGTERM ({stopped:?}: killed by the signal \
+         means no handler, which as PID 1 is no stop at all):\n{}",
+        third.process.log_text()
+    );
 
     // Round 2 starts; its train worker is running when the leader dies, and reports to the edge
     // while no replica leads (the report waits in the edge's outbox).

@@ -36,7 +36,7 @@ async fn a_fleet_of_200_nodes_connects_idles_starts_rounds_and_survives_churn_an
     let mut fleet = Fleet::start(setup).await;
     let idle = fleet.idle(Duration::from_secs(10)).await;
     assert_eq!(idle.connected, NODES, "every node stays connected while idle");
-    fleet.rounds(usize::MAX, usize::MAX, false).await;
+    fleet.rounds(usize::MAX, usize::MAX, false, false).await;
     fleet.churn(Duration::from_secs(10), 10.0).await;
     // The leader SIGKILLed with every job mid-round (train pods Pending) and a report queued on
     // every node: the standby takes over, every node resyncs, nothing lost or doubled.

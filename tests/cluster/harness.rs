@@ -229,13 +229,24 @@ impl Process {
 
     /// The kubelet's stop: SIGTERM, then SIGKILL if it has not exited within `grace`.
     pub async fn terminate(&mut self, grace: Duration) {
+        self.stop_within(grace).await;
+        self.kill();
+    }
+
+    /// SIGTERM, and how the process exited if it did within `within`.
+    pub async fn stop_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().ok().flatten() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        self.kill();
     }
 
     /// SIGKILL, and wait for it.

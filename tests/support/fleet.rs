@@ -1124,20 +1124,23 @@ impl Fleet {
         figures
     }
 
-    /// `nodes` nodes that have not played yet play one round of their job, `at_once` at a time
-    /// (`full`: Train Ready to deployed, the fleet playing the kubelet and the workers; else Train
-    /// Ready to the train pod created, left Pending). API requests and the API server's CPU per
-    /// job-round.
-    pub async fn rounds(&mut self, nodes: usize, at_once: usize, full: bool) -> Figures {
-        // The next nodes that have not played yet (each phase's a first round: a later one also
-        // deletes the round before's pods); none left, no phase.
-        let first = self.played;
-        if first >= self.nodes.len() {
-            println!("fleet rounds   skipped: every node has played its round already");
+    /// `nodes` nodes that have not played yet play one round of their job (`again`: nodes that
+    /// have, the first ones, another round), `at_once` at a time (`full`: Train Ready to
+    /// deployed, the fleet playing the kubelet and the workers; else Train Ready to the train pod
+    /// created, left Pending). API requests and the API server's CPU per job-round.
+    pub async fn rounds(&mut self, nodes: usize, at_once: usize, full: bool, again: bool) -> Figures {
+        // The next nodes that have not played yet: each phase's rounds are first rounds, which
+        // delete nothing. Played again, a round deletes the round before's inference pod.
+        let (first, left) = if again { (0, self.played) } else { (self.played, self.nodes.len() - self.played) };
+        if left == 0 {
+            let why = if again { "no node has played a round yet" } else { "every node has played its round already" };
+            println!("fleet rounds   skipped: {why}");
             return self.figures("rounds");
         }
-        let count = nodes.clamp(1, self.nodes.len() - first);
-        self.played = first + count;
+        let count = nodes.clamp(1, left);
+        if !again {
+            self.played = first + count;
+        }
         let playing: Vec<Arc<SimNode>> = self.nodes[first..first + count].to_vec();
         self.run_pods.store(full, Ordering::Relaxed);
         // In waves of `at_once`, each after the one before is deployed: every job's round without
@@ -1185,7 +1188,11 @@ impl Fleet {
         let total: f64 = measure::grown(&after, &before).values().sum();
         let operator_total: f64 = measure::grown(&settled, &operator_before).values().sum();
         let per = count as f64;
-        let mut figures = self.figures(if full { "rounds" } else { "train" });
+        let mut figures = self.figures(match (full, again) {
+            (false, _) => "train",
+            (true, false) => "rounds",
+            (true, true) => "rounds_again",
+        });
         figures.seconds = elapsed.as_secs_f64();
         figures.job_rounds = Some(count);
         if full && wave < count {

@@ -20,7 +20,9 @@
 //!   and etcd CPU seconds per job-round, the operator's RSS after. `PERENNIAL_BENCH_ROUNDS` runs
 //!   several rounds phases, each on nodes that have not played yet: `10/1,100,1000,all/1000` is ten
 //!   jobs alone one after another, 100 at once, 1,000 at once, then every other node in waves of
-//!   1,000 (each wave started once the one before is deployed);
+//!   1,000 (each wave started once the one before is deployed); a phase prefixed `again:` plays
+//!   nodes that have played already (`again:all/1000`: every played node's second round, which
+//!   deletes its first round's inference pod);
 //! - churn: nodes drop and reconnect at `PERENNIAL_BENCH_CHURN_PER_SEC` (nodes / 100) for
 //!   `PERENNIAL_BENCH_CHURN_SECS` (60), each with a report in flight;
 //! - failover: a standby beside the leader, `PERENNIAL_BENCH_FAILOVER_SHARE` (0.1) of the nodes
@@ -120,7 +122,9 @@ fn main() {
             eprintln!("PERENNIAL_BENCH_ROUNDS={list}: {err}");
             std::process::exit(2)
         }),
-        Err(_) => vec![(((nodes as f64) * share).round() as usize, usize::MAX)],
+        Err(_) => {
+            vec![RoundsPhase { nodes: ((nodes as f64) * share).round() as usize, at_once: usize::MAX, again: false }]
+        }
     };
     let churn_secs = Duration::from_secs(env_or("PERENNIAL_BENCH_CHURN_SECS", 60));
     let churn_rate: f64 = env_or("PERENNIAL_BENCH_CHURN_PER_SEC", (nodes as f64 / 100.0).max(1.0));
@@ -163,8 +167,8 @@ fn main() {
                 fleet.policy_change().await;
             }
             if wants("rounds") {
-                for (count, at_once) in round_phases {
-                    fleet.rounds(count, at_once, true).await;
+                for RoundsPhase { nodes, at_once, again } in round_phases {
+                    fleet.rounds(nodes, at_once, true, again).await;
                 }
             }
             if wants("churn") {
@@ -191,9 +195,19 @@ fn main() {
     }
 }
 
+/// One rounds phase of `PERENNIAL_BENCH_ROUNDS`.
+#[derive(Debug, PartialEq)]
+struct RoundsPhase {
+    nodes: usize,
+    at_once: usize,
+    /// Nodes that have played already play another round (which deletes the one before's pods).
+    again: bool,
+}
+
 /// `PERENNIAL_BENCH_ROUNDS`: rounds phases, each `<nodes>` (at once) or `<nodes>/<at once>` (in
-/// waves), `all` for every node not played yet; each phase plays nodes that have not played.
-fn round_phases(list: &str) -> Result<Vec<(usize, usize)>, String> {
+/// waves), `all` for every node not played yet; each phase plays nodes that have not played,
+/// or, prefixed `again:`, nodes that have (the first ones) another round.
+fn round_phases(list: &str) -> Result<Vec<RoundsPhase>, String> {
     let number = |text: &str| match text.trim() {
         "all" => Ok(usize::MAX),
         text => {
@@ -201,9 +215,16 @@ fn round_phases(list: &str) -> Result<Vec<(usize, usize)>, String> {
         }
     };
     list.split(',')
-        .map(|phase| match phase.split_once('/') {
-            Some((nodes, at_once)) => Ok((number(nodes)?, number(at_once)?)),
-            None => Ok((number(phase)?, usize::MAX)),
+        .map(|phase| {
+            let (again, phase) = match phase.trim().strip_prefix("again:") {
+                Some(rest) => (true, rest),
+                None => (false, phase),
+            };
+            let (nodes, at_once) = match phase.split_once('/') {
+                Some((nodes, at_once)) => (number(nodes)?, number(at_once)?),
+                None => (number(phase)?, usize::MAX),
+            };
+            Ok(RoundsPhase { nodes, at_once, again })
         })
         .collect()
 }

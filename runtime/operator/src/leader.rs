@@ -5,15 +5,18 @@
 //! would fight over every object. The replicas share one Lease. The holder rewrites its
 //! `renewTime` every `renew_every`; the other replica reads it every `retry_every` and waits.
 //! A takeover waits out the lease (`renewTime + leaseDurationSeconds`), so a leader that is only
-//! slow keeps its place, and the leader gives up by itself once it has failed to renew for a whole
-//! lease duration. Every write carries the `resourceVersion` that was read, so of two candidates
+//! slow keeps its place, and the leader gives up by itself once it has failed to renew for
+//! `renew_deadline` (two-thirds of the lease, as client-go's controllers do): a third of the
+//! lease before a standby may take over, for the stop to take effect and for clocks that differ. Every write carries the `resourceVersion` that was read, so of two candidates
 //! racing for the same expired lease the API server lets exactly one win (the other gets 409).
 //!
 //! The rule is [`decide`], a pure function of the lease and the clock; [`Elector`] is the thin
 //! shell that reads and writes the Lease:
 //!
 //! ```ignore
-//! let mut lease = LeaseThread::start(make_client, settings)?; // its own thread and client
+//! // Its own thread and client; `on_lost` runs there the moment the Lease is lost (the operator
+//! // exits: a busy runtime must not keep acting for a while after).
+//! let mut lease = LeaseThread::start(make_client, settings, on_lost)?;
 //! lease.acquire().await?; // returns once this replica leads
 //! // Held while the controller runs; released on a clean stop (the standby takes over at once);
 //! // lost: the controller dropped, exit, come back as the standby.
@@ -35,8 +38,9 @@ use tokio::time::Instant;
 #[cfg(test)]
 mod tests;
 
-/// Which Lease, who we are, and the timings. `renew_every` must be well inside `duration`, so
-/// that failed renewals get retried before the lease runs out.
+/// Which Lease, who we are, and the timings. `renew_every` must be well inside `renew_deadline`,
+/// so that failed renewals get retried before the leader gives up, and `renew_deadline` well
+/// inside `duration`, so that it has given up before anyone may take over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseSettings {
     pub namespace: String,
@@ -45,6 +49,8 @@ pub struct LeaseSettings {
     pub identity: String,
     /// How long a lease lasts without renewal (`leaseDurationSeconds`, whole seconds, at least 1).
     pub duration: Duration,
+    /// How long the leader goes on without a renewal before it stops leading, by its own clock.
+    pub renew_deadline: Duration,
     /// How often the leader renews.
     pub renew_every: Duration,
     /// How often a follower looks again, and the wait after a failed call or a lost race.
@@ -52,13 +58,15 @@ pub struct LeaseSettings {
 }
 
 impl LeaseSettings {
-    /// The default timings: a 15 s lease, renewed every 5 s, polled every 2 s.
+    /// The default timings (client-go's): a 15 s lease, renewed every 5 s, given up 10 s after
+    /// the last renewal, polled every 2 s.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>, identity: impl Into<String>) -> Self {
         LeaseSettings {
             namespace: namespace.into(),
             name: name.into(),
             identity: identity.into(),
             duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
             renew_every: Duration::from_secs(5),
             retry_every: Duration::from_secs(2),
         }
@@ -164,13 +172,18 @@ pub enum LeaderError {
     /// The lease shows another holder (or none: released or deleted under us).
     #[error("lease {lease}: leadership lost, now held by {}", holder.as_deref().unwrap_or("nobody"))]
     Lost { lease: String, holder: Option<String> },
-    /// Renewals failed for a whole lease duration: the other replica may take over now.
+    /// Renewals failed until the renew deadline: the other replica may take over soon.
     #[error("lease {lease}: not renewed for {}s, giving up leadership (last error: {last_error})", since.as_secs())]
     RenewFailed { lease: String, since: Duration, last_error: String },
 }
 
 /// Makes the Lease's client, on the Lease's own thread (its connections and tasks live there).
 pub type MakeClient = Box<dyn FnOnce() -> Result<kube::Client, String> + Send>;
+
+/// Run on the Lease's thread the moment a held Lease is lost, before the loss is sent on: the
+/// operator exits there, so that it stops acting even while its own runtime is too busy to
+/// hear of the loss (the standby may take over `duration - renew_deadline` later).
+pub type OnLost = Box<dyn FnOnce(&LeaderError) + Send>;
 
 /// The Lease, taken and held on a thread of its own, with its own runtime and client: nothing
 /// the operator's runtime does can delay a renewal. (A kube Controller polls every reconcile
@@ -186,7 +199,7 @@ pub struct LeaseThread {
 
 impl LeaseThread {
     /// Starts the thread, which takes the Lease as soon as it may.
-    pub fn start(make_client: MakeClient, settings: LeaseSettings) -> std::io::Result<LeaseThread> {
+    pub fn start(make_client: MakeClient, settings: LeaseSettings, on_lost: OnLost) -> std::io::Result<LeaseThread> {
         let (acquired_tx, acquired) = tokio::sync::oneshot::channel();
         let (lost_tx, lost) = tokio::sync::oneshot::channel();
         let (release, release_rx) = tokio::sync::oneshot::channel::<tokio::sync::oneshot::Sender<()>>();
@@ -208,12 +221,22 @@ impl LeaseThread {
                 };
                 let elector = Elector::new(client, settings);
                 let taken = elector.acquire().await;
-                let failed = taken.is_err();
-                if acquired_tx.send(taken).is_err() || failed {
+                let won = taken.is_ok();
+                if acquired_tx.send(taken).is_err() {
+                    // Nobody waits to lead any more (the process is stopping): give it back.
+                    if won {
+                        elector.release().await;
+                    }
+                    return;
+                }
+                if !won {
                     return;
                 }
                 tokio::select! {
-                    lost = elector.hold() => { let _ = lost_tx.send(lost); }
+                    lost = elector.hold() => {
+                        on_lost(&lost);
+                        let _ = lost_tx.send(lost);
+                    }
                     asked = release_rx => {
                         elector.release().await;
                         if let Ok(done) = asked {
@@ -362,21 +385,23 @@ impl Elector {
 
     /// Keeps the lease while this replica acts: renews it every `renew_every` and returns why
     /// it stopped leading, when another holder shows up (or the lease is released or deleted) or
-    /// when no renewal has succeeded for `duration` (failed calls are retried until then). Call
-    /// after `acquire`; on return the caller must stop acting.
+    /// when no renewal has succeeded for `renew_deadline` (failed calls are retried until then).
+    /// Call after `acquire`; on return the caller must stop acting.
     pub async fn hold(&self) -> LeaderError {
         let lease = self.settings.lease();
         let mut renewed = self.renewed().unwrap_or_else(Instant::now);
         let mut next = renewed + self.settings.renew_every;
         let mut last_error = "none".to_owned();
         loop {
-            // Our lease runs out at `deadline` by our own clock: stop thinking we lead by then.
-            let deadline = renewed + self.settings.duration;
+            // Our lease runs out at `renewed + duration` by our own clock: stop leading a third of
+            // it before, for the stop to take effect and for a standby whose clock runs ahead.
+            let deadline = renewed + self.settings.renew_deadline.min(self.settings.duration);
             tokio::time::sleep_until(next.min(deadline)).await;
             if Instant::now() >= deadline {
                 self.set_renewed(None);
                 tracing::warn!(lease, last_error, "leader election: could not renew the lease in time");
-                return LeaderError::RenewFailed { lease, since: self.settings.duration, last_error };
+                let since = self.settings.renew_deadline.min(self.settings.duration);
+                return LeaderError::RenewFailed { lease, since, last_error };
             }
             let renewal = tokio::time::timeout_at(deadline, self.try_renew())
                 .await

@@ -131,7 +131,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     // Only now: a replica still stepping down must not hold the Lease without acting.
     let mut elector = match options.leader.clone() {
         Some(settings) => Some(
-            leader::LeaseThread::start(make_client, settings)
+            leader::LeaseThread::start(make_client, settings, Box::new(exit_on_lost_lease))
                 .map_err(|source| OperatorError::LeaseThread { source })?,
         ),
         None => None,
@@ -139,7 +139,15 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     metrics.set_ready(true);
     if let Some(elector) = elector.as_mut() {
         tracing::info!("waiting to become the leader");
-        elector.acquire().await?;
+        // A standby asked to stop (a rolling update, a drained node) stops now, not at the
+        // kubelet's SIGKILL after its grace period: it holds nothing.
+        tokio::select! {
+            acquired = elector.acquire() => acquired?,
+            () = stop_signal() => {
+                tracing::info!("stopped while waiting to become the leader");
+                return Ok(());
+            }
+        }
     }
 
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -224,6 +232,28 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The Lease is lost (another replica holds it, or it was not renewed in time): stop at once,
+/// from the Lease's own thread, so that nothing this process has queued acts past the moment
+/// the other replica may take over. The process manager starts it again, as the standby.
+fn exit_on_lost_lease(lost: &leader::LeaderError) {
+    tracing::error!("{lost}; exiting so that only the new leader acts");
+    std::process::exit(1);
+}
+
+/// Ctrl-C, or SIGTERM (the kubelet, systemd).
+async fn stop_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = async {
+            match term.as_mut() {
+                Some(term) => { term.recv().await; }
+                None => std::future::pending().await,
+            }
+        } => {}
+    }
 }
 
 /// How often the heap's free pages are given back to the system.
