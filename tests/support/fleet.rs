@@ -1135,7 +1135,7 @@ impl Fleet {
         if left == 0 {
             let why = if again { "no node has played a round yet" } else { "every node has played its round already" };
             println!("fleet rounds   skipped: {why}");
-            return self.figures("rounds");
+            return self.figures(if again { "rounds_again" } else { "rounds" });
         }
         let count = nodes.clamp(1, left);
         if !again {

@@ -7,8 +7,9 @@
 //! A takeover waits out the lease (`renewTime + leaseDurationSeconds`), so a leader that is only
 //! slow keeps its place, and the leader gives up by itself once it has failed to renew for
 //! `renew_deadline` (two-thirds of the lease, as client-go's controllers do): a third of the
-//! lease before a standby may take over, for the stop to take effect and for clocks that differ. Every write carries the `resourceVersion` that was read, so of two candidates
-//! racing for the same expired lease the API server lets exactly one win (the other gets 409).
+//! lease before a standby may take over, for the stop to take effect and for clocks that differ.
+//! Every write carries the `resourceVersion` that was read, so of two candidates racing for the
+//! same expired lease the API server lets exactly one win (the other gets 409).
 //!
 //! The rule is [`decide`], a pure function of the lease and the clock; [`Elector`] is the thin
 //! shell that reads and writes the Lease:
@@ -200,6 +201,10 @@ pub struct LeaseThread {
 impl LeaseThread {
     /// Starts the thread, which takes the Lease as soon as it may.
     pub fn start(make_client: MakeClient, settings: LeaseSettings, on_lost: OnLost) -> std::io::Result<LeaseThread> {
+        debug_assert!(
+            settings.renew_every < settings.renew_deadline && settings.renew_deadline < settings.duration,
+            "renewals inside the renew deadline, inside the lease: {settings:?}"
+        );
         let (acquired_tx, acquired) = tokio::sync::oneshot::channel();
         let (lost_tx, lost) = tokio::sync::oneshot::channel();
         let (release, release_rx) = tokio::sync::oneshot::channel::<tokio::sync::oneshot::Sender<()>>();
@@ -220,7 +225,18 @@ impl LeaseThread {
                     }
                 };
                 let elector = Elector::new(client, settings);
-                let taken = elector.acquire().await;
+                let mut release_rx = release_rx;
+                // Asked to stop while taking it: whatever the write in flight did, give it back.
+                let taken = tokio::select! {
+                    taken = elector.acquire() => taken,
+                    asked = &mut release_rx => {
+                        elector.release().await;
+                        if let Ok(done) = asked {
+                            let _ = done.send(());
+                        }
+                        return;
+                    }
+                };
                 let won = taken.is_ok();
                 if acquired_tx.send(taken).is_err() {
                     // Nobody waits to lead any more (the process is stopping): give it back.
@@ -260,18 +276,32 @@ impl LeaseThread {
     pub async fn lead(mut self, work: impl std::future::Future<Output = ()>) -> Result<(), LeaderError> {
         tokio::select! {
             () = work => {
-                let (done, released) = tokio::sync::oneshot::channel();
-                if let Some(release) = self.release.take()
-                    && release.send(done).is_ok()
-                {
-                    let _ = released.await;
-                }
+                self.give_back().await;
                 Ok(())
             }
             lost = &mut self.lost => Err(lost.unwrap_or_else(|_| ended(self.lease.clone()))),
         }
     }
+
+    /// Stops taking the Lease (a stop before this replica leads), and gives it back if a write
+    /// in flight took it: the other replica need not wait it out. Returns once given back, or
+    /// after [`GIVE_BACK_WAIT`].
+    pub async fn stop(mut self) {
+        self.give_back().await;
+    }
+
+    async fn give_back(&mut self) {
+        let (done, released) = tokio::sync::oneshot::channel();
+        if let Some(release) = self.release.take()
+            && release.send(done).is_ok()
+        {
+            let _ = tokio::time::timeout(GIVE_BACK_WAIT, released).await;
+        }
+    }
 }
+
+/// How long a stop waits for the Lease to be given back: well inside a pod's 30 s of grace.
+const GIVE_BACK_WAIT: Duration = Duration::from_secs(5);
 
 /// The Lease's thread ended without a word (it panicked).
 fn ended(lease: String) -> LeaderError {
@@ -353,7 +383,8 @@ impl Elector {
         let lease = self.settings.lease();
         let mut following: Option<String> = None;
         loop {
-            let attempt = tokio::time::timeout(self.settings.duration, self.try_acquire())
+            // Past the renew deadline, a write that lands would be given up at once.
+            let attempt = tokio::time::timeout(self.settings.renew_deadline, self.try_acquire())
                 .await
                 .unwrap_or_else(|_| Err(Failure::Transient("timed out".to_owned())));
             let wait = match attempt {

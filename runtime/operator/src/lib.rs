@@ -95,9 +95,13 @@ pub enum OperatorError {
     Link(#[from] link::LinkSetupError),
 }
 
-/// Runs the operator until SIGTERM/Ctrl-C, or until it stops being the leader (an error: the
-/// process exits and Kubernetes starts it again as a standby).
+/// Runs the operator until SIGTERM/Ctrl-C. A leader that loses its Lease exits the process
+/// there and then (from the Lease's thread, status 1), and Kubernetes starts it again as a
+/// standby; an error returned means it could not start or lead at all.
 pub async fn run(client: Client, options: OperatorOptions) -> Result<(), OperatorError> {
+    // One stop for the whole run, latched: a SIGTERM between two phases (waiting to lead, the
+    // stores filling, reconciling) is not lost between their listeners.
+    let stop = stop_latch();
     let metrics = Arc::new(Metrics::with_api(options.api_health.clone()));
     let listener = tokio::net::TcpListener::bind(options.metrics_addr)
         .await
@@ -137,16 +141,23 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         None => None,
     };
     metrics.set_ready(true);
-    if let Some(elector) = elector.as_mut() {
+    if let Some(lease) = elector.as_mut() {
         tracing::info!("waiting to become the leader");
         // A standby asked to stop (a rolling update, a drained node) stops now, not at the
-        // kubelet's SIGKILL after its grace period: it holds nothing.
-        tokio::select! {
-            acquired = elector.acquire() => acquired?,
-            () = stop_signal() => {
-                tracing::info!("stopped while waiting to become the leader");
-                return Ok(());
+        // kubelet's SIGKILL after its grace period, giving back a Lease a write in flight took.
+        let stopped = tokio::select! {
+            acquired = lease.acquire() => {
+                acquired?;
+                false
             }
+            () = stopped(stop.clone()) => true,
+        };
+        if stopped {
+            if let Some(lease) = elector.take() {
+                lease.stop().await;
+            }
+            tracing::info!("stopped while waiting to become the leader");
+            return Ok(());
         }
     }
 
@@ -202,7 +213,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         .owns_stream(triggers.pods)
         .watches_stream(triggers.datasets, move |dataset| jobs_of_dataset(&known.state(), &dataset))
         .reconcile_on(reports)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(stopped(stop))
         .run(reconcile::reconcile, reconcile::error_policy, context)
         .for_each(|result| async move {
             match result {
@@ -242,17 +253,32 @@ fn exit_on_lost_lease(lost: &leader::LeaderError) {
     std::process::exit(1);
 }
 
-/// Ctrl-C, or SIGTERM (the kubelet, systemd).
-async fn stop_signal() {
+/// Ctrl-C or SIGTERM (the kubelet, systemd), listened for from now on and kept once heard.
+fn stop_latch() -> tokio::sync::watch::Receiver<bool> {
+    let (heard, stop) = tokio::sync::watch::channel(false);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = async {
-            match term.as_mut() {
-                Some(term) => { term.recv().await; }
-                None => std::future::pending().await,
-            }
-        } => {}
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = async {
+                match term.as_mut() {
+                    Some(term) => { term.recv().await; }
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+        tracing::info!("stopping (a signal)");
+        heard.send_replace(true);
+        // Kept: the latch stays readable.
+        std::future::pending::<()>().await;
+    });
+    stop
+}
+
+/// Resolves once the stop is heard (at once if it was already).
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    if stop.wait_for(|stopped| *stopped).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

@@ -409,10 +409,12 @@ async fn acquire_retries_failures_and_stops_on_refusal() {
     let (elector, mut server, t0) = start();
     let task = spawn_acquire(elector);
     server.get().await.send_response(status(500, "InternalError"));
-    let hung = server.get().await; // at 2 s, never answered: times out after 15 s
+    // At 2 s, never answered: given up at the renew deadline (10 s), when a write that landed
+    // would be given up at once anyway.
+    let hung = server.get().await;
     assert_eq!(t0.elapsed(), Duration::from_secs(2));
     server.get().await.send_response(status(403, "Forbidden"));
-    assert_eq!(t0.elapsed(), Duration::from_secs(19));
+    assert_eq!(t0.elapsed(), Duration::from_secs(14));
     drop(hung);
     let (_, result) = task.await.unwrap();
     let error = result.expect_err("a 403 stops acquire");
@@ -465,10 +467,10 @@ async fn hold_loses_a_deleted_or_emptied_lease() {
 }
 
 /// Renewal failures are retried every retry_every (a 503, a 409 on the write); a success
-/// restarts the clock; once no renewal has succeeded for a lease duration, `hold` gives up at
+/// restarts the clock; once no renewal has succeeded for the renew deadline, `hold` gives up at
 /// that instant without another call.
 #[tokio::test(start_paused = true)]
-async fn hold_retries_failed_renewals_until_the_lease_would_expire() {
+async fn hold_retries_failed_renewals_until_the_renew_deadline() {
     let (elector, mut server, t0) = start();
     let elector = acquired(elector, &mut server).await;
     let task = tokio::spawn(async move { elector.hold().await });
@@ -491,7 +493,7 @@ async fn hold_retries_failed_renewals_until_the_lease_would_expire() {
         assert_eq!(t0.elapsed(), Duration::from_secs(secs));
     }
     let lost = task.await.unwrap();
-    // Given up a third of the lease before a standby may take it (9 s + 15 s).
+    // Given up 5 s before a standby may take it over at 24 s.
     assert_eq!(t0.elapsed(), Duration::from_secs(19), "9 s + the 10 s renew deadline");
     assert!(matches!(&lost, LeaderError::RenewFailed { lease, .. } if lease == LEASE), "{lost:?}");
     assert!(lost.to_string().contains("not renewed for 10s"), "{lost}");
@@ -532,11 +534,12 @@ async fn release_frees_only_our_own_lease() {
     assert!(!matches!(server.0.poll_request(), Poll::Ready(Some(_))), "no write after seeing another holder");
 }
 
-/// Timings a thousand times shorter than a real lease's, for real-time tests.
-fn fast() -> LeaseSettings {
+/// Timings some ten times shorter than a real lease's, for real-time tests: a 3 s lease given up
+/// `renew_deadline` after the last renewal, renewed every 200 ms.
+fn fast(renew_deadline: Duration) -> LeaseSettings {
     LeaseSettings {
-        duration: Duration::from_secs(1),
-        renew_deadline: Duration::from_millis(600),
+        duration: Duration::from_secs(3),
+        renew_deadline,
         renew_every: Duration::from_millis(200),
         retry_every: Duration::from_millis(100),
         ..settings()
@@ -599,7 +602,7 @@ async fn lead_while_busy(
 /// once.) Real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_leader_still_renews_its_lease_on_time() {
-    let (keeper, mut server, mut current) = lease_thread_leading(fast(), Box::new(|_| {})).await;
+    let (keeper, mut server, mut current) = lease_thread_leading(fast(Duration::from_secs(2)), Box::new(|_| {})).await;
     let busy = Duration::from_secs(3);
     let started = Instant::now();
     // Each read answered with the lease as last written, each write taken.
@@ -636,17 +639,40 @@ async fn a_lost_lease_is_acted_on_at_the_renew_deadline_however_busy_the_leader(
     let on_lost: super::OnLost = Box::new(move |lost| {
         *record.lock().unwrap() = Some((std::time::Instant::now(), lost.to_string()));
     });
-    // A 2 s lease given up 0.6 s after the last renewal.
-    let settings = LeaseSettings { duration: Duration::from_secs(2), ..fast() };
-    let (keeper, mut server, _) = lease_thread_leading(settings, on_lost).await;
+    // A 3 s lease given up 0.6 s after the last renewal.
+    let (keeper, mut server, _) = lease_thread_leading(fast(Duration::from_millis(600)), on_lost).await;
     let taken = std::time::Instant::now();
-    let _ = lead_while_busy(keeper, &mut server, Duration::from_secs(3), |call| {
+    let _ = lead_while_busy(keeper, &mut server, Duration::from_secs(4), |call| {
         call.reply.send_response(status(500, "InternalError"));
     })
     .await;
     let (at, why) = lost_at.lock().unwrap().clone().expect("the loss acted on");
     let after = at.duration_since(taken);
-    // Well before the lease's end at 2 s (at the renew deadline, 0.6 s, and a machine's delay).
-    assert!(after < Duration::from_millis(1500), "acted on {after:?} after the Lease was taken: {why}");
+    // Well before the lease's end at 3 s: at the renew deadline, 0.6 s, and a loaded machine's delay.
+    assert!(after < Duration::from_millis(2500), "acted on {after:?} after the Lease was taken: {why}");
     assert!(why.contains("not renewed"), "{why}");
+}
+
+/// Stopped while its create of the Lease is in flight (a SIGTERM while waiting to lead): the
+/// thread stops taking it and gives back what the create took, so the other replica need not
+/// wait the lease out; `stop` returns once it is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_taking_the_lease_gives_back_what_a_write_in_flight_took() {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let make: super::MakeClient = Box::new(move || Ok(Client::new(service, "default")));
+    let keeper =
+        super::LeaseThread::start(make, fast(Duration::from_secs(2)), Box::new(|_| {})).expect("the lease's thread");
+    let mut server = ApiServer(handle);
+    server.get().await.send_response(status(404, "NotFound"));
+    // The create landed, but its answer is slow to come: the stop does not wait for it.
+    let (created, _unanswered) = server.create().await;
+    let stopping = tokio::spawn(keeper.stop());
+    let landed = lease(created.spec.clone().expect("a spec"), "1");
+    let asked_back = tokio::time::timeout(Duration::from_secs(1), server.get()).await;
+    asked_back.expect("the Lease read again at once to give it back").send_response(ok(&landed));
+    let (freed, reply) = server.replace().await;
+    assert_eq!(freed.spec.as_ref().and_then(|spec| spec.holder_identity.as_deref()), None, "given back: {freed:?}");
+    assert_eq!(freed.metadata.resource_version.as_deref(), Some("1"), "conditional on the version read");
+    reply.send_response(ok(&freed));
+    tokio::time::timeout(Duration::from_secs(2), stopping).await.expect("stop returns once given back").expect("join");
 }
