@@ -347,16 +347,21 @@ async fn agent_pod_token(world: &World) -> String {
     name
 }
 
-/// A whole round and a deletion, as the operator of the world's kubeconfig, with its own pod
+/// Two whole rounds and a deletion, as the operator of the world's kubeconfig, with its own pod
 /// (`--pod-name`, labelled when it leads) and `overrides`; returns when the job is deleted.
+/// The second round's Deploy deletes the pods it replaces by name (as past 1,000 worker pods in
+/// a namespace), the job's deletion by label.
 async fn round_and_deletion(world: &World, overrides: &[(&str, &str)]) {
     let since = Timestamp::now();
     let kubelet = world.kubelet();
-    let operator = world.start_operator_with("rbac", (free_port(), free_port()), overrides);
+    let overrides: Vec<(&str, &str)> = overrides.iter().copied().chain([("--delete-pods-by-name-past", "0")]).collect();
+    let operator = world.start_operator_with("rbac", (free_port(), free_port()), &overrides);
     let edge = world.start_edge(operator.link_port);
     world.apply_job(5);
     world.append_samples(8);
     world.until_deployed(1, Duration::from_secs(120)).await;
+    world.append_samples(8);
+    world.until_deployed(2, Duration::from_secs(120)).await;
     world.cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=true", "--timeout=60s"]);
     leader_renewed(world.cluster, since).await;
     let forbidden = World::forbidden_calls(&[&operator]);
@@ -383,7 +388,12 @@ async fn the_cluster_wide_install_grants_what_the_operator_uses_and_nothing_more
     operator_pod(&client, SYSTEM, &own_pod).await;
 
     let kubelet = world.kubelet();
-    let overrides = [("--link-tokens", "perennial-edge/perennial-edge-tokens"), ("--pod-name", own_pod.as_str())];
+    // Deletions by name from the first pod on (as past 1,000 worker pods in a namespace).
+    let overrides = [
+        ("--link-tokens", "perennial-edge/perennial-edge-tokens"),
+        ("--pod-name", own_pod.as_str()),
+        ("--delete-pods-by-name-past", "0"),
+    ];
     let operator = world.start_operator_with("rbac", (free_port(), free_port()), &overrides);
     let edge = world.start_edge(operator.link_port);
     world.apply_job(5);
@@ -392,6 +402,10 @@ async fn the_cluster_wide_install_grants_what_the_operator_uses_and_nothing_more
     cluster.kubectl_ok(&["patch", "ll", JOB, "-n", &world.namespace, "--type", "merge", "-p", credential]);
     world.append_samples(8);
     world.until_deployed(1, Duration::from_secs(120)).await;
+    // The second round's Deploy deletes the first round's inference pod by name; the job's
+    // deletion below goes by label (deletecollection).
+    world.append_samples(8);
+    world.until_deployed(2, Duration::from_secs(120)).await;
     owner_references_need_the_finalizers_grant(&world).await;
     a_secret_of_another_namespace_is_refused(&world, other).await;
     cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=true", "--timeout=60s"]);
@@ -425,7 +439,7 @@ async fn the_cluster_wide_install_grants_what_the_operator_uses_and_nothing_more
             (&["get", "secret/perennial-link-tls", "-n", SYSTEM], false),
             (&["get", "pods", "-n", ns], false),
             (&["get", "pods", "-n", "kube-system"], false),
-            (&["delete", "pods", "-n", ns], false),
+            (&["delete", "pods", "-n", ns], true),
             (&["patch", "pods", "-n", ns], false),
             (&["patch", "pods", "-n", SYSTEM], true),
             (&["get", "pods", "-n", EDGE], false),

@@ -35,7 +35,7 @@ pub const JOB_GRANTS: &[(&str, &str, &[&str])] = &[
     ("sedna.io", "lifelonglearningjobs/finalizers", &["update"]),
     ("sedna.io", "datasets", &["list", "watch"]),
     ("sedna.io", "datasets/status", &["patch"]),
-    ("", "pods", &["list", "watch", "create", "deletecollection"]),
+    ("", "pods", &["list", "watch", "create", "delete", "deletecollection"]),
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 

@@ -65,6 +65,9 @@ pub struct OperatorOptions {
     /// How many of the newest rounds keep their finished Train and Eval pods; older rounds' pods
     /// are deleted once a round completes. 0 keeps them all (Sedna).
     pub finished_rounds_kept: u64,
+    /// Above this many worker pods in a namespace, a Deploy deletes the pods it replaces by name
+    /// ([`reconcile::DELETE_BY_NAME_PAST_PODS`] by default).
+    pub delete_by_name_past: usize,
     /// This replica's own pod, `(namespace, name)`, when it runs in one: the leader labels it
     /// for the link's Service ([`leader_label`]).
     pub own_pod: Option<(String, String)>,
@@ -187,6 +190,7 @@ pub async fn run(client: Client, options: OperatorOptions) -> Result<(), Operato
         written: Default::default(),
         written_jobs,
         finished_rounds_kept: options.finished_rounds_kept,
+        delete_by_name_past: options.delete_by_name_past,
         pull_secrets: Default::default(),
         running_holds: Default::default(),
     });

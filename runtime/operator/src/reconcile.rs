@@ -80,6 +80,9 @@ pub struct Context {
     pub written_jobs: Arc<super::written::WrittenJobs>,
     /// Rounds whose finished Train and Eval pods are kept, the newest (0: all).
     pub finished_rounds_kept: u64,
+    /// Above this many worker pods in a namespace, pods are deleted by name
+    /// ([`DELETE_BY_NAME_PAST_PODS`]).
+    pub delete_by_name_past: usize,
     /// The jobs' registry logins from their `imagePullSecrets`, read on each reconcile.
     pub pull_secrets: Arc<super::pull_secrets::PullSecrets>,
     /// The workers' Running not written yet, each held a moment for a result to take it along.
@@ -452,15 +455,15 @@ async fn prune_finished_pods(ctx: &Context, namespace: &str, uid: &str, pods: &[
     }
 }
 
-/// Above this many worker pods in a namespace, the job's pods go by name, one request each,
-/// not in one deletecollection: the API server answers a deletecollection by reading every pod
-/// of the namespace (at 30,000, 7–17 s each, some 504 Gateway Timeout), a delete by name reads
-/// one.
-pub const COLLECTION_DELETE_MAX_PODS: usize = 1000;
+/// Above this many worker pods in a namespace (the default), the job's pods go by name, one
+/// request each, not in one deletecollection: the API server answers a deletecollection by
+/// reading every pod of the namespace (at 30,000, 7–17 s each, some 504 Gateway Timeout), a
+/// delete by name reads one.
+pub const DELETE_BY_NAME_PAST_PODS: usize = 1000;
 
 /// Deletes `going`, the pods `selectors` select: one request per selector in a namespace of at
-/// most [`COLLECTION_DELETE_MAX_PODS`] worker pods (the pod store's count), else one per pod by
-/// name, each bound to its uid (a pod gone meanwhile, or made again under its name, is not
+/// most [`Context::delete_by_name_past`] worker pods (the pod store's count), else one per pod
+/// by name, each bound to its uid (a pod gone meanwhile, or made again under its name, is not
 /// touched).
 async fn delete_pods(
     ctx: &Context,
@@ -471,7 +474,7 @@ async fn delete_pods(
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let in_namespace =
         ctx.stores.pods.state().iter().filter(|pod| pod.metadata.namespace.as_deref() == Some(namespace)).count();
-    if in_namespace <= COLLECTION_DELETE_MAX_PODS {
+    if in_namespace <= ctx.delete_by_name_past {
         for selector in selectors {
             api.delete_collection(&DeleteParams::background(), &ListParams::default().labels(selector)).await?;
         }

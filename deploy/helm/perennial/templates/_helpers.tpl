@@ -62,10 +62,11 @@ README's table says what each grant is for; tests/cluster/rbac.rs proves each is
 - apiGroups: [sedna.io]
   resources: [datasets/status]
   verbs: [patch]
-# The train, eval and inference workers: watched by label, created, and deleted by label.
+# The train, eval and inference workers: watched by label, created, and deleted by label (by
+# name, one at a time, in a namespace of over 1,000 worker pods).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, deletecollection]
+  verbs: [list, watch, create, delete, deletecollection]
 # Events on the jobs (events.k8s.io; a repeated event is patched into a series).
 - apiGroups: [events.k8s.io]
   resources: [events]

@@ -99,6 +99,11 @@ pub struct OperatorArgs {
     /// replaces, in one request) or completes. 0 keeps them all (Sedna).
     #[arg(long, env = "PERENNIAL_FINISHED_ROUNDS_KEPT", default_value_t = 2)]
     finished_rounds_kept: u64,
+    /// Above this many worker pods in a namespace, a Deploy deletes the pods it replaces one by
+    /// one by name (each a read of one pod), not with a deletecollection by label (which the API
+    /// server answers by reading every pod of the namespace).
+    #[arg(long, default_value_t = perennial_operator::reconcile::DELETE_BY_NAME_PAST_PODS)]
+    delete_pods_by_name_past: usize,
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
@@ -183,6 +188,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         instance: Some(identity),
         link,
         finished_rounds_kept: args.finished_rounds_kept,
+        delete_by_name_past: args.delete_pods_by_name_past,
         own_pod,
         api_health,
     };

@@ -218,6 +218,7 @@ fn setup() -> (ApiServer, Arc<Context>, Arc<Inbox>) {
         written: Default::default(),
         written_jobs: Default::default(),
         finished_rounds_kept: 2,
+        delete_by_name_past: reconcile::DELETE_BY_NAME_PAST_PODS,
         pull_secrets: Default::default(),
         running_holds: Default::default(),
     };
@@ -740,7 +741,7 @@ async fn in_a_crowded_namespace_a_deploy_deletes_each_pod_by_name() {
     let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
     pods.push(with_uid(labelled_pod("inference", 2, "thermal-inference-2", ready)));
     // Other jobs' pods fill the namespace past the bound.
-    for i in 0..reconcile::COLLECTION_DELETE_MAX_PODS {
+    for i in 0..reconcile::DELETE_BY_NAME_PAST_PODS {
         let mut other = labelled_pod("inference", 1, &format!("other-{i}"), done.clone());
         other["metadata"]["labels"]["lifelonglearningjob.sedna.io/uid"] = json!(format!("other-job-{i}"));
         pods.push(other);
