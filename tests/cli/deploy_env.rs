@@ -88,3 +88,24 @@ fn operator_reads_the_env_the_deployment_sets() {
     let unread: Vec<_> = names.iter().filter(|name| !help.contains(&format!("env: {name}="))).collect();
     assert!(unread.is_empty(), "`perennial operator --help` does not list {unread:?}:\n{help}");
 }
+
+/// Lease timings that would let a leader act after a standby may take over are refused at
+/// once, naming the flags, before anything is read.
+#[test]
+fn operator_refuses_a_renew_deadline_not_inside_the_lease() {
+    for (duration, deadline) in [("15", "15"), ("15", "20"), ("15", "1")] {
+        let output = Command::new(env!("CARGO_BIN_EXE_perennial"))
+            .args(["operator", "--kubeconfig", "/nonexistent/kubeconfig"])
+            .args(["--lease-duration-secs", duration, "--lease-renew-deadline-secs", deadline])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{duration}/{deadline}: {stderr}");
+        assert!(
+            stderr.contains(&format!("--lease-renew-deadline-secs ({deadline})"))
+                && stderr.contains(&format!("--lease-duration-secs ({duration})")),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("kubeconfig"), "said before the kubeconfig is read: {stderr}");
+    }
+}

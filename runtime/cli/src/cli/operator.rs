@@ -45,6 +45,15 @@ pub struct OperatorArgs {
     /// The Lease's name.
     #[arg(long, default_value = "perennial-operator")]
     lease_name: String,
+    /// How long the Lease lasts unrenewed: the standby takes over this long after the leader's
+    /// last renewal (kube-controller-manager's `--leader-elect-lease-duration`).
+    #[arg(long, default_value_t = 15)]
+    lease_duration_secs: u64,
+    /// How long the leader goes on unrenewed before it exits: less than the lease, by enough
+    /// for its exit and for the replicas' clocks to differ. Raise both where the API server is
+    /// slow to answer in bursts (a large fleet's).
+    #[arg(long, default_value_t = 10)]
+    lease_renew_deadline_secs: u64,
     /// This replica's identity in the Lease and in events (its pod name; default the host name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -107,6 +116,13 @@ pub struct OperatorArgs {
 }
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("perennial-operator-{}", std::process::id()));
+    // Bad flags are said before anything is read or started.
+    let lease = (!args.no_leader_election).then(|| lease_settings(&args, &identity)).transpose()?;
     // The artifacts it sends the nodes pass through in megabyte buffers: never kept in the heap.
     cloud::artifacts::map_large_buffers_apart();
     // A socket per linked node: the container's default soft limit would cap the fleet.
@@ -134,11 +150,6 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         }
     };
     let client = cloud::client::build(config, api_health.clone())?;
-    let identity = args
-        .identity
-        .clone()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| format!("perennial-operator-{}", std::process::id()));
     let backoff = Duration::from_secs(args.retry_backoff_secs.max(1));
     let artifacts = match &args.sign_key {
         Some(sign_key) => {
@@ -182,8 +193,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             ..Settings::default()
         },
         workers: WorkerDefaults { lc_server: args.lc_server, kb_server: args.kb_server, fetch_image: args.image },
-        leader: (!args.no_leader_election)
-            .then(|| LeaseSettings::new(args.lease_namespace, args.lease_name, identity.clone())),
+        leader: lease,
         leader_client,
         instance: Some(identity),
         link,
@@ -194,4 +204,24 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     cloud::run(client, options).await?;
     Ok(())
+}
+
+/// The Lease's settings from the flags: renewed every 5 s (or twice within the renew deadline),
+/// a standby looking every 2 s.
+fn lease_settings(args: &OperatorArgs, identity: &str) -> anyhow::Result<LeaseSettings> {
+    let (duration, deadline) = (args.lease_duration_secs, args.lease_renew_deadline_secs);
+    if deadline < 2 || deadline >= duration {
+        anyhow::bail!(
+            "--lease-renew-deadline-secs ({deadline}) must be at least 2 and less than --lease-duration-secs \
+             ({duration}): a leader must have stopped before a standby may take over"
+        );
+    }
+    let renew_deadline = Duration::from_secs(deadline);
+    Ok(LeaseSettings {
+        duration: Duration::from_secs(duration),
+        renew_deadline,
+        renew_every: (renew_deadline / 2).min(Duration::from_secs(5)),
+        retry_every: (renew_deadline / 2).min(Duration::from_secs(2)),
+        ..LeaseSettings::new(args.lease_namespace.clone(), args.lease_name.clone(), identity.to_owned())
+    })
 }
