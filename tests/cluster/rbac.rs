@@ -19,7 +19,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::harness::{Cluster, cluster, free_port, until};
-use crate::stack::{DATASET, JOB, World};
+use crate::stack::{DATASET, JOB, Kubelet, World};
 
 const SYSTEM: &str = "perennial-system";
 const EDGE: &str = "perennial-edge";
@@ -347,6 +347,21 @@ async fn agent_pod_token(world: &World) -> String {
     name
 }
 
+/// The first round's inference pod is gone or going once the second round deployed: the
+/// Deploy's deletion by name took it (a request that named another pod, or another uid, would
+/// have been answered 404 or 409, and counted as the grant's use all the same).
+async fn first_inference_pod_deleted(world: &World, kubelet: &Kubelet) {
+    let first = kubelet.pods("inference").into_iter().next().expect("round 1's inference pod");
+    let name = first.metadata.name.clone().expect("a name");
+    until("round 1's inference pod deleted", Duration::from_secs(30), || async {
+        match world.pods().get_opt(&name).await.expect("a pod read") {
+            None => Some(()),
+            Some(pod) => pod.metadata.deletion_timestamp.map(|_| ()),
+        }
+    })
+    .await;
+}
+
 /// Two whole rounds and a deletion, as the operator of the world's kubeconfig, with its own pod
 /// (`--pod-name`, labelled when it leads) and `overrides`; returns when the job is deleted.
 /// The second round's Deploy deletes the pods it replaces by name (as past 1,000 worker pods in
@@ -362,6 +377,7 @@ async fn round_and_deletion(world: &World, overrides: &[(&str, &str)]) {
     world.until_deployed(1, Duration::from_secs(120)).await;
     world.append_samples(8);
     world.until_deployed(2, Duration::from_secs(120)).await;
+    first_inference_pod_deleted(world, &kubelet).await;
     world.cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=true", "--timeout=60s"]);
     leader_renewed(world.cluster, since).await;
     let forbidden = World::forbidden_calls(&[&operator]);
@@ -406,6 +422,7 @@ async fn the_cluster_wide_install_grants_what_the_operator_uses_and_nothing_more
     // deletion below goes by label (deletecollection).
     world.append_samples(8);
     world.until_deployed(2, Duration::from_secs(120)).await;
+    first_inference_pod_deleted(&world, &kubelet).await;
     owner_references_need_the_finalizers_grant(&world).await;
     a_secret_of_another_namespace_is_refused(&world, other).await;
     cluster.kubectl_ok(&["delete", "ll", JOB, "-n", &world.namespace, "--wait=true", "--timeout=60s"]);
@@ -568,6 +585,7 @@ async fn the_namespaced_install_grants_only_the_namespaces_it_watches() {
             (&["create", "pods", "-n", "kube-system"], false),
             (&["create", "pods", "-n", unwatched], false),
             (&["deletecollection", "pods", "-n", "kube-system"], false),
+            (&["delete", "pods", "-n", unwatched], false),
             (&["list", "pods", "--all-namespaces"], false),
             (&["list", "pods", "-n", unwatched], false),
             (&["list", "lifelonglearningjobs.sedna.io", "--all-namespaces"], false),

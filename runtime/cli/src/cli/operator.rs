@@ -47,12 +47,14 @@ pub struct OperatorArgs {
     lease_name: String,
     /// How long the Lease lasts unrenewed: the standby takes over this long after the leader's
     /// last renewal (kube-controller-manager's `--leader-elect-lease-duration`).
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, env = "PERENNIAL_LEASE_DURATION_SECS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     lease_duration_secs: u64,
     /// How long the leader goes on unrenewed before it exits: less than the lease, by enough
     /// for its exit and for the replicas' clocks to differ. Raise both where the API server is
     /// slow to answer in bursts (a large fleet's).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, env = "PERENNIAL_LEASE_RENEW_DEADLINE_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     lease_renew_deadline_secs: u64,
     /// This replica's identity in the Lease and in events (its pod name; default the host name).
     #[arg(long, env = "POD_NAME")]
@@ -105,7 +107,7 @@ pub struct OperatorArgs {
     restart_limit: u32,
     /// How many of the newest rounds keep their finished Train and Eval pods (for `kubectl
     /// logs`): older rounds' pods are deleted as a round deploys (with the inference pod it
-    /// replaces, in one request) or completes. 0 keeps them all (Sedna).
+    /// replaces, in one request, or one a pod past `--delete-pods-by-name-past`) or completes. 0 keeps them all (Sedna).
     #[arg(long, env = "PERENNIAL_FINISHED_ROUNDS_KEPT", default_value_t = 2)]
     finished_rounds_kept: u64,
     /// Above this many worker pods in a namespace, a Deploy deletes the pods it replaces one by
