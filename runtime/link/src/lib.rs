@@ -36,6 +36,7 @@ pub mod refusals;
 pub mod scope;
 pub mod sender;
 pub mod socket;
+pub mod stop_signal;
 #[cfg(test)]
 mod tests;
 

@@ -260,17 +260,8 @@ fn exit_on_lost_lease(lost: &leader::LeaderError) {
 /// Ctrl-C or SIGTERM (the kubelet, systemd), listened for from now on and kept once heard.
 fn stop_latch() -> tokio::sync::watch::Receiver<bool> {
     let (heard, stop) = tokio::sync::watch::channel(false);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = async {
-                match term.as_mut() {
-                    Some(term) => { term.recv().await; }
-                    None => std::future::pending().await,
-                }
-            } => {}
-        }
+        perennial_link::stop_signal::stop_signal().await;
         tracing::info!("stopping (a signal)");
         heard.send_replace(true);
         // Kept: the latch stays readable.

@@ -283,11 +283,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
 
 /// Ctrl-C, or SIGTERM from systemd or the kubelet.
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match term.as_mut() { Some(term) => { term.recv().await; } None => std::future::pending().await } } => {}
-    }
+    perennial_link::stop_signal::stop_signal().await;
     tracing::info!("stopping");
 }
 

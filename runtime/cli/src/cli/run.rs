@@ -57,11 +57,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     {
         let stop = stop.clone();
         tokio::spawn(async move {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
+            perennial_link::stop_signal::stop_signal().await;
             tracing::info!("stopping: the workers are stopped; `perennial run` again resumes");
             stop.store(true, Ordering::Relaxed);
         });

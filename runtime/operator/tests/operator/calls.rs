@@ -649,30 +649,54 @@ fn labelled_pod(kind: &str, round: u64, name: &str, status: Value) -> Value {
     pod
 }
 
-#[tokio::test]
-async fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_request() {
-    let (mut api, ctx, inbox) = setup();
-    // Round 3 evaluated; the edge chose its model. The pods of rounds 1 to 3 are still there,
-    // and round 2's inference pod serves.
+/// Round 3 evaluated: the job waits in its Deploy, round 2's model serving.
+fn deploy_waiting_in_round_3() -> Value {
     let mut waiting = status_after(&[train_ready()]);
     waiting["stage"] = json!("Deploy");
     waiting["phase"] = json!("Waiting");
     waiting["round"] = json!(3);
     waiting["roundsCompleted"] = json!(2);
     waiting["worker"] = Value::Null;
+    waiting
+}
+
+/// The edge chose round 3's model: its Deploy Ready waits in the inbox.
+fn deploy_ready_in_round_3(inbox: &Inbox) {
     let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
     inbox.deliver("ml", "thermal", report(3, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}})));
+}
+
+/// Rounds 1 to 3's finished train and eval pods, each with a uid from its name.
+fn rounds_pods() -> Vec<Value> {
     let done = json!({"phase": "Succeeded"});
-    let mut pods: Vec<Value> = (1..=3)
+    (1..=3)
         .flat_map(|round| {
-            [
-                labelled_pod("train", round, &format!("thermal-train-{round}"), done.clone()),
-                labelled_pod("eval", round, &format!("thermal-eval-{round}"), done.clone()),
-            ]
+            ["train", "eval"]
+                .map(|kind| with_uid(labelled_pod(kind, round, &format!("thermal-{kind}-{round}"), done.clone())))
         })
-        .collect();
-    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
-    pods.push(labelled_pod("inference", 2, "thermal-inference-2", ready.clone()));
+        .collect()
+}
+
+/// `pod` with a uid from its name, as the API server gives each pod one.
+fn with_uid(mut pod: Value) -> Value {
+    pod["metadata"]["uid"] = json!(format!("uid-{}", pod["metadata"]["name"].as_str().unwrap_or_default()));
+    pod
+}
+
+/// An inference pod's status while it serves.
+fn serving() -> Value {
+    json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+}
+
+#[tokio::test]
+async fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_request() {
+    let (mut api, ctx, inbox) = setup();
+    // Round 3 evaluated; the edge chose its model. The pods of rounds 1 to 3 are still there,
+    // and round 2's inference pod serves.
+    let waiting = deploy_waiting_in_round_3();
+    deploy_ready_in_round_3(&inbox);
+    let mut pods = rounds_pods();
+    pods.push(labelled_pod("inference", 2, "thermal-inference-2", serving()));
     api.show_pods(pods.clone());
     let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx.clone()));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
@@ -699,7 +723,7 @@ async fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_reque
 
     // The new pod is Ready, before the watch shows the deletions: the round completes, and
     // nothing more is deleted.
-    pods.push(labelled_pod("inference", 3, "thermal-inference-3", ready));
+    pods.push(labelled_pod("inference", 3, "thermal-inference-3", serving()));
     api.show_pods(pods);
     let run = tokio::spawn(reconcile::reconcile(job(starting.clone()), ctx));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
@@ -717,32 +741,13 @@ async fn a_deploy_replaces_the_inference_pod_and_prunes_past_rounds_in_one_reque
 #[tokio::test]
 async fn in_a_crowded_namespace_a_deploy_deletes_each_pod_by_name() {
     let (mut api, ctx, inbox) = setup();
-    let mut waiting = status_after(&[train_ready()]);
-    waiting["stage"] = json!("Deploy");
-    waiting["phase"] = json!("Waiting");
-    waiting["round"] = json!(3);
-    waiting["roundsCompleted"] = json!(2);
-    waiting["worker"] = Value::Null;
-    let model = json!({"format": "pkl", "url": "/output/thermal/deploy/index.pkl"});
-    inbox.deliver("ml", "thermal", report(3, Stage::Deploy, Phase::Ready, json!({"input": {"models": [model]}})));
-    let done = json!({"phase": "Succeeded"});
-    let with_uid = |mut pod: Value| {
-        pod["metadata"]["uid"] = json!(format!("uid-{}", pod["metadata"]["name"].as_str().unwrap_or_default()));
-        pod
-    };
-    let mut pods: Vec<Value> = (1..=3)
-        .flat_map(|round| {
-            [
-                with_uid(labelled_pod("train", round, &format!("thermal-train-{round}"), done.clone())),
-                with_uid(labelled_pod("eval", round, &format!("thermal-eval-{round}"), done.clone())),
-            ]
-        })
-        .collect();
-    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
-    pods.push(with_uid(labelled_pod("inference", 2, "thermal-inference-2", ready)));
+    let waiting = deploy_waiting_in_round_3();
+    deploy_ready_in_round_3(&inbox);
+    let mut pods = rounds_pods();
+    pods.push(with_uid(labelled_pod("inference", 2, "thermal-inference-2", serving())));
     // Other jobs' pods fill the namespace past the bound.
     for i in 0..reconcile::DELETE_BY_NAME_PAST_PODS {
-        let mut other = labelled_pod("inference", 1, &format!("other-{i}"), done.clone());
+        let mut other = labelled_pod("inference", 1, &format!("other-{i}"), json!({"phase": "Succeeded"}));
         other["metadata"]["labels"]["lifelonglearningjob.sedna.io/uid"] = json!(format!("other-job-{i}"));
         pods.push(other);
     }
@@ -776,26 +781,12 @@ async fn in_a_crowded_namespace_a_deploy_deletes_each_pod_by_name() {
 #[tokio::test]
 async fn a_round_that_deploys_nothing_prunes_past_rounds_when_it_completes() {
     let (mut api, ctx, inbox) = setup();
-    let mut waiting = status_after(&[train_ready()]);
-    waiting["stage"] = json!("Deploy");
-    waiting["phase"] = json!("Waiting");
-    waiting["round"] = json!(3);
-    waiting["roundsCompleted"] = json!(2);
-    waiting["worker"] = Value::Null;
+    let waiting = deploy_waiting_in_round_3();
     // The selector chose no model: Deploy completes from the edge's report, no pod made.
     let mut chose_none = report(3, Stage::Deploy, Phase::Completed, json!({}));
     chose_none.reason = Some("no candidate beats the deployed model".into());
     inbox.deliver("ml", "thermal", chose_none);
-    let done = json!({"phase": "Succeeded"});
-    let pods: Vec<Value> = (1..=3)
-        .flat_map(|round| {
-            [
-                labelled_pod("train", round, &format!("thermal-train-{round}"), done.clone()),
-                labelled_pod("eval", round, &format!("thermal-eval-{round}"), done.clone()),
-            ]
-        })
-        .collect();
-    api.show_pods(pods);
+    api.show_pods(rounds_pods());
     let run = tokio::spawn(reconcile::reconcile(job(waiting.clone()), ctx));
     let patch = api.expect("PATCH", &format!("{JOBS}/thermal/status")).await;
     let mut completed = waiting;
